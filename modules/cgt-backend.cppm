@@ -1,0 +1,168 @@
+// cgt:backend — the interface a backend (host, cuda, torch) implements for the tree engine.
+// Users of cgt do not need anything here; backend authors do. The engine in src/core knows a
+// device only through these types.
+module;
+#include <expected>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+export module cgt:backend;
+import :error;
+import :info;
+
+export namespace cgt::detail {
+struct LeaseCore;
+}
+
+export namespace cgt::backend {
+
+/// Is an argument a value (tensor, buffer) or an integer scalar?
+enum class ArgKind : std::uint8_t { value, scalar };
+
+/// Where an argument's memory is, relative to the pool's device.
+enum class Placement : std::uint8_t { pool_device, other_device, host_memory };
+
+/// One argument as the caller passed it: a native value (`Backend::Value`) or a scalar.
+struct ArgSlot {
+  const void* value = nullptr;          ///< the native value, for `ArgKind::value`
+  std::int64_t scalar = 0;              ///< for `ArgKind::scalar`
+  ArgKind kind = ArgKind::value;
+  detail::LeaseCore* consumed = nullptr;  ///< a lease moved into the call: released by it
+};
+
+/// What the engine needs to know of one argument; the typed layer fills it from the native value.
+struct ArgDesc {
+  std::uintptr_t storage = 0;          ///< base address of the memory the value views: its identity
+  std::uintptr_t data = 0;             ///< address of the first element (alignment)
+  const std::int64_t* sizes = nullptr;  ///< `rank` sizes, valid during the call
+  std::uint32_t expanded = 0;          ///< bit d set: dimension d has stride 0 (broadcast)
+  std::int64_t scalar = 0;
+  std::uint16_t dtype = 0;  ///< backend's element-type code
+  std::uint8_t rank = 0;
+  ArgKind kind = ArgKind::value;
+  Placement placement = Placement::pool_device;
+};
+
+/// What the engine knows of one output storage; shared by all outputs that view it.
+/// The backend may keep its own record of the storage in `native` (a libtorch StorageImpl, say).
+struct StorageHandle {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+  void* native = nullptr;
+  std::shared_ptr<void> native_owner;  ///< keeps `native` alive while the handle exists
+  /// The pool's allocator counts the block as allocated: it must be freed when the storage dies.
+  /// True for outputs of warm-ups and recordings and after a checkpoint restore; false for replays.
+  bool owned_by_allocator = false;
+};
+
+/// Is an output a value, or nothing (an undefined tensor, an empty buffer)?
+enum class OutputKind : std::uint8_t { value, none };
+
+/// One output of an eager run, a warm-up or a recording, as the backend reports it.
+struct OutputDesc {
+  OutputKind kind = OutputKind::value;
+  std::uintptr_t storage = 0;  ///< base address of its memory
+  std::size_t storage_bytes = 0;
+  bool in_pool = false;  ///< its memory is a block of this pool (else: caller's or constant memory)
+  void* native = nullptr;                ///< backend's storage record, becomes `StorageHandle::native`
+  std::shared_ptr<void> native_owner;    ///< owner of `native`
+};
+
+/// Outputs of a run: descriptions, native values, and the owner that keeps the values alive.
+struct RunResult {
+  std::vector<OutputDesc> outputs;
+  std::vector<const void*> values;     ///< `Backend::Value*` per output
+  std::shared_ptr<const void> owner;   ///< owns `values`
+};
+
+/// The user's callable, type-erased by the backend; only the backend that made it calls it.
+class Invoker {
+ public:
+  virtual ~Invoker() = default;
+};
+
+/// Book-keeping of the pool's allocator at one moment (`getCheckpointState`).
+class Checkpoint {
+ public:
+  virtual ~Checkpoint() = default;
+};
+
+/// One captured graph with its input slots and the outputs it hands out on replay.
+class Recording {
+ public:
+  virtual ~Recording() = default;
+  /// Copies the copied inputs of `args` into the graph's input slots (an expanded dimension once)
+  /// and launches the graph.
+  [[nodiscard]] virtual Result<void> replay(std::span<const ArgSlot> args) = 0;
+  /// Makes output `i` view the storage `storages[i]` (null: an output that is not pool memory).
+  /// Called before handing out outputs whenever a storage handle changed since the last call.
+  virtual void bind_outputs(std::span<StorageHandle* const> storages) = 0;
+  /// The native value of output `i` after a replay; its address is stable while the recording lives.
+  [[nodiscard]] virtual const void* output(std::size_t i) const = 0;
+};
+
+/// What `Device::record` needs to know: which inputs are copied into pool slots.
+struct RecordPlan {
+  std::span<const bool> copy_input;  ///< per input: copy into a pool slot (else pass as is)
+};
+
+/// A recording and the outputs of its first run.
+struct Recorded {
+  std::unique_ptr<Recording> recording;
+  RunResult first_outputs;
+};
+
+/// Why the engine gives up a storage.
+enum class Release : std::uint8_t {
+  dead,       ///< the last lease on it was dropped
+  reclaimed,  ///< a new step reclaimed it while leases may still exist
+};
+
+/// How a call runs without recording.
+enum class RunMode : std::uint8_t {
+  eager,   ///< plain execution outside the pool
+  warmup,  ///< execution allocating in the pool, on the pool's stream
+};
+
+/// A device with a checkpointable memory pool, a stream that runs or captures, and graphs.
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  /// Runs the function once, eagerly or as a warm-up in the pool.
+  [[nodiscard]] virtual Result<RunResult> run(Invoker& fn, std::span<const ArgSlot> args, RunMode mode) = 0;
+  /// Copies the inputs marked in `plan` into new pool slots, captures the function into a graph
+  /// in the pool, and runs the graph once to produce the first outputs. On failure the capture
+  /// is discarded (the engine restores the allocator).
+  [[nodiscard]] virtual Result<Recorded> record(Invoker& fn, std::span<const ArgSlot> args,
+                                                const RecordPlan& plan) = 0;
+
+  /// The allocator's book-keeping now.
+  [[nodiscard]] virtual Result<std::unique_ptr<Checkpoint>> checkpoint() = 0;
+  /// Puts the allocator back to `checkpoint`, keeps the blocks of `live` allocated (and owned by
+  /// the allocator again), then frees the blocks at `dead` (each once).
+  [[nodiscard]] virtual Result<void> restore(const Checkpoint& checkpoint, std::span<StorageHandle* const> live,
+                                             std::span<const std::uintptr_t> dead) = 0;
+  /// Gives up a storage: frees its block if the allocator owns it, and makes any native value
+  /// that escaped its lease unusable (libtorch: poisons the storage).
+  virtual void release(StorageHandle& storage, Release why) = 0;
+  /// Prepares a handle for a storage that a replay hands out afresh (e.g. a non-owning storage).
+  virtual void adopt(StorageHandle& storage) = 0;
+
+  /// Copies a storage out of the pool, for `Options::copy_out_on_new_step`.
+  [[nodiscard]] virtual Result<std::shared_ptr<void>> rescue(const StorageHandle& storage) = 0;
+  /// A value like `value`, viewing the rescued copy of `from` instead of pool memory.
+  [[nodiscard]] virtual std::shared_ptr<const void> rebase(const void* value, const StorageHandle& from,
+                                                           const std::shared_ptr<void>& rescued) = 0;
+
+  /// Allocated blocks of the pool.
+  [[nodiscard]] virtual std::vector<Block> live_blocks() const = 0;
+  [[nodiscard]] virtual MemoryInfo memory() const = 0;
+  /// Releases graphs' device resources and the pool's memory that nothing holds.
+  virtual void shutdown() = 0;
+};
+
+}  // namespace cgt::backend

@@ -1,0 +1,117 @@
+// cgt:detail — the non-template plumbing behind the handle templates of cgt:handles.
+// Nothing here is for users; it is exported only because the templates instantiate in user code.
+module;
+#include <expected>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+export module cgt:detail;
+import :error;
+import :options;
+import :info;
+import :backend;
+
+export namespace cgt::detail {
+
+class Engine;  // the tree and its state, defined in src/core
+struct Cell;   // one output storage and the leases on it
+
+void retain(Engine& engine) noexcept;
+void release(Engine& engine) noexcept;
+
+/// Shared ownership of an engine: every handle that needs the pool's memory holds one.
+class EngineRef {
+ public:
+  EngineRef() = default;
+  explicit EngineRef(Engine* engine) noexcept : engine_(engine) {
+    if (engine_ != nullptr) retain(*engine_);
+  }
+  EngineRef(const EngineRef& other) noexcept : EngineRef(other.engine_) {}
+  EngineRef(EngineRef&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
+  EngineRef& operator=(EngineRef other) noexcept {
+    std::swap(engine_, other.engine_);
+    return *this;
+  }
+  ~EngineRef() {
+    if (engine_ != nullptr) release(*engine_);
+  }
+  [[nodiscard]] Engine* get() const noexcept { return engine_; }
+  [[nodiscard]] Engine& operator*() const noexcept { return *engine_; }
+  explicit operator bool() const noexcept { return engine_ != nullptr; }
+
+ private:
+  Engine* engine_ = nullptr;
+};
+
+/// The state of one lease: the engine, the storage it keeps live, and the value it hands out.
+struct LeaseCore {
+  EngineRef engine;
+  Cell* cell = nullptr;  ///< holds one lease on the cell; null for values that are not pool memory
+  const void* value = nullptr;
+  std::shared_ptr<const void> owner;  ///< owns `value` when the engine does not
+  std::uint32_t function = 0;
+  std::uint32_t output = 0;
+
+  LeaseCore() = default;
+  LeaseCore(const LeaseCore&) = delete;
+  LeaseCore& operator=(const LeaseCore&) = delete;
+  LeaseCore(LeaseCore&& other) noexcept { *this = std::move(other); }
+  LeaseCore& operator=(LeaseCore&& other) noexcept;
+  ~LeaseCore();
+};
+
+/// The value of a lease, or why it is not available.
+[[nodiscard]] Result<const void*> lease_value(LeaseCore& lease);
+/// Drops the lease (the memory may become dead); leaves it empty.
+void lease_drop(LeaseCore& lease) noexcept;
+/// True while the lease can hand out its value.
+[[nodiscard]] bool lease_is_valid(const LeaseCore& lease) noexcept;
+
+/// What one call produced.
+struct CallOutputs {
+  std::vector<LeaseCore> leases;
+  CallKind kind = CallKind::eager;
+  std::int64_t node = -1;
+};
+
+[[nodiscard]] EngineRef make_engine(std::unique_ptr<backend::Device> device, Options options);
+[[nodiscard]] Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker,
+                                                 FunctionOptions options);
+/// The arguments of a call, described one by one once the pool is ready to read them (a new
+/// step may have reclaimed, or copied out, the memory of a lease passed as an argument).
+class ArgSource {
+ public:
+  [[nodiscard]] virtual std::size_t size() const noexcept = 0;
+  [[nodiscard]] virtual Result<void> describe(std::size_t i, backend::ArgSlot& slot, backend::ArgDesc& desc) const = 0;
+
+ protected:
+  ~ArgSource() = default;
+};
+
+[[nodiscard]] Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource& args);
+[[nodiscard]] const std::string& function_name(const Engine& engine, std::uint32_t function) noexcept;
+[[nodiscard]] backend::Device& device(Engine& engine) noexcept;
+
+/// A fixed-capacity array on the stack that spills to the heap: calls with few arguments
+/// allocate nothing for their argument descriptions.
+template <class T, std::size_t Inline>
+class SmallArray {
+ public:
+  explicit SmallArray(std::size_t size) : size_(size) {
+    if (size > Inline) heap_ = std::make_unique<T[]>(size);
+  }
+  [[nodiscard]] std::span<T> span() noexcept { return {size_ > Inline ? heap_.get() : inline_.data(), size_}; }
+
+ private:
+  std::array<T, Inline> inline_{};
+  std::unique_ptr<T[]> heap_;
+  std::size_t size_;
+};
+
+}  // namespace cgt::detail

@@ -1,0 +1,85 @@
+// cgt:info — what a pool can tell about itself: counters, memory, kinds of calls and nodes.
+module;
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+export module cgt:info;
+import :options;
+
+export namespace cgt {
+
+/// What one call did.
+enum class CallKind : std::uint8_t {
+  warmup,     ///< ran eagerly, allocating in the pool (first call of a function, or path warming up)
+  recording,  ///< recorded a new graph (its outputs come from running that graph once)
+  replay,     ///< replayed a recorded graph
+  eager,      ///< fell back to plain execution outside the pool (see `Reason`)
+};
+
+/// The name of a call kind, e.g. "replay".
+[[nodiscard]] std::string_view to_string(CallKind kind) noexcept;
+
+/// What a node of the tree is.
+enum class NodeKind : std::uint8_t {
+  graph,   ///< a recording, replayed by later calls
+  warmup,  ///< one warm-up run; lives on the current path until the path ends
+};
+
+/// Why a node was made.
+enum class NodeReason : std::uint8_t {
+  first_call,            ///< no node for this function existed at this place of the tree
+  new_liveness_pattern,  ///< the outputs alive before or after the call differ from every sibling
+  static_input_moved,    ///< a static input is at a new address
+  managed_input_moved,   ///< an input from an earlier graph is at a new address
+  path_warming_up,       ///< warm-up because an earlier call of this path was warming up
+  forced_warmup,         ///< warm-up because `Options::force_warmup` is set
+};
+
+/// The name of a node reason, e.g. "new_liveness_pattern".
+[[nodiscard]] std::string_view to_string(NodeReason reason) noexcept;
+
+/// Counters of one pool since it was made.
+struct Stats {
+  std::uint64_t calls = 0;
+  std::uint64_t warmups = 0;
+  std::uint64_t recordings = 0;
+  std::uint64_t replays = 0;
+  std::uint64_t eager_calls = 0;  ///< fallbacks, all reasons
+  /// Allocator checkpoints restored, to warm up or record after a replay (PyTorch's
+  /// `debug_checkpointing_counter`).
+  std::uint64_t checkpoint_restores = 0;
+  /// Calls that found no replayable child and so recorded (PyTorch's `debug_fail_counter`).
+  std::uint64_t failed_matches = 0;
+  std::uint64_t rerecords = 0;           ///< recordings caused by static or managed inputs that moved
+  std::uint64_t steps_reclaimed = 0;     ///< paths whose memory a new step reclaimed
+  std::uint64_t leases_invalidated = 0;  ///< leases turned `output_overwritten` by a new step
+  std::uint64_t leases_copied_out = 0;   ///< leases rescued by `Options::copy_out_on_new_step`
+  /// Fallback decisions that were logged as a warning (PyTorch's `cudagraph_skips`): a function
+  /// that mutates an input is logged once, however many calls fall back.
+  std::uint64_t fallback_warnings = 0;
+  /// Calls per reason (`Reason` as index); for warnings, the number of warnings.
+  std::array<std::uint64_t, static_cast<std::size_t>(Reason::count_)> by_reason{};
+
+  /// Calls (or warnings) counted for one reason.
+  [[nodiscard]] std::uint64_t count(Reason reason) const noexcept {
+    return by_reason[static_cast<std::size_t>(reason)];
+  }
+};
+
+/// One allocated block of the pool.
+struct Block {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+};
+
+/// The pool's memory.
+struct MemoryInfo {
+  std::size_t reserved_bytes = 0;        ///< obtained from the system (segments)
+  std::size_t allocated_bytes = 0;       ///< in allocated blocks now
+  std::size_t peak_allocated_bytes = 0;  ///< most ever allocated at once
+  std::size_t live_blocks = 0;           ///< allocated blocks now
+};
+
+}  // namespace cgt

@@ -1,0 +1,105 @@
+// cgt:options — how a pool and its functions behave, and how the pool reports its decisions.
+module;
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+export module cgt:options;
+
+export namespace cgt {
+
+/// Why a call did not replay a graph, or why the pool warns. Each decision is counted in `Stats`
+/// and sent to the log sink with a message.
+enum class Reason : std::uint8_t {
+  // Eager fallbacks: the call runs as plain code, outside the pool.
+  mutated_input,          ///< the function mutates an input that is neither static nor pool-managed
+  rerecord_limit,         ///< the function was re-recorded on this node more than `rerecord_limit` times
+  shape_key_limit,        ///< the call's input shapes are a new key past `shape_key_limit`
+  size_not_graphed,       ///< the call's size is not in the function's `graph_sizes` allow-list
+  input_on_other_device,  ///< an input is on another device or in host memory
+  // Re-recordings: the call records a new graph instead of replaying one.
+  static_input_moved,   ///< a static input is at a new address
+  managed_input_moved,  ///< an input that is an output of an earlier graph is at a new address
+  // Warnings: nothing changes, but the program is probably not doing what it wants.
+  many_shape_keys,  ///< the function has more distinct shape keys than `shape_key_warn_limit`
+  count_,           ///< number of reasons (not a reason)
+};
+
+/// The name of a reason, e.g. "mutated_input".
+[[nodiscard]] std::string_view to_string(Reason reason) noexcept;
+
+/// What a logged decision did.
+enum class EventKind : std::uint8_t { eager_fallback, rerecord, warning };
+
+/// One decision of the pool, as the log sink receives it.
+struct Event {
+  EventKind kind{};
+  Reason reason{};
+  std::string_view function;  ///< name of the function concerned
+  std::string_view message;   ///< a sentence for humans, with what to do about it
+};
+
+/// Receives every fallback / re-record / warning decision. Called on the thread making the call.
+using LogSink = std::function<void(const Event&)>;
+
+/// What to do when a static input is not at the address a graph was recorded with.
+enum class OnStaticInputMoved : std::uint8_t {
+  rerecord,  ///< record a new graph for the new address (does not count toward `rerecord_limit`)
+  error,     ///< fail the call with `Errc::static_input_moved`
+};
+
+/// Behaviour of one pool; the names follow PyTorch's `torch._inductor.config.triton` knobs.
+struct Options {
+  /// Record on the first call instead of warming up first (`skip_cudagraph_warmup`).
+  bool skip_warmup = false;
+  /// Warm up on every call: never record (`force_cudagraphs_warmup`); useful for debugging.
+  bool force_warmup = false;
+  /// Re-recordings of one function under one node, caused by pool-managed inputs at new
+  /// addresses, before that function falls back to eager there (`cudagraph_unexpected_rerecord_limit`).
+  std::uint32_t rerecord_limit = 128;
+  /// What to do when a static input moved.
+  OnStaticInputMoved on_static_input_moved = OnStaticInputMoved::rerecord;
+  /// After every step, check that the pool's live blocks are exactly the memory of live leases,
+  /// and check the tree's invariants before and after every replay; a difference fails the call
+  /// with `Errc::invariant_violation` naming the block (`fast/slow_path_cudagraph_asserts`).
+  bool debug_checks = false;
+  /// Fail with `Errc::graph_unavailable` where the call would fall back to eager execution.
+  bool or_error = false;
+  /// When a new step reclaims the memory of outputs that are still leased, copy those values out
+  /// of the pool (leases stay valid, at the cost of a copy) instead of invalidating the leases.
+  bool copy_out_on_new_step = false;
+  /// Warn once when a function has seen more distinct shape keys than this
+  /// (`cudagraph_dynamic_shape_warn_limit`); 0 disables the warning.
+  std::uint32_t shape_key_warn_limit = 50;
+  /// Run new shape keys past this many eagerly (`Reason::shape_key_limit`); 0 means no limit.
+  std::uint32_t shape_key_limit = 0;
+  /// Where decisions go. Empty: stderr, once per function and reason.
+  LogSink log_sink;
+};
+
+/// Which input dimension a function's `graph_sizes` allow-list is compared with.
+struct SizeSource {
+  std::size_t input = 0;
+  std::size_t dim = 0;
+};
+
+/// Static facts about one function, given when it is added to a pool.
+struct FunctionOptions {
+  /// A name for messages, the log and the DOT dump.
+  std::string name;
+  /// Inputs at a stable address (weights, buffers): never copied; a graph is recorded for the
+  /// address it saw (see `Options::on_static_input_moved`).
+  std::vector<std::size_t> static_inputs;
+  /// Inputs the function writes to. A call that mutates an input which is neither static nor an
+  /// output of an earlier graph of this pool runs eagerly (`Reason::mutated_input`).
+  std::vector<std::size_t> mutated_inputs;
+  /// If not empty, only calls whose size (see `size_source`) is listed are graphed; others run
+  /// eagerly (`Reason::size_not_graphed`), like PyTorch's `cudagraph_capture_sizes`.
+  std::vector<std::int64_t> graph_sizes;
+  SizeSource size_source;
+};
+
+}  // namespace cgt

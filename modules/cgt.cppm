@@ -1,0 +1,57 @@
+// cgt — CUDA graph trees for C++.
+//
+// A CUDA graph replays a recorded sequence of kernels with one launch. Its catch: a replay writes
+// the same addresses every time, and each graph normally needs memory of its own. A cgt `Pool`
+// fixes both, like PyTorch's `torch.compile(mode="reduce-overhead")`:
+//
+//  * every graph of a pool records into one shared memory pool: memory dead after graph A is
+//    reused by graph B, and two paths A→B and A→B' cost max(A+B, A+B'), not the sum;
+//  * graphs form a tree: after A the program may call B or B'; each (parent, function, which
+//    outputs are alive) gets its own recording, later calls replay the matching one;
+//  * outputs are handed out as leases (`OutputLease`). While a lease exists no replay or
+//    recording overwrites its memory; a new step (`mark_step_begin`) reclaims it, and a lease used
+//    afterwards fails with `Errc::output_overwritten` instead of returning overwritten data.
+//
+// Using it (the host backend; `cgt.torch` and `cgt.cuda` look the same with tensors and device
+// buffers):
+//
+//   import cgt;
+//   import cgt.host;
+//
+//   auto pool = cgt::host::make_pool();                          // cgt::Result<cgt::host::Pool>
+//   auto twice = pool->add_function(
+//       [](cgt::host::Context& ctx, cgt::host::Inputs in) {
+//         cgt::host::Buffer y = ctx.allocate_like(in[0]);         // pool memory
+//         ctx.launch([x = in[0], y] { for (std::size_t i = 0; i < x.numel(); ++i) y.f32()[i] = 2 * x.f32()[i]; });
+//         return cgt::host::Values{y};
+//       },
+//       {.name = "twice"});                                       // cgt::Result<cgt::host::Function>
+//   for (int step = 0; step < 3; ++step) {
+//     pool->mark_step_begin();                                    // last step's outputs may be reclaimed
+//     auto out = (*twice)({x});                                   // warm-up, record, then replay
+//     if (!out) return report(out.error());
+//     const cgt::host::Buffer& y = *out->get(0);                  // borrowed; valid while `out` lives
+//   }
+//   std::cout << pool->to_dot();
+//
+// Per call (PyTorch's `CUDAGraphTreeManager._run`), a pool:
+//  1. ends the current path if a new step began (reclaiming its memory) or all its outputs are dead;
+//  2. falls back to eager execution, with a counted and logged `Reason`, when graphing would be
+//     wrong (a mutated input that is neither static nor pool memory, too many re-recordings,
+//     too many shape keys, a size outside the allow-list, an input on another device);
+//  3. warms the function up on its first call, in the pool;
+//  4. replays the first child of the current node recorded for this function whose invariants
+//     hold (pool inputs and static inputs at their recorded addresses, the same outputs dead);
+//  5. or records a new child, after restoring the allocator to the parent's checkpoint.
+//
+// Errors are values: every operation that can fail returns `cgt::Result<T>` (a `std::expected`);
+// nothing throws, asserts or aborts on a caller's mistake. `Errc` lists the codes.
+module;
+export module cgt;
+
+export import :error;    // Errc, Error, Result<T>
+export import :options;  // Options, FunctionOptions, Reason, Event, LogSink
+export import :info;     // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason
+export import :handles;  // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Node
+export import :backend;  // for backend authors: Device, Recording, Checkpoint, ArgDesc, ...
+export import :detail;   // plumbing of the handle templates; not for direct use

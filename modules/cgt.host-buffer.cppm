@@ -1,0 +1,117 @@
+// cgt.host:buffer — typed, strided views of host memory: what host pool functions take and return.
+module;
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string_view>
+
+export module cgt.host:buffer;
+
+export namespace cgt::host {
+
+/// Element types of host buffers.
+enum class ElementType : std::uint8_t { f32 = 1, f64, i32, i64, u8 };
+
+/// Bytes per element of `type`.
+[[nodiscard]] constexpr std::size_t element_size(ElementType type) noexcept {
+  switch (type) {
+    case ElementType::f32: return 4;
+    case ElementType::f64: return 8;
+    case ElementType::i32: return 4;
+    case ElementType::i64: return 8;
+    case ElementType::u8: return 1;
+  }
+  return 1;
+}
+
+[[nodiscard]] std::string_view to_string(ElementType type) noexcept;
+
+/// Most dimensions a buffer can have.
+inline constexpr std::size_t max_rank = 6;
+
+/// A typed, strided view of host memory, like a tensor: a storage (the memory block), an offset
+/// into it, sizes and strides in elements. Copying a buffer copies the view, not the data. A
+/// buffer made by `Buffer::make` or `take()` owns its storage; a buffer from a pool views pool
+/// memory and is valid as long as the lease it came from.
+class Buffer {
+ public:
+  Buffer() = default;
+
+  /// A new contiguous buffer in ordinary memory, owned, filled with zeros.
+  [[nodiscard]] static Buffer make(ElementType type, std::span<const std::int64_t> sizes);
+  [[nodiscard]] static Buffer make(ElementType type, std::initializer_list<std::int64_t> sizes) {
+    return make(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()));
+  }
+  /// A contiguous view of `bytes` at `storage` (not owned).
+  [[nodiscard]] static Buffer view_of(std::byte* storage, std::size_t bytes, ElementType type,
+                                      std::span<const std::int64_t> sizes, std::shared_ptr<std::byte[]> owner = {});
+
+  [[nodiscard]] bool empty() const noexcept { return storage_ == nullptr; }
+  [[nodiscard]] ElementType type() const noexcept { return type_; }
+  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
+  [[nodiscard]] std::span<const std::int64_t> sizes() const noexcept { return {sizes_.data(), rank_}; }
+  [[nodiscard]] std::span<const std::int64_t> strides() const noexcept { return {strides_.data(), rank_}; }
+  [[nodiscard]] std::int64_t offset() const noexcept { return offset_; }
+  /// Number of elements (the product of the sizes).
+  [[nodiscard]] std::size_t numel() const noexcept;
+  [[nodiscard]] bool is_contiguous() const noexcept;
+  /// The memory block this buffer views, and its size.
+  [[nodiscard]] std::byte* storage() const noexcept { return storage_; }
+  [[nodiscard]] std::size_t storage_bytes() const noexcept { return storage_bytes_; }
+  /// Address of the first element.
+  [[nodiscard]] std::byte* data() const noexcept {
+    return storage_ + static_cast<std::ptrdiff_t>(offset_) * static_cast<std::ptrdiff_t>(element_size(type_));
+  }
+  /// The first element as `T*`; index it directly only when the buffer is contiguous.
+  template <class T>
+  [[nodiscard]] T* as() const noexcept {
+    return reinterpret_cast<T*>(data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+  }
+  [[nodiscard]] float* f32() const noexcept { return as<float>(); }
+
+  /// Element `flat` in row-major order of the sizes, honouring strides, as a double.
+  [[nodiscard]] double get(std::size_t flat) const noexcept;
+  /// Sets element `flat` (row-major order of the sizes, honouring strides).
+  void set(std::size_t flat, double value) const noexcept;
+  /// Sets every element.
+  void fill(double value) const noexcept;
+
+  /// The same storage with other sizes, strides and offset (a view).
+  [[nodiscard]] Buffer restrided(std::int64_t offset, std::span<const std::int64_t> sizes,
+                                 std::span<const std::int64_t> strides) const;
+  /// Elements [start, end) of dimension 0 (a view).
+  [[nodiscard]] Buffer slice(std::int64_t start, std::int64_t end) const;
+  /// A broadcast view: dimensions of size 1 grow to `sizes` with stride 0 (like torch's expand).
+  [[nodiscard]] Buffer expand(std::span<const std::int64_t> sizes) const;
+  [[nodiscard]] Buffer expand(std::initializer_list<std::int64_t> sizes) const {
+    return expand(std::span<const std::int64_t>(sizes.begin(), sizes.size()));
+  }
+  /// The same view over another storage (same offset, sizes, strides).
+  [[nodiscard]] Buffer on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr<std::byte[]> owner = {}) const;
+  /// An owned, contiguous copy in ordinary memory.
+  [[nodiscard]] Buffer clone() const;
+  /// Bytes the storage must have for this view's elements (from the offset and strides).
+  [[nodiscard]] std::size_t required_bytes() const noexcept;
+  /// Bit d set when dimension d has stride 0 and size > 1 (a broadcast dimension).
+  [[nodiscard]] std::uint32_t expanded_dims() const noexcept;
+  [[nodiscard]] const std::shared_ptr<std::byte[]>& owner() const noexcept { return owner_; }
+
+ private:
+  std::shared_ptr<std::byte[]> owner_;
+  std::byte* storage_ = nullptr;
+  std::size_t storage_bytes_ = 0;
+  std::int64_t offset_ = 0;
+  std::array<std::int64_t, max_rank> sizes_{};
+  std::array<std::int64_t, max_rank> strides_{};
+  ElementType type_ = ElementType::f32;
+  std::uint8_t rank_ = 0;
+};
+
+/// Copies `source` into `target` element by element (same sizes, any strides). Dimensions that are
+/// broadcast in both (stride 0) are copied once, not once per element.
+void copy(const Buffer& source, const Buffer& target) noexcept;
+
+}  // namespace cgt::host

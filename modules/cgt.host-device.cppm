@@ -1,0 +1,176 @@
+// cgt.host:device — the host backend: a stream whose launches run or are captured, graphs that
+// replay captured launches on the same addresses, and the device that gives a pool its arena.
+module;
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <expected>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+export module cgt.host:device;
+import cgt;
+import :buffer;
+import :arena;
+
+export namespace cgt::host {
+
+/// A unit of host work: a closure over buffers. Replays run it again on the same buffers.
+using Kernel = std::function<void()>;
+
+/// Captured kernels, replayed in order with one call.
+class Graph {
+ public:
+  /// Runs every captured kernel again, in capture order.
+  void replay() const {
+    for (const Kernel& kernel : kernels_) kernel();
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return kernels_.size(); }
+
+ private:
+  friend class Stream;
+  std::vector<Kernel> kernels_;
+};
+
+/// Where kernels go: run at once, or, between `begin_capture` and `end_capture`, into a graph.
+class Stream {
+ public:
+  void launch(Kernel kernel);
+  void begin_capture();
+  [[nodiscard]] Graph end_capture();
+  void discard_capture() noexcept;
+  [[nodiscard]] bool is_capturing() const noexcept { return capturing_; }
+
+ private:
+  Graph capture_;
+  bool capturing_ = false;
+};
+
+/// Thrown by `Context::allocate` when the pool is exhausted; the call fails with `out_of_memory`.
+class OutOfMemory : public std::exception {
+ public:
+  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+class Device;
+
+/// What a pool function receives: where to allocate and where to launch.
+class Context {
+ public:
+  /// A new contiguous buffer: pool memory in warm-ups and recordings, ordinary memory in eager
+  /// calls. Buffers the function does not return are freed when the call ends. Throws
+  /// `OutOfMemory` (the call then fails with `out_of_memory`).
+  [[nodiscard]] Buffer allocate(ElementType type, std::span<const std::int64_t> sizes);
+  [[nodiscard]] Buffer allocate(ElementType type, std::initializer_list<std::int64_t> sizes) {
+    return allocate(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()));
+  }
+  /// A new contiguous buffer with the type and sizes of `like`.
+  [[nodiscard]] Buffer allocate_like(const Buffer& like) { return allocate(like.type(), like.sizes()); }
+  /// Launches a kernel: it runs now, or during recording it is captured and runs on every replay.
+  /// A kernel must read and write only buffers (never host state that changes between replays).
+  void launch(Kernel kernel);
+  /// True while recording: kernels do not run now, so their results cannot be read yet.
+  [[nodiscard]] bool is_capturing() const noexcept;
+
+ private:
+  friend class Device;
+  enum class Target : std::uint8_t { heap, pool };
+  Context(Device& device, Target target) noexcept : device_(device), target_(target) {}
+  Device& device_;
+  Target target_;
+  std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
+};
+
+/// The inputs of a call, by position: buffers, and scalars where the call passed integers.
+class Inputs {
+ public:
+  Inputs(std::span<const Buffer> buffers, std::span<const std::int64_t> scalars) noexcept
+      : buffers_(buffers), scalars_(scalars) {}
+  [[nodiscard]] std::size_t size() const noexcept { return buffers_.size(); }
+  /// Input `i` as a buffer (an empty buffer where the call passed a scalar).
+  [[nodiscard]] const Buffer& operator[](std::size_t i) const noexcept { return buffers_[i]; }
+  /// Input `i` as a scalar (0 where the call passed a buffer).
+  [[nodiscard]] std::int64_t scalar(std::size_t i) const noexcept { return scalars_[i]; }
+
+ private:
+  std::span<const Buffer> buffers_;
+  std::span<const std::int64_t> scalars_;
+};
+
+/// What a pool function returns: its outputs (an empty buffer stands for "no value").
+using Values = std::vector<Buffer>;
+/// A host pool function.
+using Callable = std::move_only_function<Values(Context&, Inputs)>;
+
+/// How a host pool is made.
+struct PoolOptions {
+  cgt::Options tree;   ///< the tree's behaviour
+  ArenaOptions arena;  ///< its memory
+  /// Overwrite memory with 0xFF bytes (NaN for floats) when it dies or is reclaimed, so a stale
+  /// view of it reads garbage at once instead of plausible old values (tests use this).
+  bool poison_dead_memory = false;
+};
+
+/// The host device of one pool: its arena and stream. Reach it with `pool.device()`.
+class Device final : public backend::Device {
+ public:
+  Device(ArenaOptions arena, bool poison_dead_memory);
+
+  [[nodiscard]] Arena& arena() noexcept { return *arena_; }
+  [[nodiscard]] Stream& stream() noexcept { return stream_; }
+
+  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                               backend::RunMode mode) override;
+  [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                                 const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
+  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+                                     std::span<const std::uintptr_t> dead) override;
+  void release(backend::StorageHandle& storage, backend::Release why) override;
+  void adopt(backend::StorageHandle& storage) override;
+  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
+  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
+                                                   const std::shared_ptr<void>& rescued) override;
+  [[nodiscard]] std::vector<Block> live_blocks() const override;
+  [[nodiscard]] MemoryInfo memory() const override;
+  void shutdown() override;
+
+ private:
+  friend class Context;
+  [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
+  void free_unreturned(Context& context, const Values& outputs);
+  [[nodiscard]] backend::RunResult describe_outputs(Values&& outputs) const;
+
+  std::unique_ptr<Arena> arena_;
+  Stream stream_;
+  bool poison_;
+};
+
+/// The host backend, as `cgt::Pool` and friends need it.
+struct Backend {
+  using Value = Buffer;
+  using Callable = host::Callable;
+  using Device = host::Device;
+  [[nodiscard]] static Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept;
+  [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);
+  [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
+};
+
+using Pool = cgt::Pool<Backend>;
+using Function = cgt::Function<Backend>;
+using Outputs = cgt::Outputs<Backend>;
+using OutputLease = cgt::OutputLease<Backend>;
+using Arg = cgt::Arg<Backend>;
+
+/// A pool over host memory: deterministic, for tests and dry runs of tree logic.
+[[nodiscard]] Result<Pool> make_pool(PoolOptions options = {});
+
+}  // namespace cgt::host

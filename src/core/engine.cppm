@@ -1,0 +1,279 @@
+// cgt:engine (internal) — the tree engine's state: functions and their shape variants, the tree of
+// nodes, the storages that outputs view, the current path. The per-call algorithm lives in the
+// engine_*.cpp units beside this file.
+module;
+#include <expected>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+export module cgt:engine;
+import :error;
+import :options;
+import :info;
+import :backend;
+import :detail;
+import :handles;
+
+namespace cgt::detail {
+
+struct Node;
+
+/// One storage that outputs view. Liveness is the number of leases on it, nothing else: while a
+/// lease exists the memory is live; when the last lease goes, it is dead.
+struct Cell {
+  backend::StorageHandle storage;
+  Engine* engine = nullptr;
+  std::uint32_t refs = 0;      ///< owners of this object: leases and nodes
+  std::uint32_t leases = 0;    ///< leases on the storage: live while > 0
+  bool reclaimed = false;      ///< a new step took the memory back while leases existed
+  std::uint64_t step = 0;      ///< step in which the storage was handed out (for messages)
+  std::uint32_t function = 0;  ///< function that produced it (for messages)
+  std::shared_ptr<void> rescued;  ///< copy of the memory, with `Options::copy_out_on_new_step`
+
+  [[nodiscard]] bool is_live() const noexcept { return leases > 0 && !reclaimed; }
+};
+
+/// Shared ownership of a cell by nodes (leases count their reference by hand).
+class CellRef {
+ public:
+  CellRef() = default;
+  explicit CellRef(Cell* cell) noexcept : cell_(cell) {
+    if (cell_ != nullptr) ++cell_->refs;
+  }
+  CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
+  CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
+  CellRef& operator=(CellRef other) noexcept {
+    std::swap(cell_, other.cell_);
+    return *this;
+  }
+  ~CellRef() { unref(cell_); }
+  [[nodiscard]] Cell* get() const noexcept { return cell_; }
+  Cell* operator->() const noexcept { return cell_; }
+  explicit operator bool() const noexcept { return cell_ != nullptr; }
+  friend bool operator==(const CellRef& a, const CellRef& b) noexcept { return a.cell_ == b.cell_; }
+
+  /// Drops one reference, deleting the cell when none is left.
+  static void unref(Cell* cell) noexcept {
+    if (cell != nullptr && --cell->refs == 0) delete cell;
+  }
+
+ private:
+  Cell* cell_ = nullptr;
+};
+
+[[nodiscard]] CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function);
+
+/// How an output of a recording relates to other memory (PyTorch's `OutputAliasInfo`).
+enum class AliasKind : std::uint8_t {
+  none,             ///< no value (undefined tensor, empty buffer)
+  new_storage,      ///< a storage this graph allocated
+  alias_of_output,  ///< views the storage of an earlier output of the same call
+  alias_of_prior,   ///< views the storage of an output of an earlier graph of the path
+  external,         ///< not pool memory (a static input, a constant): returned as recorded
+};
+
+struct OutputAlias {
+  AliasKind kind = AliasKind::none;
+  std::uint32_t output = 0;  ///< for alias_of_output
+  PathIndex prior;           ///< for alias_of_prior
+};
+
+/// Per (node, function variant) facts PyTorch keeps in `non_cudagraph_managed_mutation_hint` and
+/// `num_rerecord`.
+struct ChildFacts {
+  std::optional<bool> mutates_unmanaged_input;
+  std::uint32_t rerecords = 0;
+};
+
+/// One function at one shape key (PyTorch's FunctionID): nodes of the tree belong to a variant.
+struct Variant {
+  std::uint32_t id = 0;
+  std::uint32_t function = 0;
+  std::vector<std::int64_t> key;
+  bool warmed_up = false;
+};
+
+/// The argument signature a function is held to: set by its first call.
+struct Signature {
+  std::vector<backend::ArgKind> kinds;
+  std::vector<std::uint16_t> dtypes;
+  std::vector<std::uint8_t> ranks;
+};
+
+/// A registered function.
+struct FunctionRecord {
+  std::uint32_t id = 0;
+  std::string name;
+  std::unique_ptr<backend::Invoker> invoker;
+  FunctionOptions options;
+  std::optional<Signature> signature;
+  std::vector<bool> is_static;   ///< per input, from options.static_inputs
+  std::vector<bool> is_mutated;  ///< per input, from options.mutated_inputs
+  std::map<std::vector<std::int64_t>, std::uint32_t> variants;  ///< shape key -> variant id
+  std::uint32_t last_variant = UINT32_MAX;                       ///< the last key seen: the fast path
+  bool warned_mutation = false;
+  bool warned_many_keys = false;
+  std::set<Reason> logged;  ///< reasons already printed by the default sink
+};
+
+/// A recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode).
+struct Node {
+  std::int64_t id = 0;
+  NodeKind kind = NodeKind::graph;
+  NodeReason reason = NodeReason::first_call;
+  std::uint32_t variant = 0;
+  Node* parent = nullptr;
+  std::vector<Node*> path;  ///< root first, ending with this node (PyTorch's path_weakrefs)
+  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> children;  ///< by variant
+  std::vector<std::uint32_t> child_order;  ///< variants in the order children were first added
+  std::unordered_map<std::uint32_t, ChildFacts> child_facts;  ///< by variant
+
+  // Graph nodes only.
+  std::unique_ptr<backend::Recording> recording;
+  std::unique_ptr<backend::Checkpoint> checkpoint;
+  std::vector<std::uint32_t> managed_inputs;        ///< inputs that are outputs of the path
+  std::vector<std::uint32_t> static_inputs;         ///< user-static inputs (not managed), aligned
+  std::vector<std::uintptr_t> recorded_data;        ///< per input: data address if static/managed
+  std::vector<bool> copied;                          ///< per input: copied into a slot on replay
+  std::vector<OutputAlias> aliases;                  ///< per output
+  std::vector<std::vector<bool>> liveness_before;    ///< path liveness before recording (without this node)
+  std::vector<std::vector<bool>> liveness_after;     ///< path liveness after recording (with this node)
+  std::vector<PathIndex> expected_dead_before;
+  std::vector<PathIndex> expected_dead_after;
+  std::vector<PathIndex> live_after;  ///< everything live right after recording
+  std::vector<backend::StorageHandle*> bound;  ///< storages the recording's outputs view now
+  std::vector<const void*> bound_native;        ///< and their native records at that time
+
+  // Both kinds: the storage of each output in the current execution (null: no pool memory).
+  std::vector<CellRef> cells;
+  std::vector<std::uintptr_t> output_storage;  ///< per output: recorded storage address (0: not pool memory)
+  std::vector<std::size_t> output_bytes;
+  std::size_t output_count = 0;
+
+  [[nodiscard]] std::size_t depth() const noexcept { return path.size() - 1; }
+  [[nodiscard]] std::size_t num_descendants() const;
+};
+
+/// Where the current path is (PyTorch's ExecutionState).
+enum class PathState : std::uint8_t { none, warmup, recording, execution };
+
+/// What a search among the children of a node found.
+struct Match {
+  Node* node = nullptr;
+  bool static_moved = false;  ///< with `node`: matched, but a static input moved (error mode)
+  bool managed_moved = false;
+  bool liveness_differs = false;
+  std::int32_t moved_input = -1;
+};
+
+/// One call in flight: its arguments and what the engine learned about them.
+struct CallFrame {
+  std::span<const backend::ArgSlot> args;
+  std::span<const backend::ArgDesc> descs;
+  FunctionRecord* function = nullptr;
+  Variant* variant = nullptr;
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<backend::Device> device, Options options);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  std::uint32_t refs = 0;
+  // Declared first, destroyed last: every recording below uses the device.
+  std::unique_ptr<backend::Device> device;
+  Options options;
+  Stats stats;
+  std::atomic<bool> busy{false};
+  bool shut_down = false;
+
+  std::vector<std::unique_ptr<FunctionRecord>> functions;
+  std::vector<std::unique_ptr<Variant>> variants;
+  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> roots;  ///< by variant
+  std::vector<std::uint32_t> root_order;
+  std::unordered_map<std::uint32_t, ChildFacts> root_facts;
+  std::vector<Node*> graph_nodes;                    ///< by id
+  std::vector<std::unique_ptr<Node>> warmup_chain;  ///< warm-up nodes of the current path
+  std::int64_t next_warmup_id = -1;
+
+  Node* current = nullptr;
+  PathState state = PathState::none;
+  std::uint64_t step = 0;          ///< bumped by mark_step_begin
+  std::uint64_t current_step = 0;  ///< the step in which the current path last ran
+
+  // --- the per-call algorithm (engine_call.cpp) ---
+  Result<CallOutputs> call(FunctionRecord& function, const ArgSource& args);
+  Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs);
+  Result<Variant*> select_variant(CallFrame& frame, std::optional<Reason>& fallback);
+  Result<CallOutputs> run_tree(CallFrame& frame);
+  std::optional<Reason> fallback_reason(CallFrame& frame);
+  bool mutates_unmanaged_input(CallFrame& frame);
+  [[nodiscard]] bool needs_warmup(const Variant& variant) const noexcept;
+
+  // --- eager fallback and warm-up (engine_warmup.cpp) ---
+  Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);
+  Result<CallOutputs> warm_up(CallFrame& frame);
+
+  // --- replay (engine_replay.cpp) ---
+  Match find_replayable_child(CallFrame& frame);
+  [[nodiscard]] bool liveness_allows(const Node& child, const CallFrame& frame) const;
+  Result<CallOutputs> replay(Node& node, CallFrame& frame);
+  void bind_output_cells(Node& node);
+
+  // --- recording (engine_record.cpp) ---
+  Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
+  void compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame);
+
+  // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
+  void end_path_if_done();
+  void try_end_execution();
+  [[nodiscard]] bool all_outputs_dead() const;
+  void end_path();
+  void reclaim_path();
+  Result<void> restore_checkpoint();
+  [[nodiscard]] std::vector<Node*> path() const;
+  [[nodiscard]] std::vector<std::vector<bool>> path_liveness() const;
+  [[nodiscard]] static std::vector<std::vector<bool>> liveness_of(const std::vector<Node*>& nodes);
+  [[nodiscard]] std::optional<PathIndex> live_alias_in_path(std::uintptr_t storage) const;
+  [[nodiscard]] bool is_path_output(std::uintptr_t storage) const;
+  [[nodiscard]] std::vector<Cell*> live_path_cells() const;
+  void cell_died(Cell& cell) noexcept;
+  void consume_arguments(const CallFrame& frame) noexcept;
+  void enter(Node& node, PathState new_state);
+  ChildFacts& facts_for(std::uint32_t variant);
+
+  // --- checks and reporting (engine_checks.cpp) ---
+  Result<void> check_memory() const;
+  Result<void> debug_check(const char* where) const;
+  void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message);
+  [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
+
+  // --- introspection (introspection.cpp) ---
+  [[nodiscard]] const Node* find_node(std::int64_t id) const noexcept;
+  [[nodiscard]] std::string to_dot() const;
+
+  void shutdown();
+};
+
+/// Splits the path liveness into the indices where two snapshots differ (PyTorch's
+/// `_get_different_indices`): outputs live in `before` and dead in `after`.
+[[nodiscard]] std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
+                                                       const std::vector<std::vector<bool>>& after);
+
+/// A lease on `cell` (or none) handing out `value`.
+[[nodiscard]] LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
+                                   std::uint32_t function, std::uint32_t output);
+
+}  // namespace cgt::detail

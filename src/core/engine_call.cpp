@@ -1,0 +1,339 @@
+// The per-call algorithm of a pool (PyTorch's CUDAGraphTreeManager._run): check the call, pick the
+// function's shape variant, then end the path / fall back / warm up / replay / record.
+module;
+#include <expected>
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt;
+import :engine;
+
+namespace cgt::detail {
+namespace {
+
+// Releases the pool for the next call however the call ends.
+class BusyGuard {
+ public:
+  explicit BusyGuard(std::atomic<bool>& busy) noexcept : busy_(busy) {}
+  BusyGuard(const BusyGuard&) = delete;
+  BusyGuard& operator=(const BusyGuard&) = delete;
+  ~BusyGuard() { busy_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool>& busy_;
+};
+
+std::string quoted(const std::string& name) { return "'" + name + "'"; }
+
+// The key of a call's input shapes: sizes and broadcast dimensions of every value, and every
+// scalar (a scalar is baked into a graph, like PyTorch's int inputs).
+void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_t>& key) {
+  for (const auto& desc : descs) {
+    if (desc.kind == backend::ArgKind::scalar) {
+      key.push_back(desc.scalar);
+      continue;
+    }
+    key.insert(key.end(), desc.sizes, desc.sizes + desc.rank);
+    key.push_back(desc.expanded);
+  }
+}
+
+// The same comparison without building a key: the fast path of a call with the last shapes.
+bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::ArgDesc> descs) noexcept {
+  std::size_t at = 0;
+  for (const auto& desc : descs) {
+    if (desc.kind == backend::ArgKind::scalar) {
+      if (at >= key.size() || key[at++] != desc.scalar) return false;
+      continue;
+    }
+    if (at + desc.rank + 1 > key.size()) return false;
+    if (!std::equal(desc.sizes, desc.sizes + desc.rank, key.begin() + static_cast<std::ptrdiff_t>(at))) return false;
+    at += desc.rank;
+    if (key[at++] != desc.expanded) return false;
+  }
+  return at == key.size();
+}
+
+}  // namespace
+
+Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource& args) {
+  return engine.call(*engine.functions[function], args);
+}
+
+Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& source) {
+  if (shut_down) {
+    return fail(Errc::pool_shut_down,
+                "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
+  }
+  bool idle = false;
+  if (!busy.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+    return fail(Errc::concurrent_use,
+                "call of " + quoted(function.name) +
+                    " while another call of the same pool is in flight (another thread, or a call from inside a "
+                    "pool function); a pool is used by one thread at a time: use one pool per thread",
+                function.name);
+  }
+  BusyGuard guard(busy);
+  ++stats.calls;
+
+  // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
+  // be passing in, and the arguments must be read after that.
+  end_path_if_done();
+
+  const std::size_t count = source.size();
+  SmallArray<backend::ArgSlot, 8> slot_array(count);
+  SmallArray<backend::ArgDesc, 8> desc_array(count);
+  const std::span<backend::ArgSlot> slots = slot_array.span();
+  const std::span<backend::ArgDesc> descs = desc_array.span();
+  for (std::size_t i = 0; i < count; ++i) {
+    if (auto described = source.describe(i, slots[i], descs[i]); !described) {
+      Error error = std::move(described.error());
+      error.message = "input " + std::to_string(i) + " of " + quoted(function.name) + ": " + error.message;
+      error.function = function.name;
+      error.input = static_cast<std::int32_t>(i);
+      return std::unexpected(std::move(error));
+    }
+  }
+  if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
+
+  CallFrame frame{slots, descs, &function, nullptr};
+  std::optional<Reason> fallback;
+  auto variant = select_variant(frame, fallback);
+  if (!variant) return std::unexpected(std::move(variant.error()));
+  if (fallback) return run_eager(frame, *fallback);
+  frame.variant = *variant;
+  auto out = run_tree(frame);
+  if (out && options.debug_checks) {
+    if (auto checked = debug_check("after the call"); !checked) {
+      Error error = std::move(checked.error());
+      error.function = function.name;
+      return std::unexpected(std::move(error));
+    }
+  }
+  return out;
+}
+
+Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) {
+  if (!function.signature) {
+    // The first call fixes the signature, and lets us check the options' input indices.
+    for (std::size_t index : function.options.static_inputs) {
+      if (index >= descs.size()) {
+        return fail(Errc::invalid_argument,
+                    "static input " + std::to_string(index) + " of " + quoted(function.name) + " is out of range: the call has " +
+                        std::to_string(descs.size()) + " inputs",
+                    function.name);
+      }
+    }
+    for (std::size_t index : function.options.mutated_inputs) {
+      if (index >= descs.size()) {
+        return fail(Errc::invalid_argument,
+                    "mutated input " + std::to_string(index) + " of " + quoted(function.name) + " is out of range: the call has " +
+                        std::to_string(descs.size()) + " inputs",
+                    function.name);
+      }
+    }
+    if (!function.options.graph_sizes.empty()) {
+      const SizeSource source = function.options.size_source;
+      if (source.input >= descs.size() || descs[source.input].kind != backend::ArgKind::value ||
+          source.dim >= descs[source.input].rank) {
+        return fail(Errc::invalid_argument,
+                    "graph_sizes of " + quoted(function.name) + " read dimension " + std::to_string(source.dim) + " of input " +
+                        std::to_string(source.input) + ", which the call does not have",
+                    function.name);
+      }
+    }
+    Signature signature;
+    for (const auto& desc : descs) {
+      signature.kinds.push_back(desc.kind);
+      signature.dtypes.push_back(desc.dtype);
+      signature.ranks.push_back(desc.rank);
+    }
+    function.is_static.assign(descs.size(), false);
+    function.is_mutated.assign(descs.size(), false);
+    for (std::size_t index : function.options.static_inputs) function.is_static[index] = true;
+    for (std::size_t index : function.options.mutated_inputs) function.is_mutated[index] = true;
+    function.signature = std::move(signature);
+    return {};
+  }
+  const Signature& signature = *function.signature;
+  if (descs.size() != signature.kinds.size()) {
+    return fail(Errc::wrong_input_count,
+                quoted(function.name) + " takes " + std::to_string(signature.kinds.size()) + " inputs (as in its first call), not " +
+                    std::to_string(descs.size()),
+                function.name);
+  }
+  for (std::size_t i = 0; i < descs.size(); ++i) {
+    const auto input = static_cast<std::int32_t>(i);
+    if (descs[i].kind != signature.kinds[i]) {
+      const bool was_scalar = signature.kinds[i] == backend::ArgKind::scalar;
+      return fail(Errc::wrong_input_type,
+                  "input " + std::to_string(i) + " of " + quoted(function.name) + " must be a " +
+                      (was_scalar ? "scalar" : "value") + ", as in its first call",
+                  function.name, -1, input);
+    }
+    if (descs[i].kind == backend::ArgKind::scalar) continue;
+    if (descs[i].dtype != signature.dtypes[i]) {
+      return fail(Errc::wrong_input_type,
+                  "input " + std::to_string(i) + " of " + quoted(function.name) + " has element type " +
+                      std::to_string(descs[i].dtype) + ", but its first call had " + std::to_string(signature.dtypes[i]),
+                  function.name, -1, input);
+    }
+    if (descs[i].rank != signature.ranks[i]) {
+      return fail(Errc::wrong_shape,
+                  "input " + std::to_string(i) + " of " + quoted(function.name) + " has " + std::to_string(descs[i].rank) +
+                      " dimensions, but its first call had " + std::to_string(signature.ranks[i]) +
+                      "; sizes may change between calls, ranks may not",
+                  function.name, -1, input);
+    }
+  }
+  return {};
+}
+
+Result<Variant*> Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
+  FunctionRecord& function = *frame.function;
+  for (const auto& desc : frame.descs) {
+    if (desc.kind == backend::ArgKind::value && desc.placement != backend::Placement::pool_device) {
+      fallback = Reason::input_on_other_device;
+      return nullptr;
+    }
+  }
+  if (!function.options.graph_sizes.empty()) {
+    const SizeSource source = function.options.size_source;
+    const std::int64_t size = frame.descs[source.input].sizes[source.dim];
+    if (std::find(function.options.graph_sizes.begin(), function.options.graph_sizes.end(), size) ==
+        function.options.graph_sizes.end()) {
+      fallback = Reason::size_not_graphed;
+      return nullptr;
+    }
+  }
+  if (function.last_variant != UINT32_MAX) {
+    Variant& last = *variants[function.last_variant];
+    if (key_matches(last.key, frame.descs)) return &last;
+  }
+  std::vector<std::int64_t> key;
+  append_key(frame.descs, key);
+  if (auto found = function.variants.find(key); found != function.variants.end()) {
+    function.last_variant = found->second;
+    return variants[found->second].get();
+  }
+  if (options.shape_key_limit != 0 && function.variants.size() >= options.shape_key_limit) {
+    fallback = Reason::shape_key_limit;
+    return nullptr;
+  }
+  auto variant = std::make_unique<Variant>();
+  variant->id = static_cast<std::uint32_t>(variants.size());
+  variant->function = function.id;
+  variant->key = key;
+  function.variants.emplace(std::move(key), variant->id);
+  function.last_variant = variant->id;
+  variants.push_back(std::move(variant));
+  if (options.shape_key_warn_limit != 0 && function.variants.size() > options.shape_key_warn_limit &&
+      !function.warned_many_keys) {
+    function.warned_many_keys = true;
+    ++stats.by_reason[static_cast<std::size_t>(Reason::many_shape_keys)];
+    log(EventKind::warning, Reason::many_shape_keys, function,
+        quoted(function.name) + " has been called with " + std::to_string(function.variants.size()) +
+            " distinct input shapes, each recorded separately; pad inputs to a few sizes, or set graph_sizes");
+  }
+  return variants.back().get();
+}
+
+bool Engine::needs_warmup(const Variant& variant) const noexcept {
+  // A warm-up allocates at addresses the caching state of that moment decides, so a recording
+  // cannot follow it on the same path: once warming up, the path warms up until it ends.
+  return (!variant.warmed_up && !options.skip_warmup) || state == PathState::warmup || options.force_warmup;
+}
+
+bool Engine::mutates_unmanaged_input(CallFrame& frame) {
+  FunctionRecord& function = *frame.function;
+  ChildFacts& facts = facts_for(frame.variant->id);
+  bool mutates = false;
+  for (std::size_t i = 0; i < frame.descs.size() && !mutates; ++i) {
+    mutates = function.is_mutated[i] && !function.is_static[i] && frame.descs[i].kind == backend::ArgKind::value &&
+              !is_path_output(frame.descs[i].storage);
+  }
+  facts.mutates_unmanaged_input = mutates;
+  if (mutates && !function.warned_mutation) {
+    // Decided per node and function, and warned once per function, as the reference does.
+    function.warned_mutation = true;
+    log(EventKind::eager_fallback, Reason::mutated_input, function,
+        "skipping graphs for " + quoted(function.name) +
+            ": it mutates an input that is neither static nor an output of an earlier graph of this pool; "
+            "declare the input static, or pass a pool output");
+  }
+  return mutates;
+}
+
+std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
+  ChildFacts& facts = facts_for(frame.variant->id);
+  const bool mutates = facts.mutates_unmanaged_input ? *facts.mutates_unmanaged_input : mutates_unmanaged_input(frame);
+  if (mutates) return Reason::mutated_input;
+  if (facts.rerecords > options.rerecord_limit) return Reason::rerecord_limit;
+  return std::nullopt;
+}
+
+Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
+  if (auto reason = fallback_reason(frame)) return run_eager(frame, *reason);
+
+  if (needs_warmup(*frame.variant)) {
+    if (state == PathState::execution) {
+      if (auto restored = restore_checkpoint(); !restored) return std::unexpected(std::move(restored.error()));
+    }
+    return warm_up(frame);
+  }
+
+  NodeReason reason = NodeReason::first_call;
+  if (state != PathState::recording) {
+    Match match = find_replayable_child(frame);
+    if (match.node != nullptr) {
+      if (match.static_moved) {
+        return fail(Errc::static_input_moved,
+                    "static input " + std::to_string(match.moved_input) + " of " + quoted(frame.function->name) +
+                        " is not at the address its graph was recorded with; keep static inputs in place, or set "
+                        "on_static_input_moved = rerecord",
+                    frame.function->name, match.node->id, match.moved_input);
+      }
+      return replay(*match.node, frame);
+    }
+
+    // No child fits. If the function is also a root, the path may be over: try from the roots.
+    if (current != nullptr && roots.contains(frame.variant->id)) {
+      try_end_execution();
+      if (current == nullptr) return run_tree(frame);
+    }
+    // The decision about mutation is cached per node; the inputs of this call may differ.
+    if (!frame.function->options.mutated_inputs.empty() && mutates_unmanaged_input(frame)) {
+      return run_eager(frame, Reason::mutated_input);
+    }
+    if (match.managed_moved) {
+      ChildFacts& facts = facts_for(frame.variant->id);
+      ++facts.rerecords;
+      if (facts.rerecords > options.rerecord_limit) {
+        log(EventKind::eager_fallback, Reason::rerecord_limit, *frame.function,
+            "skipping graphs for " + quoted(frame.function->name) + ": re-recorded more than " +
+                std::to_string(options.rerecord_limit) + " times under one node because input " +
+                std::to_string(match.moved_input) + " (an output of an earlier graph) keeps moving");
+        return run_eager(frame, Reason::rerecord_limit);
+      }
+    }
+    ++stats.failed_matches;
+    if (match.static_moved) reason = NodeReason::static_input_moved;
+    else if (match.managed_moved) reason = NodeReason::managed_input_moved;
+    else if (match.liveness_differs) reason = NodeReason::new_liveness_pattern;
+
+    try_end_execution();
+    if (current != nullptr) {
+      if (auto restored = restore_checkpoint(); !restored) return std::unexpected(std::move(restored.error()));
+    }
+  }
+  return record(frame, reason);
+}
+
+}  // namespace cgt::detail

@@ -1,0 +1,76 @@
+// Consistency checks of the pool's memory against the leases, and reporting of decisions.
+module;
+#include <expected>
+#include <algorithm>
+#include <cstdint>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+module cgt;
+import :engine;
+
+namespace cgt::detail {
+namespace {
+
+std::string hex(std::uintptr_t address) {
+  std::ostringstream text;
+  text << "0x" << std::hex << address;
+  return text.str();
+}
+
+}  // namespace
+
+Result<void> Engine::check_memory() const {
+  // Blocks the allocator counts as allocated must be exactly the storages that live leases hold
+  // and the allocator owns (PyTorch's check_memory_pool).
+  std::vector<std::uintptr_t> expected;
+  for (const Cell* cell : live_path_cells()) {
+    if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
+  }
+  std::vector<std::string> problems;
+  for (const Block& block : device->live_blocks()) {
+    auto found = std::find(expected.begin(), expected.end(), block.address);
+    if (found == expected.end()) {
+      problems.push_back("block " + hex(block.address) + " (" + std::to_string(block.bytes) +
+                         " bytes) is allocated in the pool, but no live lease holds it");
+    } else {
+      expected.erase(found);
+    }
+  }
+  for (std::uintptr_t address : expected) {
+    problems.push_back("storage " + hex(address) + " is held by a live lease, but is not allocated in the pool");
+  }
+  if (problems.empty()) return {};
+  std::string message = "the pool's memory does not match its leases: ";
+  for (std::size_t i = 0; i < problems.size(); ++i) message += (i > 0 ? "; " : "") + problems[i];
+  return fail(Errc::invariant_violation, message + ". This is a bug in cgt or its backend: please report it");
+}
+
+Result<void> Engine::debug_check(const char* where) const {
+  if (!options.debug_checks) return {};
+  auto checked = check_memory();
+  if (!checked) checked.error().message = std::string(where) + ": " + checked.error().message;
+  return checked;
+}
+
+void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) {
+  const bool first = function.logged.insert(reason).second;
+  if (kind == EventKind::eager_fallback && first) ++stats.fallback_warnings;
+  if (options.log_sink) {
+    options.log_sink(Event{kind, reason, function.name, message});
+  } else if (first) {
+    std::cerr << "cgt: " << message << '\n';
+  }
+}
+
+std::string Engine::overwritten_message(const Cell& cell, std::uint32_t output) const {
+  return "output " + std::to_string(output) + " of '" + functions[cell.function]->name +
+         "' was reclaimed when a new step began (mark_step_begin was called after it was produced in step " +
+         std::to_string(cell.step) +
+         "); to keep a value across steps, take() it before the next step, or call mark_step_begin() only after "
+         "you are done with it";
+}
+
+}  // namespace cgt::detail

@@ -1,0 +1,220 @@
+// The current path of a pool: its liveness, ending it, reclaiming it for a new step, and restoring
+// the allocator to a node's checkpoint so that a warm-up or recording can follow a replay.
+module;
+#include <expected>
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+module cgt;
+import :engine;
+
+namespace cgt::detail {
+
+CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) {
+  auto* cell = new Cell{};  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
+  cell->storage = storage;
+  cell->engine = &engine;
+  cell->function = function;
+  return CellRef(cell);
+}
+
+LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
+                     std::uint32_t function, std::uint32_t output) {
+  LeaseCore lease;
+  lease.engine = EngineRef(&engine);
+  if (cell != nullptr) {
+    ++cell->refs;
+    ++cell->leases;
+    cell->step = engine.step;
+    lease.cell = cell;
+  }
+  lease.value = value;
+  lease.owner = std::move(owner);
+  lease.function = function;
+  lease.output = output;
+  return lease;
+}
+
+std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
+                                         const std::vector<std::vector<bool>>& after) {
+  std::vector<PathIndex> indices;
+  const std::size_t depth = std::min(before.size(), after.size());
+  for (std::size_t d = 0; d < depth; ++d) {
+    const std::size_t outputs = std::min(before[d].size(), after[d].size());
+    for (std::size_t i = 0; i < outputs; ++i) {
+      if (before[d][i] != after[d][i]) {
+        indices.push_back({static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)});
+      }
+    }
+  }
+  return indices;
+}
+
+std::size_t Node::num_descendants() const {
+  std::size_t count = 0;
+  for (const auto& [variant, nodes] : children) {
+    for (const auto& child : nodes) count += 1 + child->num_descendants();
+  }
+  return count;
+}
+
+std::vector<Node*> Engine::path() const { return current != nullptr ? current->path : std::vector<Node*>{}; }
+
+std::vector<std::vector<bool>> Engine::liveness_of(const std::vector<Node*>& nodes) {
+  std::vector<std::vector<bool>> liveness;
+  liveness.reserve(nodes.size());
+  for (const Node* node : nodes) {
+    std::vector<bool> outputs(node->output_count, false);
+    for (std::size_t i = 0; i < node->output_count; ++i) outputs[i] = node->cells[i] && node->cells[i]->is_live();
+    liveness.push_back(std::move(outputs));
+  }
+  return liveness;
+}
+
+std::vector<std::vector<bool>> Engine::path_liveness() const { return liveness_of(path()); }
+
+std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) const {
+  if (current == nullptr) return std::nullopt;
+  const auto& nodes = current->path;
+  for (std::size_t d = 0; d < nodes.size(); ++d) {
+    for (std::size_t i = 0; i < nodes[d]->output_count; ++i) {
+      const CellRef& cell = nodes[d]->cells[i];
+      if (cell && cell->is_live() && cell->storage.address == storage) {
+        return PathIndex{static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+bool Engine::is_path_output(std::uintptr_t storage) const {
+  if (current == nullptr || storage == 0) return false;
+  for (const Node* node : current->path) {
+    if (std::find(node->output_storage.begin(), node->output_storage.end(), storage) != node->output_storage.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<Cell*> Engine::live_path_cells() const {
+  std::vector<Cell*> live;
+  if (current == nullptr) return live;
+  for (const Node* node : current->path) {
+    for (const CellRef& cell : node->cells) {
+      if (cell && cell->is_live() && std::find(live.begin(), live.end(), cell.get()) == live.end()) {
+        live.push_back(cell.get());
+      }
+    }
+  }
+  return live;
+}
+
+bool Engine::all_outputs_dead() const {
+  if (current == nullptr) return true;
+  if (current->kind == NodeKind::graph) {
+    // Everything live after the recording is listed; what was dead then cannot revive.
+    for (const PathIndex& index : current->live_after) {
+      const CellRef& cell = current->path[index.depth]->cells[index.output];
+      if (cell && cell->is_live()) return false;
+    }
+    return true;
+  }
+  return live_path_cells().empty();
+}
+
+void Engine::enter(Node& node, PathState new_state) {
+  current = &node;
+  state = new_state;
+  current_step = step;
+}
+
+void Engine::end_path() {
+  current = nullptr;
+  state = PathState::none;
+  warmup_chain.clear();
+}
+
+void Engine::end_path_if_done() {
+  if (current == nullptr) return;
+  if (current_step != step) {
+    reclaim_path();
+    return;
+  }
+  // Replays end lazily (when no child matches); warm-ups and recordings are checked up front.
+  if ((state == PathState::recording || state == PathState::warmup) && all_outputs_dead()) end_path();
+}
+
+void Engine::try_end_execution() {
+  if (current == nullptr) return;
+  if (current_step != step) {
+    reclaim_path();
+    return;
+  }
+  if (all_outputs_dead()) end_path();
+}
+
+void Engine::reclaim_path() {
+  ++stats.steps_reclaimed;
+  for (Cell* cell : live_path_cells()) {
+    bool rescued = false;
+    if (options.copy_out_on_new_step) {
+      if (auto copy = device->rescue(cell->storage)) {
+        cell->rescued = std::move(*copy);
+        rescued = true;
+      }
+    }
+    (rescued ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases;
+    cell->reclaimed = true;
+    device->release(cell->storage, backend::Release::reclaimed);
+    cell->storage.owned_by_allocator = false;
+  }
+  end_path();
+}
+
+Result<void> Engine::restore_checkpoint() {
+  Node& node = *current;
+  ++stats.checkpoint_restores;
+  const std::vector<Cell*> live = live_path_cells();
+  std::vector<backend::StorageHandle*> handles;
+  handles.reserve(live.size());
+  for (Cell* cell : live) handles.push_back(&cell->storage);
+
+  // What was live right after recording is allocated in the checkpoint; what died since must
+  // be freed again (aliases share a storage: free it once).
+  std::vector<std::uintptr_t> dead;
+  for (const PathIndex& index : differing_indices(node.liveness_after, path_liveness())) {
+    const std::uintptr_t address = node.path[index.depth]->output_storage[index.output];
+    if (address != 0 && std::find(dead.begin(), dead.end(), address) == dead.end()) dead.push_back(address);
+  }
+  if (auto restored = device->restore(*node.checkpoint, handles, dead); !restored) {
+    Error error = std::move(restored.error());
+    error.node = node.id;
+    return std::unexpected(std::move(error));
+  }
+  for (Cell* cell : live) cell->storage.owned_by_allocator = true;
+  return debug_check("after restoring a checkpoint");
+}
+
+void Engine::cell_died(Cell& cell) noexcept {
+  if (shut_down) return;
+  device->release(cell.storage, backend::Release::dead);
+  cell.storage.owned_by_allocator = false;
+}
+
+void Engine::consume_arguments(const CallFrame& frame) noexcept {
+  for (const backend::ArgSlot& slot : frame.args) {
+    if (slot.consumed != nullptr) lease_drop(*slot.consumed);
+  }
+}
+
+ChildFacts& Engine::facts_for(std::uint32_t variant) {
+  return current != nullptr ? current->child_facts[variant] : root_facts[variant];
+}
+
+}  // namespace cgt::detail

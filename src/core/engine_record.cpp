@@ -1,0 +1,172 @@
+// Recording a new node: classify the inputs, capture the function into a graph in the pool, work
+// out how its outputs alias other memory, checkpoint the allocator, and hand out the outputs.
+module;
+#include <expected>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt;
+import :engine;
+
+namespace cgt::detail {
+namespace {
+
+// Kernels may assume this alignment of their inputs (PyTorch's ALIGNMENT); a static input that
+// lacks it is copied into an aligned slot instead of being baked in mis-addressed.
+constexpr std::uintptr_t kInputAlignment = 16;
+
+std::string moved_message(NodeReason reason, const FunctionRecord& function) {
+  const std::string what = reason == NodeReason::static_input_moved ? "a static input" : "an input from an earlier graph";
+  return "re-recording '" + function.name + "': " + what + " is at a new address";
+}
+
+}  // namespace
+
+void Engine::compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame) {
+  const std::size_t count = first.outputs.size();
+  node.output_count = count;
+  node.aliases.assign(count, OutputAlias{});
+  node.cells.assign(count, CellRef());
+  node.output_storage.assign(count, 0);
+  node.output_bytes.assign(count, 0);
+  for (std::size_t i = 0; i < count; ++i) {
+    const backend::OutputDesc& desc = first.outputs[i];
+    OutputAlias& alias = node.aliases[i];
+    if (desc.kind == backend::OutputKind::none) continue;
+    if (!desc.in_pool) {
+      alias.kind = AliasKind::external;  // a static input or a constant: always live, never ours
+      continue;
+    }
+    node.output_storage[i] = desc.storage;
+    node.output_bytes[i] = desc.storage_bytes;
+    if (auto prior = live_alias_in_path(desc.storage)) {
+      alias.kind = AliasKind::alias_of_prior;
+      alias.prior = *prior;
+      node.cells[i] = current->path[prior->depth]->cells[prior->output];
+      continue;
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (node.aliases[j].kind == AliasKind::new_storage && node.output_storage[j] == desc.storage) {
+        alias.kind = AliasKind::alias_of_output;
+        alias.output = static_cast<std::uint32_t>(j);
+        node.cells[i] = node.cells[j];
+        break;
+      }
+    }
+    if (alias.kind == AliasKind::alias_of_output) continue;
+    alias.kind = AliasKind::new_storage;
+    backend::StorageHandle storage{desc.storage, desc.storage_bytes, desc.native, desc.native_owner, true};
+    node.cells[i] = make_cell(*this, storage, frame.function->id);
+  }
+}
+
+Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
+  FunctionRecord& function = *frame.function;
+  if (auto checked = debug_check("before a recording"); !checked) return std::unexpected(std::move(checked.error()));
+
+  auto node = std::make_unique<Node>();
+  node->id = static_cast<std::int64_t>(graph_nodes.size());
+  node->kind = NodeKind::graph;
+  node->reason = reason;
+  node->variant = frame.variant->id;
+  node->parent = current;
+  node->path = current != nullptr ? current->path : std::vector<Node*>{};
+  node->path.push_back(node.get());
+
+  // Inputs: outputs of the path are used in place (pool-managed), aligned static inputs are used
+  // in place, everything else is copied into a pool slot on every replay.
+  const std::size_t inputs = frame.descs.size();
+  node->recorded_data.assign(inputs, 0);
+  node->copied.assign(inputs, false);
+  auto copy_input = std::make_unique<bool[]>(inputs);
+  for (std::size_t i = 0; i < inputs; ++i) {
+    const backend::ArgDesc& desc = frame.descs[i];
+    if (desc.kind == backend::ArgKind::scalar) continue;
+    const auto index = static_cast<std::uint32_t>(i);
+    if (is_path_output(desc.storage)) {
+      node->managed_inputs.push_back(index);
+      node->recorded_data[i] = desc.data;
+    } else if (function.is_static[i] && desc.data % kInputAlignment == 0) {
+      node->static_inputs.push_back(index);
+      node->recorded_data[i] = desc.data;
+    } else {
+      node->copied[i] = true;
+      copy_input[i] = true;
+    }
+  }
+  if (current != nullptr) {
+    node->liveness_before = path_liveness();
+    node->expected_dead_before = differing_indices(current->liveness_after, node->liveness_before);
+  }
+
+  auto before = device->checkpoint();
+  if (!before) return std::unexpected(std::move(before.error()));
+  const backend::RecordPlan plan{std::span<const bool>(copy_input.get(), inputs)};
+  auto recorded = device->record(*function.invoker, frame.args, plan);
+  if (!recorded) {
+    Error error = std::move(recorded.error());
+    error.function = function.name;
+    std::vector<backend::StorageHandle*> live;
+    for (Cell* cell : live_path_cells()) {
+      if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
+    }
+    if (auto restored = device->restore(**before, live, {}); !restored) {
+      error.message += "; restoring the pool also failed: " + restored.error().message;
+    }
+    return std::unexpected(std::move(error));
+  }
+  node->recording = std::move(recorded->recording);
+  const backend::RunResult& first = recorded->first_outputs;
+  compute_aliases(*node, first, frame);
+
+  CallOutputs out;
+  out.kind = CallKind::recording;
+  out.node = node->id;
+  out.leases.reserve(node->output_count);
+  for (std::size_t i = 0; i < node->output_count; ++i) {
+    out.leases.push_back(make_lease(*this, node->cells[i].get(), first.values[i], first.owner, function.id,
+                                    static_cast<std::uint32_t>(i)));
+  }
+  consume_arguments(frame);
+
+  // What died during the call (inputs moved in) must die during every replay too.
+  if (current != nullptr) node->expected_dead_after = differing_indices(node->liveness_before, path_liveness());
+  node->liveness_after = liveness_of(node->path);
+  for (std::size_t d = 0; d < node->path.size(); ++d) {
+    for (std::size_t i = 0; i < node->liveness_after[d].size(); ++i) {
+      if (node->liveness_after[d][i]) node->live_after.push_back({static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)});
+    }
+  }
+  auto checkpoint = device->checkpoint();
+  if (!checkpoint) {
+    Error error = std::move(checkpoint.error());
+    error.function = function.name;
+    return std::unexpected(std::move(error));
+  }
+  node->checkpoint = std::move(*checkpoint);
+  node->bound.clear();
+
+  ++stats.recordings;
+  if (reason == NodeReason::static_input_moved || reason == NodeReason::managed_input_moved) {
+    ++stats.rerecords;
+    const Reason why = reason == NodeReason::static_input_moved ? Reason::static_input_moved : Reason::managed_input_moved;
+    ++stats.by_reason[static_cast<std::size_t>(why)];
+    log(EventKind::rerecord, why, function, moved_message(reason, function));
+  }
+  Node* added = node.get();
+  graph_nodes.push_back(added);
+  auto& siblings = current != nullptr ? current->children : roots;
+  auto& order = current != nullptr ? current->child_order : root_order;
+  auto& list = siblings[frame.variant->id];
+  if (list.empty()) order.push_back(frame.variant->id);
+  list.push_back(std::move(node));
+  enter(*added, PathState::recording);
+  return out;
+}
+
+}  // namespace cgt::detail

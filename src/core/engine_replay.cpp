@@ -1,0 +1,161 @@
+// Replay: find the child of the current node whose invariants hold for this call, then hand its
+// outputs out as leases. This is the hot path of a pool.
+module;
+#include <expected>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt;
+import :engine;
+
+namespace cgt::detail {
+namespace {
+
+bool all_dead(const Node& node, std::span<const PathIndex> indices) noexcept {
+  for (const PathIndex& index : indices) {
+    const CellRef& cell = node.path[index.depth]->cells[index.output];
+    if (cell && cell->is_live()) return false;
+  }
+  return true;
+}
+
+// Leases the call itself gives up on `cell` (arguments moved in).
+std::uint32_t consumed_leases(const CallFrame& frame, const Cell* cell) noexcept {
+  std::uint32_t count = 0;
+  for (const backend::ArgSlot& slot : frame.args) count += slot.consumed != nullptr && slot.consumed->cell == cell;
+  return count;
+}
+
+}  // namespace
+
+bool Engine::liveness_allows(const Node& child, const CallFrame& frame) const {
+  // An output that views an earlier graph's output must find that storage live.
+  for (const OutputAlias& alias : child.aliases) {
+    if (alias.kind != AliasKind::alias_of_prior) continue;
+    const CellRef& cell = child.path[alias.prior.depth]->cells[alias.prior.output];
+    if (!cell || !cell->is_live()) return false;
+  }
+  // Storages that died during the recording (inputs moved in) must die during this call too,
+  // or the graph would overwrite memory the caller still holds.
+  for (const PathIndex& index : child.expected_dead_after) {
+    const CellRef& cell = child.path[index.depth]->cells[index.output];
+    if (cell && cell->is_live() && cell->leases > consumed_leases(frame, cell.get())) return false;
+  }
+  return true;
+}
+
+Match Engine::find_replayable_child(CallFrame& frame) {
+  Match match;
+  auto& siblings = current != nullptr ? current->children : roots;
+  const auto found = siblings.find(frame.variant->id);
+  if (found == siblings.end()) return match;
+  for (const auto& owned : found->second) {
+    Node& child = *owned;
+    // Outputs of earlier graphs are baked into this graph at their recorded addresses.
+    bool managed_in_place = true;
+    for (std::uint32_t input : child.managed_inputs) {
+      if (frame.descs[input].data != child.recorded_data[input]) {
+        managed_in_place = false;
+        match.managed_moved = true;
+        match.moved_input = static_cast<std::int32_t>(input);
+        break;
+      }
+    }
+    if (!managed_in_place) continue;
+    // Memory this graph reuses must be dead now, as it was when the graph was recorded.
+    if (!all_dead(child, child.expected_dead_before)) {
+      match.liveness_differs = true;
+      continue;
+    }
+    std::int32_t moved_static = -1;
+    for (std::uint32_t input : child.static_inputs) {
+      if (frame.descs[input].data != child.recorded_data[input]) {
+        moved_static = static_cast<std::int32_t>(input);
+        break;
+      }
+    }
+    if (moved_static >= 0 && options.on_static_input_moved == OnStaticInputMoved::rerecord) {
+      match.static_moved = true;
+      match.moved_input = moved_static;
+      continue;
+    }
+    if (!liveness_allows(child, frame)) {
+      match.liveness_differs = true;
+      continue;
+    }
+    match.node = &child;
+    match.static_moved = moved_static >= 0;
+    match.moved_input = moved_static;
+    return match;
+  }
+  return match;
+}
+
+void Engine::bind_output_cells(Node& node) {
+  bool changed = node.bound.size() != node.output_count;
+  node.bound.resize(node.output_count, nullptr);
+  node.bound_native.resize(node.output_count, nullptr);
+  for (std::size_t i = 0; i < node.output_count; ++i) {
+    const OutputAlias& alias = node.aliases[i];
+    switch (alias.kind) {
+      case AliasKind::new_storage: {
+        Cell* cell = node.cells[i].get();
+        // A storage reclaimed by a new step may still be referenced by stale leases: use a new cell.
+        if (cell == nullptr || cell->reclaimed || cell->leases > 0) {
+          backend::StorageHandle storage{node.output_storage[i], node.output_bytes[i], nullptr, nullptr, false};
+          node.cells[i] = make_cell(*this, storage, variants[node.variant]->function);
+          device->adopt(node.cells[i]->storage);
+        } else {
+          cell->storage.owned_by_allocator = false;  // a replay allocates nothing
+          if (cell->storage.native == nullptr) device->adopt(cell->storage);
+        }
+        break;
+      }
+      case AliasKind::alias_of_output:
+        node.cells[i] = node.cells[alias.output];
+        break;
+      case AliasKind::alias_of_prior:
+        node.cells[i] = node.path[alias.prior.depth]->cells[alias.prior.output];
+        break;
+      case AliasKind::external:
+      case AliasKind::none:
+        node.cells[i] = CellRef();
+        break;
+    }
+    backend::StorageHandle* storage = node.cells[i] ? &node.cells[i]->storage : nullptr;
+    const void* native = storage != nullptr ? storage->native : nullptr;
+    if (node.bound[i] != storage || node.bound_native[i] != native) changed = true;
+    node.bound[i] = storage;
+    node.bound_native[i] = native;
+  }
+  if (changed) node.recording->bind_outputs(node.bound);
+}
+
+Result<CallOutputs> Engine::replay(Node& node, CallFrame& frame) {
+  FunctionRecord& function = *frame.function;
+  bind_output_cells(node);
+  if (auto replayed = node.recording->replay(frame.args); !replayed) {
+    Error error = std::move(replayed.error());
+    error.function = function.name;
+    error.node = node.id;
+    return std::unexpected(std::move(error));
+  }
+  CallOutputs out;
+  out.kind = CallKind::replay;
+  out.node = node.id;
+  out.leases.reserve(node.output_count);
+  for (std::size_t i = 0; i < node.output_count; ++i) {
+    out.leases.push_back(make_lease(*this, node.cells[i].get(), node.recording->output(i), nullptr, function.id,
+                                    static_cast<std::uint32_t>(i)));
+  }
+  // Arguments moved in die now, after the outputs that may alias them took their leases.
+  consume_arguments(frame);
+  enter(node, PathState::execution);
+  ++stats.replays;
+  return out;
+}
+
+}  // namespace cgt::detail

@@ -1,0 +1,142 @@
+// Calls that do not replay or record: eager fallbacks (outside the pool) and warm-ups (in the pool).
+module;
+#include <expected>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt;
+import :engine;
+
+namespace cgt::detail {
+namespace {
+
+std::string fallback_message(Reason reason, const std::string& function) {
+  const std::string name = "'" + function + "'";
+  switch (reason) {
+    case Reason::mutated_input:
+      return "skipping graphs for " + name + ": it mutates an input that is neither static nor pool memory";
+    case Reason::rerecord_limit:
+      return "skipping graphs for " + name + ": it exceeded the re-record limit on this node";
+    case Reason::shape_key_limit:
+      return "skipping graphs for " + name + ": its input shapes are a new key past shape_key_limit";
+    case Reason::size_not_graphed:
+      return "skipping graphs for " + name + ": the call's size is not in its graph_sizes allow-list";
+    case Reason::input_on_other_device:
+      return "skipping graphs for " + name + ": an input is on another device or in host memory";
+    default:
+      return "skipping graphs for " + name + ": " + std::string(to_string(reason));
+  }
+}
+
+// The pool's allocator back where it was before a failed warm-up or recording.
+Result<void> roll_back(Engine& engine, const backend::Checkpoint& before) {
+  std::vector<backend::StorageHandle*> live;
+  for (Cell* cell : engine.live_path_cells()) {
+    if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
+  }
+  return engine.device->restore(before, live, {});
+}
+
+}  // namespace
+
+Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
+  FunctionRecord& function = *frame.function;
+  const std::string message = fallback_message(reason, function.name);
+  if (options.or_error) {
+    return fail(Errc::graph_unavailable, message + " (or_error is set, so the call fails instead)", function.name);
+  }
+  ++stats.eager_calls;
+  ++stats.by_reason[static_cast<std::size_t>(reason)];
+  // A mutation or an exceeded re-record limit is a decision kept for the node, logged when made;
+  // the other reasons are decided, and logged, per call.
+  if (reason != Reason::mutated_input && reason != Reason::rerecord_limit) {
+    log(EventKind::eager_fallback, reason, function, message);
+  }
+
+  auto result = device->run(*function.invoker, frame.args, backend::RunMode::eager);
+  if (!result) {
+    Error error = std::move(result.error());
+    error.function = function.name;
+    return std::unexpected(std::move(error));
+  }
+  CallOutputs out;
+  out.kind = CallKind::eager;
+  out.leases.reserve(result->values.size());
+  for (std::size_t i = 0; i < result->values.size(); ++i) {
+    out.leases.push_back(
+        make_lease(*this, nullptr, result->values[i], result->owner, function.id, static_cast<std::uint32_t>(i)));
+  }
+  consume_arguments(frame);
+  return out;
+}
+
+Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
+  FunctionRecord& function = *frame.function;
+  Variant& variant = *frame.variant;
+  if (auto checked = debug_check("before a warm-up"); !checked) return std::unexpected(std::move(checked.error()));
+  auto before = device->checkpoint();
+  if (!before) return std::unexpected(std::move(before.error()));
+
+  auto result = device->run(*function.invoker, frame.args, backend::RunMode::warmup);
+  if (!result) {
+    Error error = std::move(result.error());
+    error.function = function.name;
+    if (auto rolled_back = roll_back(*this, **before); !rolled_back) {
+      error.message += "; restoring the pool also failed: " + rolled_back.error().message;
+    }
+    return std::unexpected(std::move(error));
+  }
+
+  auto node = std::make_unique<Node>();
+  node->id = next_warmup_id--;
+  node->kind = NodeKind::warmup;
+  if (!variant.warmed_up) node->reason = NodeReason::first_call;
+  else if (state == PathState::warmup) node->reason = NodeReason::path_warming_up;
+  else node->reason = NodeReason::forced_warmup;
+  node->variant = variant.id;
+  node->parent = current;
+  node->path = current != nullptr ? current->path : std::vector<Node*>{};
+  node->path.push_back(node.get());
+
+  const std::size_t count = result->outputs.size();
+  node->output_count = count;
+  node->cells.resize(count);
+  node->output_storage.assign(count, 0);
+  node->output_bytes.assign(count, 0);
+  CallOutputs out;
+  out.kind = CallKind::warmup;
+  out.node = node->id;
+  out.leases.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const backend::OutputDesc& desc = result->outputs[i];
+    // Only pool memory is tracked: an output viewing an input or a constant stays the caller's.
+    if (desc.kind == backend::OutputKind::value && desc.in_pool) {
+      node->output_storage[i] = desc.storage;
+      node->output_bytes[i] = desc.storage_bytes;
+      if (auto alias = live_alias_in_path(desc.storage)) {
+        node->cells[i] = current->path[alias->depth]->cells[alias->output];
+      } else {
+        for (std::size_t j = 0; j < i && !node->cells[i]; ++j) {
+          if (node->cells[j] && node->output_storage[j] == desc.storage) node->cells[i] = node->cells[j];
+        }
+        if (!node->cells[i]) {
+          backend::StorageHandle storage{desc.storage, desc.storage_bytes, desc.native, desc.native_owner, true};
+          node->cells[i] = make_cell(*this, storage, function.id);
+        }
+      }
+    }
+    out.leases.push_back(make_lease(*this, node->cells[i].get(), result->values[i], result->owner, function.id,
+                                    static_cast<std::uint32_t>(i)));
+  }
+  consume_arguments(frame);
+  variant.warmed_up = true;
+  ++stats.warmups;
+  warmup_chain.push_back(std::move(node));
+  enter(*warmup_chain.back(), PathState::warmup);
+  return out;
+}
+
+}  // namespace cgt::detail

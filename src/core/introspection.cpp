@@ -1,0 +1,172 @@
+// Read-only views of the tree, and its Graphviz DOT dump.
+module;
+#include <expected>
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+module cgt;
+import :engine;
+
+namespace cgt {
+
+// Builds views for the engine; Node's constructor is private to keep views read-only.
+struct NodeAccess {
+  static Node make(const detail::EngineRef& engine, std::int64_t id) { return Node(engine, id); }
+  static const detail::Node* find(const Node& view) {
+    return view.engine_ ? (*view.engine_).find_node(view.id_) : nullptr;
+  }
+  static const detail::Engine* engine(const Node& view) { return view.engine_.get(); }
+  static const detail::EngineRef& ref(const Node& view) { return view.engine_; }
+};
+
+namespace {
+
+std::vector<Node> children_views(const detail::EngineRef& engine, const std::vector<std::uint32_t>& order,
+                                 const std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<detail::Node>>>& by_variant) {
+  std::vector<const detail::Node*> nodes;
+  for (std::uint32_t variant : order) {
+    for (const auto& node : by_variant.at(variant)) nodes.push_back(node.get());
+  }
+  std::sort(nodes.begin(), nodes.end(), [](const detail::Node* a, const detail::Node* b) { return a->id < b->id; });
+  std::vector<Node> views;
+  views.reserve(nodes.size());
+  for (const detail::Node* node : nodes) views.push_back(NodeAccess::make(engine, node->id));
+  return views;
+}
+
+}  // namespace
+
+bool Node::exists() const { return NodeAccess::find(*this) != nullptr; }
+
+NodeKind Node::kind() const {
+  const auto* node = NodeAccess::find(*this);
+  return node != nullptr ? node->kind : NodeKind::graph;
+}
+
+NodeReason Node::reason() const {
+  const auto* node = NodeAccess::find(*this);
+  return node != nullptr ? node->reason : NodeReason::first_call;
+}
+
+std::string Node::function() const {
+  const auto* node = NodeAccess::find(*this);
+  if (node == nullptr) return {};
+  const auto& engine = *NodeAccess::engine(*this);
+  return engine.functions[engine.variants[node->variant]->function]->name;
+}
+
+std::size_t Node::depth() const {
+  const auto* node = NodeAccess::find(*this);
+  return node != nullptr ? node->depth() : 0;
+}
+
+std::vector<Node> Node::children() const {
+  const auto* node = NodeAccess::find(*this);
+  if (node == nullptr) return {};
+  return children_views(NodeAccess::ref(*this), node->child_order, node->children);
+}
+
+std::size_t Node::num_descendants() const {
+  const auto* node = NodeAccess::find(*this);
+  return node != nullptr ? node->num_descendants() : 0;
+}
+
+std::size_t Node::output_count() const {
+  const auto* node = NodeAccess::find(*this);
+  return node != nullptr ? node->output_count : 0;
+}
+
+std::size_t Node::live_outputs() const {
+  const auto* node = NodeAccess::find(*this);
+  if (node == nullptr) return 0;
+  return static_cast<std::size_t>(
+      std::count_if(node->cells.begin(), node->cells.end(), [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
+}
+
+std::vector<PathIndex> Node::expected_dead_before() const {
+  const auto* node = NodeAccess::find(*this);
+  return node != nullptr ? node->expected_dead_before : std::vector<PathIndex>{};
+}
+
+std::vector<PathIndex> Node::expected_dead_after() const {
+  const auto* node = NodeAccess::find(*this);
+  return node != nullptr ? node->expected_dead_after : std::vector<PathIndex>{};
+}
+
+std::vector<std::size_t> Node::copied_inputs() const {
+  const auto* node = NodeAccess::find(*this);
+  std::vector<std::size_t> copied;
+  if (node == nullptr) return copied;
+  for (std::size_t i = 0; i < node->copied.size(); ++i) {
+    if (node->copied[i]) copied.push_back(i);
+  }
+  return copied;
+}
+
+std::vector<Node> PoolBase::roots() const {
+  const auto& engine = *engine_;
+  return children_views(engine_, engine.root_order, engine.roots);
+}
+
+std::vector<Node> PoolBase::current_path() const {
+  std::vector<Node> views;
+  for (const detail::Node* node : (*engine_).path()) views.push_back(NodeAccess::make(engine_, node->id));
+  return views;
+}
+
+std::string PoolBase::to_dot() const { return (*engine_).to_dot(); }
+
+}  // namespace cgt
+
+namespace cgt::detail {
+
+const Node* Engine::find_node(std::int64_t id) const noexcept {
+  if (id >= 0) return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)] : nullptr;
+  for (const auto& node : warmup_chain) {
+    if (node->id == id) return node.get();
+  }
+  return nullptr;
+}
+
+std::string Engine::to_dot() const {
+  std::ostringstream dot;
+  dot << "digraph cgt {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
+  const std::vector<Node*> on_path = path();
+  auto is_on_path = [&](const Node* node) { return std::find(on_path.begin(), on_path.end(), node) != on_path.end(); };
+  auto name_of = [&](const Node* node) -> const std::string& {
+    return functions[variants[node->variant]->function]->name;
+  };
+  auto emit = [&](const Node* node) {
+    const char* label = node->kind == NodeKind::graph ? "graph" : "warm-up";
+    dot << "  n" << (node->id < 0 ? "w" : "") << (node->id < 0 ? -node->id : node->id) << " [label=\"" << name_of(node)
+        << "\\n#" << node->id << " " << label << "\\n" << to_string(node->reason) << "\\noutputs: " << node->output_count;
+    std::size_t live = 0;
+    for (const auto& cell : node->cells) live += cell && cell->is_live();
+    if (live > 0) dot << " (" << live << " live)";
+    dot << "\"";
+    if (node->kind == NodeKind::warmup) dot << ", style=dashed";
+    if (is_on_path(node)) dot << ", penwidth=2, color=blue";
+    if (node == current) dot << ", style=\"bold" << (node->kind == NodeKind::warmup ? ",dashed" : "") << "\"";
+    dot << "];\n";
+  };
+  auto id_of = [](const Node* node) {
+    return std::string("n") + (node->id < 0 ? "w" + std::to_string(-node->id) : std::to_string(node->id));
+  };
+  for (const Node* node : graph_nodes) {
+    emit(node);
+    if (node->parent != nullptr) dot << "  " << id_of(node->parent) << " -> " << id_of(node) << ";\n";
+  }
+  for (const auto& node : warmup_chain) {
+    emit(node.get());
+    if (node->parent != nullptr) dot << "  " << id_of(node->parent) << " -> " << id_of(node.get()) << " [style=dashed];\n";
+  }
+  dot << "}\n";
+  return dot.str();
+}
+
+}  // namespace cgt::detail

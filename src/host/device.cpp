@@ -1,0 +1,279 @@
+// The host device: runs, warms up and records pool functions over the arena, and implements the
+// memory side of the tree (checkpoints, releases, rescues) for the engine.
+module;
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <expected>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt.host;
+
+namespace cgt::host {
+namespace {
+
+struct HostInvoker final : backend::Invoker {
+  explicit HostInvoker(Callable&& callable) : fn(std::move(callable)) {}
+  Callable fn;
+};
+
+struct HostCheckpoint final : backend::Checkpoint {
+  explicit HostCheckpoint(ArenaCheckpoint arena_state) : state(std::move(arena_state)) {}
+  ArenaCheckpoint state;
+};
+
+std::uintptr_t address_of(const std::byte* pointer) noexcept {
+  return reinterpret_cast<std::uintptr_t>(pointer);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+}
+
+// The arguments of a call as the function sees them.
+struct CallInputs {
+  explicit CallInputs(std::span<const backend::ArgSlot> args) : buffers(args.size()), scalars(args.size(), 0) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (args[i].kind == backend::ArgKind::scalar) {
+        scalars[i] = args[i].scalar;
+      } else {
+        buffers[i] = *static_cast<const Buffer*>(args[i].value);
+      }
+    }
+  }
+  [[nodiscard]] Inputs view() const noexcept { return {buffers, scalars}; }
+  std::vector<Buffer> buffers;
+  std::vector<std::int64_t> scalars;
+};
+
+// Runs the user's function, turning what it throws into an error.
+Result<Values> invoke(Callable& fn, Context& context, const Inputs& inputs) {
+  try {
+    return fn(context, inputs);
+  } catch (const OutOfMemory& error) {
+    return fail(Errc::out_of_memory, std::string("the pool's memory is exhausted: ") + error.what());
+  } catch (const std::exception& error) {
+    return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
+  } catch (...) {
+    return fail(Errc::function_failed, "the function threw an exception that is not a std::exception");
+  }
+}
+
+// A recorded host graph with its input slots and outputs.
+class HostRecording final : public backend::Recording {
+ public:
+  HostRecording(Graph graph, std::vector<Buffer> slots, std::vector<bool> copied, Values outputs)
+      : graph_(std::move(graph)), slots_(std::move(slots)), copied_(std::move(copied)), outputs_(std::move(outputs)) {}
+
+  [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
+    for (std::size_t i = 0; i < copied_.size(); ++i) {
+      if (copied_[i]) copy(*static_cast<const Buffer*>(args[i].value), slots_[i]);
+    }
+    try {
+      graph_.replay();
+    } catch (const std::exception& error) {
+      return fail(Errc::function_failed, std::string("a kernel threw during replay: ") + error.what());
+    } catch (...) {
+      return fail(Errc::function_failed, "a kernel threw during replay");
+    }
+    return {};
+  }
+  // Host outputs are plain addresses: they never need rebinding.
+  void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
+  [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
+
+ private:
+  Graph graph_;
+  std::vector<Buffer> slots_;
+  std::vector<bool> copied_;
+  Values outputs_;
+};
+
+}  // namespace
+
+Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) {
+  if (target_ == Target::heap) return Buffer::make(type, sizes);
+  return device_.allocate_in_pool(*this, type, sizes);
+}
+
+void Context::launch(Kernel kernel) { device_.stream_.launch(std::move(kernel)); }
+
+bool Context::is_capturing() const noexcept { return device_.stream_.is_capturing(); }
+
+Device::Device(ArenaOptions arena, bool poison_dead_memory)
+    : arena_(std::make_unique<Arena>(arena)), poison_(poison_dead_memory) {}
+
+Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
+  std::size_t count = 1;
+  for (std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
+  const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
+  auto memory = arena_->allocate(bytes);
+  if (!memory) throw OutOfMemory(memory.error().message);
+  context.allocations_.push_back(address_of(*memory));
+  return Buffer::view_of(*memory, bytes, type, sizes);
+}
+
+void Device::free_unreturned(Context& context, const Values& outputs) {
+  // Temporaries die with the call, as a tensor does when its last reference goes.
+  for (std::uintptr_t address : context.allocations_) {
+    const bool returned = std::ranges::any_of(outputs, [address](const Buffer& out) { return address_of(out.storage()) == address; });
+    if (!returned) (void)arena_->free(address);
+  }
+  context.allocations_.clear();
+}
+
+backend::RunResult Device::describe_outputs(Values&& outputs) const {
+  backend::RunResult result;
+  auto owned = std::make_shared<Values>(std::move(outputs));
+  result.outputs.reserve(owned->size());
+  result.values.reserve(owned->size());
+  for (const Buffer& out : *owned) {
+    backend::OutputDesc desc;
+    if (out.empty()) {
+      desc.kind = backend::OutputKind::none;
+    } else {
+      desc.storage = address_of(out.storage());
+      desc.storage_bytes = out.storage_bytes();
+      desc.in_pool = arena_->contains(desc.storage);
+    }
+    result.outputs.push_back(desc);
+    result.values.push_back(&out);
+  }
+  result.owner = std::move(owned);
+  return result;
+}
+
+Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                       backend::RunMode mode) {
+  const CallInputs inputs(args);
+  Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::heap);
+  auto outputs = invoke(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
+  if (!outputs) {
+    free_unreturned(context, {});
+    return std::unexpected(std::move(outputs.error()));
+  }
+  free_unreturned(context, *outputs);
+  return describe_outputs(std::move(*outputs));
+}
+
+Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                         const backend::RecordPlan& plan) {
+  CallInputs inputs(args);
+  Context context(*this, Context::Target::pool);
+  // Copied inputs get a slot in the pool with the same layout; replays copy into it.
+  std::vector<Buffer> slots(args.size());
+  std::vector<bool> copied(args.size(), false);
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (!plan.copy_input[i]) continue;
+    const Buffer& source = inputs.buffers[i];
+    const Buffer layout = source.restrided(0, source.sizes(), source.strides());
+    const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
+    auto memory = arena_->allocate(bytes);
+    if (!memory) {
+      free_unreturned(context, {});
+      return std::unexpected(std::move(memory.error()));
+    }
+    context.allocations_.push_back(address_of(*memory));
+    slots[i] = layout.on_storage(*memory, bytes);
+    copy(source, slots[i]);
+    inputs.buffers[i] = slots[i];
+    copied[i] = true;
+  }
+
+  stream_.begin_capture();
+  auto outputs = invoke(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
+  if (!outputs) {
+    stream_.discard_capture();
+    free_unreturned(context, {});
+    return std::unexpected(std::move(outputs.error()));
+  }
+  Graph graph = stream_.end_capture();
+  free_unreturned(context, *outputs);  // slots and temporaries the outputs do not view
+  try {
+    graph.replay();  // capture ran nothing: this run produces the first outputs
+  } catch (const std::exception& error) {
+    return fail(Errc::function_failed, std::string("a kernel threw during the first replay: ") + error.what());
+  }
+  backend::Recorded recorded;
+  recorded.recording = std::make_unique<HostRecording>(std::move(graph), std::move(slots), std::move(copied), *outputs);
+  recorded.first_outputs = describe_outputs(std::move(*outputs));
+  return recorded;
+}
+
+Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
+  return std::make_unique<HostCheckpoint>(arena_->checkpoint());
+}
+
+Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+                             std::span<const std::uintptr_t> dead) {
+  arena_->restore(static_cast<const HostCheckpoint&>(checkpoint).state);
+  for (const backend::StorageHandle* storage : live) {
+    if (!arena_->is_allocated(storage->address)) {
+      return fail(Errc::invariant_violation, "a live output's block is not allocated in the restored checkpoint");
+    }
+  }
+  for (std::uintptr_t address : dead) {
+    if (auto freed = arena_->free(address); !freed) {
+      return fail(Errc::invariant_violation, "a dead output's block is not allocated in the restored checkpoint");
+    }
+  }
+  return {};
+}
+
+void Device::release(backend::StorageHandle& storage, backend::Release /*why*/) {
+  if (poison_) {
+    std::memset(reinterpret_cast<void*>(storage.address), 0xFF, storage.bytes);  // NOLINT(performance-no-int-to-ptr)
+  }
+  if (storage.owned_by_allocator) (void)arena_->free(storage.address);
+}
+
+void Device::adopt(backend::StorageHandle& /*storage*/) {}
+
+Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
+  std::shared_ptr<std::byte[]> copy_of(new std::byte[std::max<std::size_t>(storage.bytes, 1)]);  // NOLINT
+  std::memcpy(copy_of.get(), reinterpret_cast<const void*>(storage.address), storage.bytes);  // NOLINT(performance-no-int-to-ptr)
+  return std::shared_ptr<void>(copy_of, copy_of.get());
+}
+
+std::shared_ptr<const void> Device::rebase(const void* value, const backend::StorageHandle& from,
+                                           const std::shared_ptr<void>& rescued) {
+  const Buffer& original = *static_cast<const Buffer*>(value);
+  auto* bytes = static_cast<std::byte*>(rescued.get());
+  return std::make_shared<Buffer>(original.on_storage(bytes, from.bytes, std::shared_ptr<std::byte[]>(rescued, bytes)));
+}
+
+std::vector<Block> Device::live_blocks() const { return arena_ ? arena_->live_blocks() : std::vector<Block>{}; }
+
+MemoryInfo Device::memory() const { return arena_ ? arena_->memory() : MemoryInfo{}; }
+
+void Device::shutdown() {
+  stream_.discard_capture();
+  arena_.reset();
+}
+
+Result<void> Backend::describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
+  desc.kind = backend::ArgKind::value;
+  desc.storage = address_of(buffer.storage());
+  desc.data = address_of(buffer.data());
+  desc.sizes = buffer.sizes().data();
+  desc.rank = static_cast<std::uint8_t>(buffer.rank());
+  desc.expanded = buffer.expanded_dims();
+  desc.dtype = static_cast<std::uint16_t>(buffer.type());
+  desc.placement = backend::Placement::pool_device;
+  return {};
+}
+
+Result<Buffer> Backend::take(const Buffer& buffer) { return buffer.empty() ? Buffer{} : buffer.clone(); }
+
+std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
+  return std::make_unique<HostInvoker>(std::move(fn));
+}
+
+Result<Pool> make_pool(PoolOptions options) {
+  auto device = std::make_unique<Device>(options.arena, options.poison_dead_memory);
+  return Pool::adopt(detail::make_engine(std::move(device), std::move(options.tree)));
+}
+
+}  // namespace cgt::host
