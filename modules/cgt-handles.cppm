@@ -89,6 +89,7 @@ class Arg {
   using Value = typename B::Value;
 
   Arg(const Value& value) noexcept : value_(&value) {}                      // NOLINT(google-explicit-constructor)
+  Arg(Ref<Value> value) noexcept : value_(&value.get()) {}                  // NOLINT(google-explicit-constructor)
   Arg(const OutputLease<B>& lease) noexcept : borrowed_(&lease) {}          // NOLINT(google-explicit-constructor)
   Arg(OutputLease<B>&& lease) noexcept : consumed_(std::move(lease)) {}     // NOLINT(google-explicit-constructor)
   Arg(std::int64_t scalar) noexcept : scalar_(scalar), is_scalar_(true) {}  // NOLINT(google-explicit-constructor)

@@ -272,6 +272,9 @@ class Engine {
 [[nodiscard]] std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
                                                        const std::vector<std::vector<bool>>& after);
 
+/// `error` from the device, told in terms of the call: which function, doing what, on which node.
+[[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);
+
 /// A lease on `cell` (or none) handing out `value`.
 [[nodiscard]] LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
                                    std::uint32_t function, std::uint32_t output);

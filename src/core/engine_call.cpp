@@ -112,9 +112,7 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   auto out = run_tree(frame);
   if (out && options.debug_checks) {
     if (auto checked = debug_check("after the call"); !checked) {
-      Error error = std::move(checked.error());
-      error.function = function.name;
-      return std::unexpected(std::move(error));
+      return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
     }
   }
   return out;
@@ -284,7 +282,9 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
 
   if (needs_warmup(*frame.variant)) {
     if (state == PathState::execution) {
-      if (auto restored = restore_checkpoint(); !restored) return std::unexpected(std::move(restored.error()));
+      if (auto restored = restore_checkpoint(); !restored) {
+        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
+      }
     }
     return warm_up(frame);
   }
@@ -330,7 +330,9 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
 
     try_end_execution();
     if (current != nullptr) {
-      if (auto restored = restore_checkpoint(); !restored) return std::unexpected(std::move(restored.error()));
+      if (auto restored = restore_checkpoint(); !restored) {
+        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
+      }
     }
   }
   return record(frame, reason);

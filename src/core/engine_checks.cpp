@@ -22,6 +22,13 @@ std::string hex(std::uintptr_t address) {
 
 }  // namespace
 
+Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node) {
+  error.message = "'" + function.name + "' failed while " + doing + ": " + error.message;
+  error.function = function.name;
+  if (node >= 0) error.node = node;
+  return error;
+}
+
 Result<void> Engine::check_memory() const {
   // Blocks the allocator counts as allocated must be exactly the storages that live leases hold
   // and the allocator owns (PyTorch's check_memory_pool).

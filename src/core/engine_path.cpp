@@ -160,8 +160,9 @@ void Engine::try_end_execution() {
 }
 
 void Engine::reclaim_path() {
-  ++stats.steps_reclaimed;
-  for (Cell* cell : live_path_cells()) {
+  const std::vector<Cell*> live = live_path_cells();
+  if (!live.empty()) ++stats.steps_reclaimed;
+  for (Cell* cell : live) {
     bool rescued = false;
     if (options.copy_out_on_new_step) {
       if (auto copy = device->rescue(cell->storage)) {

@@ -67,7 +67,9 @@ void Engine::compute_aliases(Node& node, const backend::RunResult& first, const 
 
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   FunctionRecord& function = *frame.function;
-  if (auto checked = debug_check("before a recording"); !checked) return std::unexpected(std::move(checked.error()));
+  if (auto checked = debug_check("before a recording"); !checked) {
+    return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
+  }
 
   auto node = std::make_unique<Node>();
   node->id = static_cast<std::int64_t>(graph_nodes.size());
@@ -105,12 +107,11 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   }
 
   auto before = device->checkpoint();
-  if (!before) return std::unexpected(std::move(before.error()));
+  if (!before) return std::unexpected(in_call(std::move(before.error()), function, "recording"));
   const backend::RecordPlan plan{std::span<const bool>(copy_input.get(), inputs)};
   auto recorded = device->record(*function.invoker, frame.args, plan);
   if (!recorded) {
-    Error error = std::move(recorded.error());
-    error.function = function.name;
+    Error error = in_call(std::move(recorded.error()), function, "recording");
     std::vector<backend::StorageHandle*> live;
     for (Cell* cell : live_path_cells()) {
       if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
@@ -143,11 +144,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     }
   }
   auto checkpoint = device->checkpoint();
-  if (!checkpoint) {
-    Error error = std::move(checkpoint.error());
-    error.function = function.name;
-    return std::unexpected(std::move(error));
-  }
+  if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, "recording", node->id));
   node->checkpoint = std::move(*checkpoint);
   node->bound.clear();
 

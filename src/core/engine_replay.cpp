@@ -138,10 +138,7 @@ Result<CallOutputs> Engine::replay(Node& node, CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   bind_output_cells(node);
   if (auto replayed = node.recording->replay(frame.args); !replayed) {
-    Error error = std::move(replayed.error());
-    error.function = function.name;
-    error.node = node.id;
-    return std::unexpected(std::move(error));
+    return std::unexpected(in_call(std::move(replayed.error()), function, "replaying", node.id));
   }
   CallOutputs out;
   out.kind = CallKind::replay;

@@ -57,11 +57,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   }
 
   auto result = device->run(*function.invoker, frame.args, backend::RunMode::eager);
-  if (!result) {
-    Error error = std::move(result.error());
-    error.function = function.name;
-    return std::unexpected(std::move(error));
-  }
+  if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));
   CallOutputs out;
   out.kind = CallKind::eager;
   out.leases.reserve(result->values.size());
@@ -76,14 +72,15 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
 Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   Variant& variant = *frame.variant;
-  if (auto checked = debug_check("before a warm-up"); !checked) return std::unexpected(std::move(checked.error()));
+  if (auto checked = debug_check("before a warm-up"); !checked) {
+    return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
+  }
   auto before = device->checkpoint();
-  if (!before) return std::unexpected(std::move(before.error()));
+  if (!before) return std::unexpected(in_call(std::move(before.error()), function, "warming up"));
 
   auto result = device->run(*function.invoker, frame.args, backend::RunMode::warmup);
   if (!result) {
-    Error error = std::move(result.error());
-    error.function = function.name;
+    Error error = in_call(std::move(result.error()), function, "warming up");
     if (auto rolled_back = roll_back(*this, **before); !rolled_back) {
       error.message += "; restoring the pool also failed: " + rolled_back.error().message;
     }

@@ -4,6 +4,7 @@ module;
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <limits>
 #include <map>
 #include <memory>
 #include <new>
@@ -33,14 +34,18 @@ std::size_t Arena::round_up(std::size_t bytes) const noexcept {
 
 Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
   const std::size_t size = std::max(round_up(options_.segment_bytes), min_bytes);
-  if (options_.max_bytes != 0 && reserved_bytes_ + size > options_.max_bytes) {
+  // Written so that it cannot overflow: reserved_bytes_ <= max_bytes always holds.
+  if (options_.max_bytes != 0 && (size > options_.max_bytes || reserved_bytes_ > options_.max_bytes - size)) {
     return fail(Errc::out_of_memory, "the host arena needs " + std::to_string(size) + " more bytes but holds " +
                                          std::to_string(reserved_bytes_) + " of at most " + std::to_string(options_.max_bytes) +
                                          " (ArenaOptions::max_bytes)");
   }
   Segment segment;
-  segment.memory = std::unique_ptr<std::byte, AlignedDelete>(
-      static_cast<std::byte*>(::operator new[](size, std::align_val_t{options_.alignment})), AlignedDelete{options_.alignment});
+  void* memory = ::operator new[](size, std::align_val_t{options_.alignment}, std::nothrow);
+  if (memory == nullptr) {
+    return fail(Errc::out_of_memory, "the system refused a host segment of " + std::to_string(size) + " bytes");
+  }
+  segment.memory = std::unique_ptr<std::byte, AlignedDelete>(static_cast<std::byte*>(memory), AlignedDelete{options_.alignment});
   segment.size = size;
   segment.blocks.emplace(0, BlockState{size, false});
   segments_.push_back(std::move(segment));
@@ -51,6 +56,9 @@ Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
 }
 
 Result<std::byte*> Arena::allocate(std::size_t bytes) {
+  if (bytes > std::numeric_limits<std::size_t>::max() - options_.alignment) {
+    return fail(Errc::out_of_memory, "a request of " + std::to_string(bytes) + " bytes is larger than any arena can hold");
+  }
   const std::size_t size = round_up(bytes);
   auto best = free_.lower_bound(FreeKey{size, 0, 0});
   if (best == free_.end()) {
@@ -85,7 +93,7 @@ std::pair<std::size_t, std::map<std::size_t, ArenaCheckpoint::BlockState>::itera
 Result<void> Arena::free(std::uintptr_t address) {
   auto [segment_index, block] = find(address);
   if (segment_index == segments_.size() || block == segments_[segment_index].blocks.end() || !block->second.allocated) {
-    return fail(Errc::invalid_argument, "no allocated block of the arena starts at this address");
+    return fail(Errc::invalid_argument, "Arena::free: no allocated block of the arena starts at this address");
   }
   auto& blocks = segments_[segment_index].blocks;
   allocated_bytes_ -= block->second.size;

@@ -52,6 +52,10 @@ struct HostHarness {
   /// Identity of the object that tracks that memory: on the host, the memory itself.
   static std::uintptr_t storage_object_of(const Value& value) { return storage_of(value); }
   static std::size_t live_blocks(const Pool& pool) { return pool.live_blocks().size(); }
+  /// Is `value` memory of the pool (and so reclaimed by a new step)?
+  static bool is_pool_memory(Pool& pool, const Value& value) {
+    return pool.device().arena().contains(reinterpret_cast<std::uintptr_t>(value.storage()));
+  }
 
   static Value view_of(const Value& source, const scenario::View& view) {
     using Kind = scenario::View::Kind;

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <set>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +18,7 @@ import cgt.host;
 
 #include "host/harness.hpp"
 #include "scenario/scenarios.hpp"
+#include "scenario/property.hpp"
 
 using H = HostHarness;
 
@@ -48,4 +51,20 @@ TEST_CASE("replay_never_changes_a_held_value", "[scenario][host]") {
 }
 TEST_CASE("new_liveness_pattern_records_a_sibling", "[scenario][host]") {
   scenario::new_liveness_pattern_records_a_sibling<H>();
+}
+TEST_CASE("random_calls_match_eager", "[scenario][property][host]") {
+  const auto report = scenario::random_calls_match_eager<H>(20261122, 12000);
+  CHECK(report.steps == 12000);
+  INFO("calls " << report.calls << ", checks " << report.checks << ", replays " << report.stats.replays << ", recordings "
+                << report.stats.recordings << ", warm-ups " << report.stats.warmups << ", restores "
+                << report.stats.checkpoint_restores << ", reclaimed " << report.stats.steps_reclaimed << ", invalidated "
+                << report.stats.leases_invalidated);
+  CHECK(report.calls > 6000);
+  // The walk must exercise every path of the tree, not only warm-ups.
+  CHECK(report.stats.replays > 1000);
+  CHECK(report.stats.recordings > 10);
+  CHECK(report.stats.checkpoint_restores > 10);
+  CHECK(report.stats.steps_reclaimed > 100);
+  CHECK(report.stats.leases_invalidated > 0);
+  CHECK(report.stats.eager_calls == 0);
 }

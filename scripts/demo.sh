@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs the demo: the libtorch decoder when a GPU and libtorch
+# are present, the host demo otherwise.
+set -euo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$root"
+bash scripts/bootstrap.sh
+build=build-demo
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_BUILD_TESTS=OFF -DCGT_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build "$build" -j "$jobs"
+if [ -x "$build/examples/torch_decoder" ] && nvidia-smi -L >/dev/null 2>&1; then
+  (cd "$build" && ./examples/torch_decoder)
+else
+  (cd "$build" && ./examples/host_demo)
+fi
