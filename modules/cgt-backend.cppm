@@ -7,6 +7,7 @@ module;
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 export module cgt:backend;
@@ -22,28 +23,25 @@ export namespace cgt::backend {
 /// Is an argument a value (tensor, buffer) or an integer scalar?
 enum class ArgKind : std::uint8_t { value, scalar };
 
-/// Where an argument's memory is, relative to the pool's device.
-enum class Placement : std::uint8_t { pool_device, other_device, host_memory };
-
 /// One argument as the caller passed it: a native value (`Backend::Value`) or a scalar.
 struct ArgSlot {
-  const void* value = nullptr;          ///< the native value, for `ArgKind::value`
-  std::int64_t scalar = 0;              ///< for `ArgKind::scalar`
+  const void* value = nullptr;  ///< the native value, for `ArgKind::value`
+  std::int64_t scalar = 0;      ///< for `ArgKind::scalar`
   ArgKind kind = ArgKind::value;
   detail::LeaseCore* consumed = nullptr;  ///< a lease moved into the call: released by it
 };
 
 /// What the engine needs to know of one argument; the typed layer fills it from the native value.
 struct ArgDesc {
-  std::uintptr_t storage = 0;          ///< base address of the memory the value views: its identity
-  std::uintptr_t data = 0;             ///< address of the first element (alignment)
+  std::uintptr_t storage = 0;           ///< base address of the memory the value views: its identity
+  std::uintptr_t data = 0;              ///< address of the first element (alignment)
   const std::int64_t* sizes = nullptr;  ///< `rank` sizes, valid during the call
-  std::uint32_t expanded = 0;          ///< bit d set: dimension d has stride 0 (broadcast)
+  std::uint32_t expanded = 0;           ///< bit d set: dimension d has stride 0 (broadcast)
   std::int64_t scalar = 0;
   std::uint16_t dtype = 0;  ///< backend's element-type code
   std::uint8_t rank = 0;
   ArgKind kind = ArgKind::value;
-  Placement placement = Placement::pool_device;
+  std::int32_t device = 0;  ///< index of the device holding the memory; -1: host memory
 };
 
 /// What the engine knows of one output storage; shared by all outputs that view it.
@@ -66,16 +64,16 @@ struct OutputDesc {
   OutputKind kind = OutputKind::value;
   std::uintptr_t storage = 0;  ///< base address of its memory
   std::size_t storage_bytes = 0;
-  bool in_pool = false;  ///< its memory is a block of this pool (else: caller's or constant memory)
-  void* native = nullptr;                ///< backend's storage record, becomes `StorageHandle::native`
-  std::shared_ptr<void> native_owner;    ///< owner of `native`
+  bool in_pool = false;                ///< its memory is a block of this pool (else: caller's or constant memory)
+  void* native = nullptr;              ///< backend's storage record, becomes `StorageHandle::native`
+  std::shared_ptr<void> native_owner;  ///< owner of `native`
 };
 
 /// Outputs of a run: descriptions, native values, and the owner that keeps the values alive.
 struct RunResult {
   std::vector<OutputDesc> outputs;
-  std::vector<const void*> values;     ///< `Backend::Value*` per output
-  std::shared_ptr<const void> owner;   ///< owns `values`
+  std::vector<const void*> values;    ///< `Backend::Value*` per output
+  std::shared_ptr<const void> owner;  ///< owns `values`
 };
 
 /// The user's callable, type-erased by the backend; only the backend that made it calls it.
@@ -132,13 +130,15 @@ class Device {
  public:
   virtual ~Device() = default;
 
+  /// Index of the device whose memory the pool manages; inputs elsewhere run eagerly.
+  [[nodiscard]] virtual std::int32_t device_index() const noexcept = 0;
+
   /// Runs the function once, eagerly or as a warm-up in the pool.
   [[nodiscard]] virtual Result<RunResult> run(Invoker& fn, std::span<const ArgSlot> args, RunMode mode) = 0;
   /// Copies the inputs marked in `plan` into new pool slots, captures the function into a graph
   /// in the pool, and runs the graph once to produce the first outputs. On failure the capture
   /// is discarded (the engine restores the allocator).
-  [[nodiscard]] virtual Result<Recorded> record(Invoker& fn, std::span<const ArgSlot> args,
-                                                const RecordPlan& plan) = 0;
+  [[nodiscard]] virtual Result<Recorded> record(Invoker& fn, std::span<const ArgSlot> args, const RecordPlan& plan) = 0;
 
   /// The allocator's book-keeping now.
   [[nodiscard]] virtual Result<std::unique_ptr<Checkpoint>> checkpoint() = 0;
@@ -147,8 +147,8 @@ class Device {
   [[nodiscard]] virtual Result<void> restore(const Checkpoint& checkpoint, std::span<StorageHandle* const> live,
                                              std::span<const std::uintptr_t> dead) = 0;
   /// Gives up a storage: frees its block if the allocator owns it, and makes any native value
-  /// that escaped its lease unusable (libtorch: poisons the storage).
-  virtual void release(StorageHandle& storage, Release why) = 0;
+  /// that escaped its lease unusable (libtorch: poisons the storage, naming `function`).
+  virtual void release(StorageHandle& storage, Release why, std::string_view function) = 0;
   /// Prepares a handle for a storage that a replay hands out afresh (e.g. a non-owning storage).
   virtual void adopt(StorageHandle& storage) = 0;
 

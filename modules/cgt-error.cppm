@@ -46,7 +46,7 @@ enum class Errc : std::uint8_t {
 struct Error {
   Errc code{};
   std::string message;
-  std::string function;  ///< name of the function involved, if any
+  std::string function;     ///< name of the function involved, if any
   std::int64_t node = -1;   ///< id of the tree node involved, or -1
   std::int32_t input = -1;  ///< index of the input involved, or -1
 
@@ -61,7 +61,8 @@ using Result = std::expected<T, Error>;
 /// Shorthand for returning an error: `return cgt::fail(Errc::wrong_shape, "...")`.
 [[nodiscard]] inline std::unexpected<Error> fail(Errc code, std::string message, std::string function = {},
                                                  std::int64_t node = -1, std::int32_t input = -1) {
-  return std::unexpected(Error{code, std::move(message), std::move(function), node, input});
+  return std::unexpected(Error{
+      .code = code, .message = std::move(message), .function = std::move(function), .node = node, .input = input});
 }
 
 }  // namespace cgt

@@ -168,9 +168,8 @@ class Outputs {
   explicit Outputs(detail::CallOutputs&& out) noexcept
       : leases_(std::move(out.leases)), kind_(out.kind), node_(out.node) {}
   std::unexpected<Error> index_error(std::size_t i) const {
-    return fail(Errc::invalid_argument,
-                "output index " + std::to_string(i) + " is out of range: the call has " +
-                    std::to_string(leases_.size()) + " outputs");
+    return fail(Errc::invalid_argument, "output index " + std::to_string(i) + " is out of range: the call has " +
+                                            std::to_string(leases_.size()) + " outputs");
   }
 
   mutable std::vector<detail::LeaseCore> leases_;
@@ -214,8 +213,7 @@ class Function {
    public:
     explicit Source(std::span<const Arg<B>> args) noexcept : args_(args) {}
     [[nodiscard]] std::size_t size() const noexcept override { return args_.size(); }
-    [[nodiscard]] Result<void> describe(std::size_t i, backend::ArgSlot& slot,
-                                        backend::ArgDesc& desc) const override {
+    [[nodiscard]] Result<void> describe(std::size_t i, backend::ArgSlot& slot, backend::ArgDesc& desc) const override {
       return args_[i].describe(slot, desc);
     }
 

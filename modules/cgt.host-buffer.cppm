@@ -63,7 +63,7 @@ class Buffer {
   [[nodiscard]] std::size_t storage_bytes() const noexcept { return storage_bytes_; }
   /// Address of the first element.
   [[nodiscard]] std::byte* data() const noexcept {
-    return storage_ + static_cast<std::ptrdiff_t>(offset_) * static_cast<std::ptrdiff_t>(element_size(type_));
+    return storage_ + (static_cast<std::ptrdiff_t>(offset_) * static_cast<std::ptrdiff_t>(element_size(type_)));
   }
   /// The first element as `T*`; index it directly only when the buffer is contiguous.
   template <class T>

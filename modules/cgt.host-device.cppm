@@ -10,6 +10,7 @@ module;
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 export module cgt.host:device;
@@ -127,14 +128,16 @@ class Device final : public backend::Device {
   [[nodiscard]] Arena& arena() noexcept { return *arena_; }
   [[nodiscard]] Stream& stream() noexcept { return stream_; }
 
+  [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                  const backend::RecordPlan& plan) override;
   [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
-  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
+                                     std::span<backend::StorageHandle* const> live,
                                      std::span<const std::uintptr_t> dead) override;
-  void release(backend::StorageHandle& storage, backend::Release why) override;
+  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
   void adopt(backend::StorageHandle& storage) override;
   [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
   [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,

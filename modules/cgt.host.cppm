@@ -9,7 +9,9 @@
 //   auto pool = cgt::host::make_pool();
 //   auto cube = pool->add_function([](cgt::host::Context& ctx, cgt::host::Inputs in) {
 //     cgt::host::Buffer y = ctx.allocate_like(in[0]);
-//     ctx.launch([x = in[0], y] { for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) * x.get(i) * x.get(i)); });
+//     ctx.launch([x = in[0], y] {
+//       for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) * x.get(i) * x.get(i));
+//     });
 //     return cgt::host::Values{y};
 //   }, {.name = "cube"});
 //   auto out = (*cube)({x});   // x: a cgt::host::Buffer, e.g. Buffer::make(ElementType::f32, {4, 4})

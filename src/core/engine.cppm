@@ -33,11 +33,11 @@ struct Node;
 struct Cell {
   backend::StorageHandle storage;
   Engine* engine = nullptr;
-  std::uint32_t refs = 0;      ///< owners of this object: leases and nodes
-  std::uint32_t leases = 0;    ///< leases on the storage: live while > 0
-  bool reclaimed = false;      ///< a new step took the memory back while leases existed
-  std::uint64_t step = 0;      ///< step in which the storage was handed out (for messages)
-  std::uint32_t function = 0;  ///< function that produced it (for messages)
+  std::uint32_t refs = 0;         ///< owners of this object: leases and nodes
+  std::uint32_t leases = 0;       ///< leases on the storage: live while > 0
+  bool reclaimed = false;         ///< a new step took the memory back while leases existed
+  std::uint64_t step = 0;         ///< step in which the storage was handed out (for messages)
+  std::uint32_t function = 0;     ///< function that produced it (for messages)
   std::shared_ptr<void> rescued;  ///< copy of the memory, with `Options::copy_out_on_new_step`
 
   [[nodiscard]] bool is_live() const noexcept { return leases > 0 && !reclaimed; }
@@ -64,7 +64,7 @@ class CellRef {
 
   /// Drops one reference, deleting the cell when none is left.
   static void unref(Cell* cell) noexcept {
-    if (cell != nullptr && --cell->refs == 0) delete cell;
+    if (cell != nullptr && --cell->refs == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
   }
 
  private:
@@ -117,10 +117,10 @@ struct FunctionRecord {
   std::unique_ptr<backend::Invoker> invoker;
   FunctionOptions options;
   std::optional<Signature> signature;
-  std::vector<bool> is_static;   ///< per input, from options.static_inputs
-  std::vector<bool> is_mutated;  ///< per input, from options.mutated_inputs
+  std::vector<bool> is_static;                                  ///< per input, from options.static_inputs
+  std::vector<bool> is_mutated;                                 ///< per input, from options.mutated_inputs
   std::map<std::vector<std::int64_t>, std::uint32_t> variants;  ///< shape key -> variant id
-  std::uint32_t last_variant = UINT32_MAX;                       ///< the last key seen: the fast path
+  std::uint32_t last_variant = UINT32_MAX;                      ///< the last key seen: the fast path
   bool warned_mutation = false;
   bool warned_many_keys = false;
   std::set<Reason> logged;  ///< reasons already printed by the default sink
@@ -135,24 +135,24 @@ struct Node {
   Node* parent = nullptr;
   std::vector<Node*> path;  ///< root first, ending with this node (PyTorch's path_weakrefs)
   std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> children;  ///< by variant
-  std::vector<std::uint32_t> child_order;  ///< variants in the order children were first added
+  std::vector<std::uint32_t> child_order;                     ///< variants in the order children were first added
   std::unordered_map<std::uint32_t, ChildFacts> child_facts;  ///< by variant
 
   // Graph nodes only.
   std::unique_ptr<backend::Recording> recording;
   std::unique_ptr<backend::Checkpoint> checkpoint;
-  std::vector<std::uint32_t> managed_inputs;        ///< inputs that are outputs of the path
-  std::vector<std::uint32_t> static_inputs;         ///< user-static inputs (not managed), aligned
-  std::vector<std::uintptr_t> recorded_data;        ///< per input: data address if static/managed
-  std::vector<bool> copied;                          ///< per input: copied into a slot on replay
-  std::vector<OutputAlias> aliases;                  ///< per output
-  std::vector<std::vector<bool>> liveness_before;    ///< path liveness before recording (without this node)
-  std::vector<std::vector<bool>> liveness_after;     ///< path liveness after recording (with this node)
+  std::vector<std::uint32_t> managed_inputs;       ///< inputs that are outputs of the path
+  std::vector<std::uint32_t> static_inputs;        ///< user-static inputs (not managed), aligned
+  std::vector<std::uintptr_t> recorded_data;       ///< per input: data address if static/managed
+  std::vector<bool> copied;                        ///< per input: copied into a slot on replay
+  std::vector<OutputAlias> aliases;                ///< per output
+  std::vector<std::vector<bool>> liveness_before;  ///< path liveness before recording (without this node)
+  std::vector<std::vector<bool>> liveness_after;   ///< path liveness after recording (with this node)
   std::vector<PathIndex> expected_dead_before;
   std::vector<PathIndex> expected_dead_after;
-  std::vector<PathIndex> live_after;  ///< everything live right after recording
+  std::vector<PathIndex> live_after;           ///< everything live right after recording
   std::vector<backend::StorageHandle*> bound;  ///< storages the recording's outputs view now
-  std::vector<const void*> bound_native;        ///< and their native records at that time
+  std::vector<const void*> bound_native;       ///< and their native records at that time
 
   // Both kinds: the storage of each output in the current execution (null: no pool memory).
   std::vector<CellRef> cells;
@@ -195,6 +195,7 @@ class Engine {
   // Declared first, destroyed last: every recording below uses the device.
   std::unique_ptr<backend::Device> device;
   Options options;
+  std::int32_t device_index = 0;  ///< the device's, read once
   Stats stats;
   std::atomic<bool> busy{false};
   bool shut_down = false;
@@ -204,7 +205,7 @@ class Engine {
   std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> roots;  ///< by variant
   std::vector<std::uint32_t> root_order;
   std::unordered_map<std::uint32_t, ChildFacts> root_facts;
-  std::vector<Node*> graph_nodes;                    ///< by id
+  std::vector<Node*> graph_nodes;                   ///< by id
   std::vector<std::unique_ptr<Node>> warmup_chain;  ///< warm-up nodes of the current path
   std::int64_t next_warmup_id = -1;
 
@@ -214,7 +215,7 @@ class Engine {
   std::uint64_t current_step = 0;  ///< the step in which the current path last ran
 
   // --- the per-call algorithm (engine_call.cpp) ---
-  Result<CallOutputs> call(FunctionRecord& function, const ArgSource& args);
+  Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs);
   Result<Variant*> select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);

@@ -30,7 +30,9 @@ class BusyGuard {
   std::atomic<bool>& busy_;
 };
 
-std::string quoted(const std::string& name) { return "'" + name + "'"; }
+std::string quoted(const std::string& name) {
+  return "'" + name + "'";
+}
 
 // The key of a call's input shapes: sizes and broadcast dimensions of every value, and every
 // scalar (a scalar is baked into a graph, like PyTorch's int inputs).
@@ -50,13 +52,15 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
   std::size_t at = 0;
   for (const auto& desc : descs) {
     if (desc.kind == backend::ArgKind::scalar) {
-      if (at >= key.size() || key[at++] != desc.scalar) return false;
+      if (at >= key.size() || key[at] != desc.scalar) return false;
+      ++at;
       continue;
     }
     if (at + desc.rank + 1 > key.size()) return false;
-    if (!std::equal(desc.sizes, desc.sizes + desc.rank, key.begin() + static_cast<std::ptrdiff_t>(at))) return false;
+    if (!std::ranges::equal(std::span(desc.sizes, desc.rank), std::span(key).subspan(at, desc.rank))) return false;
     at += desc.rank;
-    if (key[at++] != desc.expanded) return false;
+    if (key[at] != desc.expanded) return false;
+    ++at;
   }
   return at == key.size();
 }
@@ -80,7 +84,7 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
                     "pool function); a pool is used by one thread at a time: use one pool per thread",
                 function.name);
   }
-  BusyGuard guard(busy);
+  const BusyGuard guard(busy);
   ++stats.calls;
 
   // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
@@ -103,7 +107,7 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   }
   if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
 
-  CallFrame frame{slots, descs, &function, nullptr};
+  CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr};
   std::optional<Reason> fallback;
   auto variant = select_variant(frame, fallback);
   if (!variant) return std::unexpected(std::move(variant.error()));
@@ -121,19 +125,19 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
 Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) {
   if (!function.signature) {
     // The first call fixes the signature, and lets us check the options' input indices.
-    for (std::size_t index : function.options.static_inputs) {
+    for (const std::size_t index : function.options.static_inputs) {
       if (index >= descs.size()) {
         return fail(Errc::invalid_argument,
-                    "static input " + std::to_string(index) + " of " + quoted(function.name) + " is out of range: the call has " +
-                        std::to_string(descs.size()) + " inputs",
+                    "static input " + std::to_string(index) + " of " + quoted(function.name) +
+                        " is out of range: the call has " + std::to_string(descs.size()) + " inputs",
                     function.name);
       }
     }
-    for (std::size_t index : function.options.mutated_inputs) {
+    for (const std::size_t index : function.options.mutated_inputs) {
       if (index >= descs.size()) {
         return fail(Errc::invalid_argument,
-                    "mutated input " + std::to_string(index) + " of " + quoted(function.name) + " is out of range: the call has " +
-                        std::to_string(descs.size()) + " inputs",
+                    "mutated input " + std::to_string(index) + " of " + quoted(function.name) +
+                        " is out of range: the call has " + std::to_string(descs.size()) + " inputs",
                     function.name);
       }
     }
@@ -142,8 +146,8 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
       if (source.input >= descs.size() || descs[source.input].kind != backend::ArgKind::value ||
           source.dim >= descs[source.input].rank) {
         return fail(Errc::invalid_argument,
-                    "graph_sizes of " + quoted(function.name) + " read dimension " + std::to_string(source.dim) + " of input " +
-                        std::to_string(source.input) + ", which the call does not have",
+                    "graph_sizes of " + quoted(function.name) + " read dimension " + std::to_string(source.dim) +
+                        " of input " + std::to_string(source.input) + ", which the call does not have",
                     function.name);
       }
     }
@@ -155,16 +159,16 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     }
     function.is_static.assign(descs.size(), false);
     function.is_mutated.assign(descs.size(), false);
-    for (std::size_t index : function.options.static_inputs) function.is_static[index] = true;
-    for (std::size_t index : function.options.mutated_inputs) function.is_mutated[index] = true;
+    for (const std::size_t index : function.options.static_inputs) function.is_static[index] = true;
+    for (const std::size_t index : function.options.mutated_inputs) function.is_mutated[index] = true;
     function.signature = std::move(signature);
     return {};
   }
   const Signature& signature = *function.signature;
   if (descs.size() != signature.kinds.size()) {
     return fail(Errc::wrong_input_count,
-                quoted(function.name) + " takes " + std::to_string(signature.kinds.size()) + " inputs (as in its first call), not " +
-                    std::to_string(descs.size()),
+                quoted(function.name) + " takes " + std::to_string(signature.kinds.size()) +
+                    " inputs (as in its first call), not " + std::to_string(descs.size()),
                 function.name);
   }
   for (std::size_t i = 0; i < descs.size(); ++i) {
@@ -180,14 +184,15 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     if (descs[i].dtype != signature.dtypes[i]) {
       return fail(Errc::wrong_input_type,
                   "input " + std::to_string(i) + " of " + quoted(function.name) + " has element type " +
-                      std::to_string(descs[i].dtype) + ", but its first call had " + std::to_string(signature.dtypes[i]),
+                      std::to_string(descs[i].dtype) + ", but its first call had " +
+                      std::to_string(signature.dtypes[i]),
                   function.name, -1, input);
     }
     if (descs[i].rank != signature.ranks[i]) {
       return fail(Errc::wrong_shape,
-                  "input " + std::to_string(i) + " of " + quoted(function.name) + " has " + std::to_string(descs[i].rank) +
-                      " dimensions, but its first call had " + std::to_string(signature.ranks[i]) +
-                      "; sizes may change between calls, ranks may not",
+                  "input " + std::to_string(i) + " of " + quoted(function.name) + " has " +
+                      std::to_string(descs[i].rank) + " dimensions, but its first call had " +
+                      std::to_string(signature.ranks[i]) + "; sizes may change between calls, ranks may not",
                   function.name, -1, input);
     }
   }
@@ -197,7 +202,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
 Result<Variant*> Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
   FunctionRecord& function = *frame.function;
   for (const auto& desc : frame.descs) {
-    if (desc.kind == backend::ArgKind::value && desc.placement != backend::Placement::pool_device) {
+    if (desc.kind == backend::ArgKind::value && desc.device != device_index) {
       fallback = Reason::input_on_other_device;
       return nullptr;
     }
@@ -205,8 +210,7 @@ Result<Variant*> Engine::select_variant(CallFrame& frame, std::optional<Reason>&
   if (!function.options.graph_sizes.empty()) {
     const SizeSource source = function.options.size_source;
     const std::int64_t size = frame.descs[source.input].sizes[source.dim];
-    if (std::find(function.options.graph_sizes.begin(), function.options.graph_sizes.end(), size) ==
-        function.options.graph_sizes.end()) {
+    if (std::ranges::find(function.options.graph_sizes, size) == function.options.graph_sizes.end()) {
       fallback = Reason::size_not_graphed;
       return nullptr;
     }
@@ -291,7 +295,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
 
   NodeReason reason = NodeReason::first_call;
   if (state != PathState::recording) {
-    Match match = find_replayable_child(frame);
+    const Match match = find_replayable_child(frame);
     if (match.node != nullptr) {
       if (match.static_moved) {
         return fail(Errc::static_input_moved,
@@ -324,9 +328,12 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
       }
     }
     ++stats.failed_matches;
-    if (match.static_moved) reason = NodeReason::static_input_moved;
-    else if (match.managed_moved) reason = NodeReason::managed_input_moved;
-    else if (match.liveness_differs) reason = NodeReason::new_liveness_pattern;
+    if (match.static_moved)
+      reason = NodeReason::static_input_moved;
+    else if (match.managed_moved)
+      reason = NodeReason::managed_input_moved;
+    else if (match.liveness_differs)
+      reason = NodeReason::new_liveness_pattern;
 
     try_end_execution();
     if (current != nullptr) {

@@ -38,7 +38,7 @@ Result<void> Engine::check_memory() const {
   }
   std::vector<std::string> problems;
   for (const Block& block : device->live_blocks()) {
-    auto found = std::find(expected.begin(), expected.end(), block.address);
+    auto found = std::ranges::find(expected, block.address);
     if (found == expected.end()) {
       problems.push_back("block " + hex(block.address) + " (" + std::to_string(block.bytes) +
                          " bytes) is allocated in the pool, but no live lease holds it");
@@ -46,7 +46,7 @@ Result<void> Engine::check_memory() const {
       expected.erase(found);
     }
   }
-  for (std::uintptr_t address : expected) {
+  for (const std::uintptr_t address : expected) {
     problems.push_back("storage " + hex(address) + " is held by a live lease, but is not allocated in the pool");
   }
   if (problems.empty()) return {};
@@ -66,7 +66,7 @@ void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const 
   const bool first = function.logged.insert(reason).second;
   if (kind == EventKind::eager_fallback && first) ++stats.fallback_warnings;
   if (options.log_sink) {
-    options.log_sink(Event{kind, reason, function.name, message});
+    options.log_sink(Event{.kind = kind, .reason = reason, .function = function.name, .message = message});
   } else if (first) {
     std::cerr << "cgt: " << message << '\n';
   }

@@ -63,7 +63,9 @@ std::size_t Node::num_descendants() const {
   return count;
 }
 
-std::vector<Node*> Engine::path() const { return current != nullptr ? current->path : std::vector<Node*>{}; }
+std::vector<Node*> Engine::path() const {
+  return current != nullptr ? current->path : std::vector<Node*>{};
+}
 
 std::vector<std::vector<bool>> Engine::liveness_of(const std::vector<Node*>& nodes) {
   std::vector<std::vector<bool>> liveness;
@@ -76,7 +78,9 @@ std::vector<std::vector<bool>> Engine::liveness_of(const std::vector<Node*>& nod
   return liveness;
 }
 
-std::vector<std::vector<bool>> Engine::path_liveness() const { return liveness_of(path()); }
+std::vector<std::vector<bool>> Engine::path_liveness() const {
+  return liveness_of(path());
+}
 
 std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) const {
   if (current == nullptr) return std::nullopt;
@@ -85,7 +89,7 @@ std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) cons
     for (std::size_t i = 0; i < nodes[d]->output_count; ++i) {
       const CellRef& cell = nodes[d]->cells[i];
       if (cell && cell->is_live() && cell->storage.address == storage) {
-        return PathIndex{static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)};
+        return PathIndex{.depth = static_cast<std::uint32_t>(d), .output = static_cast<std::uint32_t>(i)};
       }
     }
   }
@@ -94,12 +98,9 @@ std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) cons
 
 bool Engine::is_path_output(std::uintptr_t storage) const {
   if (current == nullptr || storage == 0) return false;
-  for (const Node* node : current->path) {
-    if (std::find(node->output_storage.begin(), node->output_storage.end(), storage) != node->output_storage.end()) {
-      return true;
-    }
-  }
-  return false;
+  return std::ranges::any_of(current->path, [storage](const Node* node) {
+    return std::ranges::find(node->output_storage, storage) != node->output_storage.end();
+  });
 }
 
 std::vector<Cell*> Engine::live_path_cells() const {
@@ -107,7 +108,7 @@ std::vector<Cell*> Engine::live_path_cells() const {
   if (current == nullptr) return live;
   for (const Node* node : current->path) {
     for (const CellRef& cell : node->cells) {
-      if (cell && cell->is_live() && std::find(live.begin(), live.end(), cell.get()) == live.end()) {
+      if (cell && cell->is_live() && std::ranges::find(live, cell.get()) == live.end()) {
         live.push_back(cell.get());
       }
     }
@@ -119,11 +120,10 @@ bool Engine::all_outputs_dead() const {
   if (current == nullptr) return true;
   if (current->kind == NodeKind::graph) {
     // Everything live after the recording is listed; what was dead then cannot revive.
-    for (const PathIndex& index : current->live_after) {
+    return std::ranges::none_of(current->live_after, [this](const PathIndex& index) {
       const CellRef& cell = current->path[index.depth]->cells[index.output];
-      if (cell && cell->is_live()) return false;
-    }
-    return true;
+      return cell && cell->is_live();
+    });
   }
   return live_path_cells().empty();
 }
@@ -172,7 +172,7 @@ void Engine::reclaim_path() {
     }
     (rescued ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases;
     cell->reclaimed = true;
-    device->release(cell->storage, backend::Release::reclaimed);
+    device->release(cell->storage, backend::Release::reclaimed, functions[cell->function]->name);
     cell->storage.owned_by_allocator = false;
   }
   end_path();
@@ -191,7 +191,7 @@ Result<void> Engine::restore_checkpoint() {
   std::vector<std::uintptr_t> dead;
   for (const PathIndex& index : differing_indices(node.liveness_after, path_liveness())) {
     const std::uintptr_t address = node.path[index.depth]->output_storage[index.output];
-    if (address != 0 && std::find(dead.begin(), dead.end(), address) == dead.end()) dead.push_back(address);
+    if (address != 0 && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
   }
   if (auto restored = device->restore(*node.checkpoint, handles, dead); !restored) {
     Error error = std::move(restored.error());
@@ -202,9 +202,9 @@ Result<void> Engine::restore_checkpoint() {
   return debug_check("after restoring a checkpoint");
 }
 
-void Engine::cell_died(Cell& cell) noexcept {
+void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member-function-const): frees pool memory
   if (shut_down) return;
-  device->release(cell.storage, backend::Release::dead);
+  device->release(cell.storage, backend::Release::dead, functions[cell.function]->name);
   cell.storage.owned_by_allocator = false;
 }
 

@@ -21,7 +21,8 @@ namespace {
 constexpr std::uintptr_t kInputAlignment = 16;
 
 std::string moved_message(NodeReason reason, const FunctionRecord& function) {
-  const std::string what = reason == NodeReason::static_input_moved ? "a static input" : "an input from an earlier graph";
+  const std::string what =
+      reason == NodeReason::static_input_moved ? "a static input" : "an input from an earlier graph";
   return "re-recording '" + function.name + "': " + what + " is at a new address";
 }
 
@@ -60,7 +61,11 @@ void Engine::compute_aliases(Node& node, const backend::RunResult& first, const 
     }
     if (alias.kind == AliasKind::alias_of_output) continue;
     alias.kind = AliasKind::new_storage;
-    backend::StorageHandle storage{desc.storage, desc.storage_bytes, desc.native, desc.native_owner, true};
+    const backend::StorageHandle storage{.address = desc.storage,
+                                         .bytes = desc.storage_bytes,
+                                         .native = desc.native,
+                                         .native_owner = desc.native_owner,
+                                         .owned_by_allocator = true};
     node.cells[i] = make_cell(*this, storage, frame.function->id);
   }
 }
@@ -140,7 +145,8 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   node->liveness_after = liveness_of(node->path);
   for (std::size_t d = 0; d < node->path.size(); ++d) {
     for (std::size_t i = 0; i < node->liveness_after[d].size(); ++i) {
-      if (node->liveness_after[d][i]) node->live_after.push_back({static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)});
+      if (node->liveness_after[d][i])
+        node->live_after.push_back({static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)});
     }
   }
   auto checkpoint = device->checkpoint();
@@ -151,7 +157,8 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   ++stats.recordings;
   if (reason == NodeReason::static_input_moved || reason == NodeReason::managed_input_moved) {
     ++stats.rerecords;
-    const Reason why = reason == NodeReason::static_input_moved ? Reason::static_input_moved : Reason::managed_input_moved;
+    const Reason why =
+        reason == NodeReason::static_input_moved ? Reason::static_input_moved : Reason::managed_input_moved;
     ++stats.by_reason[static_cast<std::size_t>(why)];
     log(EventKind::rerecord, why, function, moved_message(reason, function));
   }

@@ -2,6 +2,7 @@
 // outputs out as leases. This is the hot path of a pool.
 module;
 #include <expected>
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -15,11 +16,10 @@ namespace cgt::detail {
 namespace {
 
 bool all_dead(const Node& node, std::span<const PathIndex> indices) noexcept {
-  for (const PathIndex& index : indices) {
+  return std::ranges::none_of(indices, [&node](const PathIndex& index) {
     const CellRef& cell = node.path[index.depth]->cells[index.output];
-    if (cell && cell->is_live()) return false;
-  }
-  return true;
+    return cell && cell->is_live();
+  });
 }
 
 // Leases the call itself gives up on `cell` (arguments moved in).
@@ -40,11 +40,10 @@ bool Engine::liveness_allows(const Node& child, const CallFrame& frame) const {
   }
   // Storages that died during the recording (inputs moved in) must die during this call too,
   // or the graph would overwrite memory the caller still holds.
-  for (const PathIndex& index : child.expected_dead_after) {
+  return std::ranges::none_of(child.expected_dead_after, [&child, &frame](const PathIndex& index) {
     const CellRef& cell = child.path[index.depth]->cells[index.output];
-    if (cell && cell->is_live() && cell->leases > consumed_leases(frame, cell.get())) return false;
-  }
-  return true;
+    return cell && cell->is_live() && cell->leases > consumed_leases(frame, cell.get());
+  });
 }
 
 Match Engine::find_replayable_child(CallFrame& frame) {
@@ -56,7 +55,7 @@ Match Engine::find_replayable_child(CallFrame& frame) {
     Node& child = *owned;
     // Outputs of earlier graphs are baked into this graph at their recorded addresses.
     bool managed_in_place = true;
-    for (std::uint32_t input : child.managed_inputs) {
+    for (const std::uint32_t input : child.managed_inputs) {
       if (frame.descs[input].data != child.recorded_data[input]) {
         managed_in_place = false;
         match.managed_moved = true;
@@ -71,7 +70,7 @@ Match Engine::find_replayable_child(CallFrame& frame) {
       continue;
     }
     std::int32_t moved_static = -1;
-    for (std::uint32_t input : child.static_inputs) {
+    for (const std::uint32_t input : child.static_inputs) {
       if (frame.descs[input].data != child.recorded_data[input]) {
         moved_static = static_cast<std::int32_t>(input);
         break;
@@ -105,7 +104,8 @@ void Engine::bind_output_cells(Node& node) {
         Cell* cell = node.cells[i].get();
         // A storage reclaimed by a new step may still be referenced by stale leases: use a new cell.
         if (cell == nullptr || cell->reclaimed || cell->leases > 0) {
-          backend::StorageHandle storage{node.output_storage[i], node.output_bytes[i], nullptr, nullptr, false};
+          const backend::StorageHandle storage{
+              .address = node.output_storage[i], .bytes = node.output_bytes[i], .owned_by_allocator = false};
           node.cells[i] = make_cell(*this, storage, variants[node.variant]->function);
           device->adopt(node.cells[i]->storage);
         } else {
@@ -114,16 +114,10 @@ void Engine::bind_output_cells(Node& node) {
         }
         break;
       }
-      case AliasKind::alias_of_output:
-        node.cells[i] = node.cells[alias.output];
-        break;
-      case AliasKind::alias_of_prior:
-        node.cells[i] = node.path[alias.prior.depth]->cells[alias.prior.output];
-        break;
+      case AliasKind::alias_of_output: node.cells[i] = node.cells[alias.output]; break;
+      case AliasKind::alias_of_prior: node.cells[i] = node.path[alias.prior.depth]->cells[alias.prior.output]; break;
       case AliasKind::external:
-      case AliasKind::none:
-        node.cells[i] = CellRef();
-        break;
+      case AliasKind::none: node.cells[i] = CellRef(); break;
     }
     backend::StorageHandle* storage = node.cells[i] ? &node.cells[i]->storage : nullptr;
     const void* native = storage != nullptr ? storage->native : nullptr;
@@ -135,7 +129,7 @@ void Engine::bind_output_cells(Node& node) {
 }
 
 Result<CallOutputs> Engine::replay(Node& node, CallFrame& frame) {
-  FunctionRecord& function = *frame.function;
+  const FunctionRecord& function = *frame.function;
   bind_output_cells(node);
   if (auto replayed = node.recording->replay(frame.args); !replayed) {
     return std::unexpected(in_call(std::move(replayed.error()), function, "replaying", node.id));

@@ -26,8 +26,7 @@ std::string fallback_message(Reason reason, const std::string& function) {
       return "skipping graphs for " + name + ": the call's size is not in its graph_sizes allow-list";
     case Reason::input_on_other_device:
       return "skipping graphs for " + name + ": an input is on another device or in host memory";
-    default:
-      return "skipping graphs for " + name + ": " + std::string(to_string(reason));
+    default: return "skipping graphs for " + name + ": " + std::string(to_string(reason));
   }
 }
 
@@ -90,9 +89,12 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   auto node = std::make_unique<Node>();
   node->id = next_warmup_id--;
   node->kind = NodeKind::warmup;
-  if (!variant.warmed_up) node->reason = NodeReason::first_call;
-  else if (state == PathState::warmup) node->reason = NodeReason::path_warming_up;
-  else node->reason = NodeReason::forced_warmup;
+  if (!variant.warmed_up)
+    node->reason = NodeReason::first_call;
+  else if (state == PathState::warmup)
+    node->reason = NodeReason::path_warming_up;
+  else
+    node->reason = NodeReason::forced_warmup;
   node->variant = variant.id;
   node->parent = current;
   node->path = current != nullptr ? current->path : std::vector<Node*>{};
@@ -120,7 +122,11 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
           if (node->cells[j] && node->output_storage[j] == desc.storage) node->cells[i] = node->cells[j];
         }
         if (!node->cells[i]) {
-          backend::StorageHandle storage{desc.storage, desc.storage_bytes, desc.native, desc.native_owner, true};
+          const backend::StorageHandle storage{.address = desc.storage,
+                                               .bytes = desc.storage_bytes,
+                                               .native = desc.native,
+                                               .native_owner = desc.native_owner,
+                                               .owned_by_allocator = true};
           node->cells[i] = make_cell(*this, storage, function.id);
         }
       }

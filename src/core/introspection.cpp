@@ -16,7 +16,7 @@ namespace cgt {
 
 // Builds views for the engine; Node's constructor is private to keep views read-only.
 struct NodeAccess {
-  static Node make(const detail::EngineRef& engine, std::int64_t id) { return Node(engine, id); }
+  static Node make(const detail::EngineRef& engine, std::int64_t id) { return {engine, id}; }
   static const detail::Node* find(const Node& view) {
     return view.engine_ ? (*view.engine_).find_node(view.id_) : nullptr;
   }
@@ -26,13 +26,14 @@ struct NodeAccess {
 
 namespace {
 
-std::vector<Node> children_views(const detail::EngineRef& engine, const std::vector<std::uint32_t>& order,
-                                 const std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<detail::Node>>>& by_variant) {
+std::vector<Node> children_views(
+    const detail::EngineRef& engine, const std::vector<std::uint32_t>& order,
+    const std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<detail::Node>>>& by_variant) {
   std::vector<const detail::Node*> nodes;
-  for (std::uint32_t variant : order) {
+  for (const std::uint32_t variant : order) {
     for (const auto& node : by_variant.at(variant)) nodes.push_back(node.get());
   }
-  std::sort(nodes.begin(), nodes.end(), [](const detail::Node* a, const detail::Node* b) { return a->id < b->id; });
+  std::ranges::sort(nodes, {}, &detail::Node::id);
   std::vector<Node> views;
   views.reserve(nodes.size());
   for (const detail::Node* node : nodes) views.push_back(NodeAccess::make(engine, node->id));
@@ -41,7 +42,9 @@ std::vector<Node> children_views(const detail::EngineRef& engine, const std::vec
 
 }  // namespace
 
-bool Node::exists() const { return NodeAccess::find(*this) != nullptr; }
+bool Node::exists() const {
+  return NodeAccess::find(*this) != nullptr;
+}
 
 NodeKind Node::kind() const {
   const auto* node = NodeAccess::find(*this);
@@ -85,7 +88,7 @@ std::size_t Node::live_outputs() const {
   const auto* node = NodeAccess::find(*this);
   if (node == nullptr) return 0;
   return static_cast<std::size_t>(
-      std::count_if(node->cells.begin(), node->cells.end(), [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
+      std::ranges::count_if(node->cells, [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
 }
 
 std::vector<PathIndex> Node::expected_dead_before() const {
@@ -119,14 +122,17 @@ std::vector<Node> PoolBase::current_path() const {
   return views;
 }
 
-std::string PoolBase::to_dot() const { return (*engine_).to_dot(); }
+std::string PoolBase::to_dot() const {
+  return (*engine_).to_dot();
+}
 
 }  // namespace cgt
 
 namespace cgt::detail {
 
 const Node* Engine::find_node(std::int64_t id) const noexcept {
-  if (id >= 0) return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)] : nullptr;
+  if (id >= 0)
+    return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)] : nullptr;
   for (const auto& node : warmup_chain) {
     if (node->id == id) return node.get();
   }
@@ -137,14 +143,15 @@ std::string Engine::to_dot() const {
   std::ostringstream dot;
   dot << "digraph cgt {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
   const std::vector<Node*> on_path = path();
-  auto is_on_path = [&](const Node* node) { return std::find(on_path.begin(), on_path.end(), node) != on_path.end(); };
+  auto is_on_path = [&](const Node* node) { return std::ranges::find(on_path, node) != on_path.end(); };
   auto name_of = [&](const Node* node) -> const std::string& {
     return functions[variants[node->variant]->function]->name;
   };
   auto emit = [&](const Node* node) {
     const char* label = node->kind == NodeKind::graph ? "graph" : "warm-up";
     dot << "  n" << (node->id < 0 ? "w" : "") << (node->id < 0 ? -node->id : node->id) << " [label=\"" << name_of(node)
-        << "\\n#" << node->id << " " << label << "\\n" << to_string(node->reason) << "\\noutputs: " << node->output_count;
+        << "\\n#" << node->id << " " << label << "\\n"
+        << to_string(node->reason) << "\\noutputs: " << node->output_count;
     std::size_t live = 0;
     for (const auto& cell : node->cells) live += cell && cell->is_live();
     if (live > 0) dot << " (" << live << " live)";
@@ -163,7 +170,8 @@ std::string Engine::to_dot() const {
   }
   for (const auto& node : warmup_chain) {
     emit(node.get());
-    if (node->parent != nullptr) dot << "  " << id_of(node->parent) << " -> " << id_of(node.get()) << " [style=dashed];\n";
+    if (node->parent != nullptr)
+      dot << "  " << id_of(node->parent) << " -> " << id_of(node.get()) << " [style=dashed];\n";
   }
   dot << "}\n";
   return dot.str();

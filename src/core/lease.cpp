@@ -25,7 +25,9 @@ LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
   return *this;
 }
 
-LeaseCore::~LeaseCore() { lease_drop(*this); }
+LeaseCore::~LeaseCore() {
+  lease_drop(*this);
+}
 
 void lease_drop(LeaseCore& lease) noexcept {
   if (Cell* cell = std::exchange(lease.cell, nullptr)) {

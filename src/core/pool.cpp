@@ -15,7 +15,7 @@ import :engine;
 namespace cgt::detail {
 
 Engine::Engine(std::unique_ptr<backend::Device> device_, Options options_)
-    : device(std::move(device_)), options(std::move(options_)) {}
+    : device(std::move(device_)), options(std::move(options_)), device_index(device->device_index()) {}
 
 Engine::~Engine() {
   // Nodes hold recordings and cells that use the device: drop them before it goes.
@@ -25,7 +25,9 @@ Engine::~Engine() {
   graph_nodes.clear();
 }
 
-void retain(Engine& engine) noexcept { ++engine.refs; }
+void retain(Engine& engine) noexcept {
+  ++engine.refs;
+}
 
 void release(Engine& engine) noexcept {
   if (--engine.refs == 0) delete &engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
@@ -53,7 +55,9 @@ const std::string& function_name(const Engine& engine, std::uint32_t function) n
   return engine.functions[function]->name;
 }
 
-backend::Device& device(Engine& engine) noexcept { return *engine.device; }
+backend::Device& device(Engine& engine) noexcept {
+  return *engine.device;
+}
 
 void Engine::shutdown() {
   if (shut_down) return;
@@ -72,7 +76,9 @@ void Engine::shutdown() {
 
 namespace cgt {
 
-void PoolBase::mark_step_begin() noexcept { ++(*engine_).step; }
+void PoolBase::mark_step_begin() noexcept {
+  ++(*engine_).step;
+}
 
 Result<void> PoolBase::shutdown() {
   detail::Engine& engine = *engine_;
@@ -85,9 +91,15 @@ Result<void> PoolBase::shutdown() {
   return {};
 }
 
-bool PoolBase::is_shut_down() const noexcept { return (*engine_).shut_down; }
-const Options& PoolBase::options() const noexcept { return (*engine_).options; }
-Stats PoolBase::stats() const noexcept { return (*engine_).stats; }
+bool PoolBase::is_shut_down() const noexcept {
+  return (*engine_).shut_down;
+}
+const Options& PoolBase::options() const noexcept {
+  return (*engine_).options;
+}
+Stats PoolBase::stats() const noexcept {
+  return (*engine_).stats;
+}
 
 MemoryInfo PoolBase::memory() const {
   const detail::Engine& engine = *engine_;

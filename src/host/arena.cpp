@@ -37,15 +37,16 @@ Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
   // Written so that it cannot overflow: reserved_bytes_ <= max_bytes always holds.
   if (options_.max_bytes != 0 && (size > options_.max_bytes || reserved_bytes_ > options_.max_bytes - size)) {
     return fail(Errc::out_of_memory, "the host arena needs " + std::to_string(size) + " more bytes but holds " +
-                                         std::to_string(reserved_bytes_) + " of at most " + std::to_string(options_.max_bytes) +
-                                         " (ArenaOptions::max_bytes)");
+                                         std::to_string(reserved_bytes_) + " of at most " +
+                                         std::to_string(options_.max_bytes) + " (ArenaOptions::max_bytes)");
   }
   Segment segment;
   void* memory = ::operator new[](size, std::align_val_t{options_.alignment}, std::nothrow);
   if (memory == nullptr) {
     return fail(Errc::out_of_memory, "the system refused a host segment of " + std::to_string(size) + " bytes");
   }
-  segment.memory = std::unique_ptr<std::byte, AlignedDelete>(static_cast<std::byte*>(memory), AlignedDelete{options_.alignment});
+  segment.memory =
+      std::unique_ptr<std::byte, AlignedDelete>(static_cast<std::byte*>(memory), AlignedDelete{options_.alignment});
   segment.size = size;
   segment.blocks.emplace(0, BlockState{size, false});
   segments_.push_back(std::move(segment));
@@ -57,7 +58,8 @@ Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
 
 Result<std::byte*> Arena::allocate(std::size_t bytes) {
   if (bytes > std::numeric_limits<std::size_t>::max() - options_.alignment) {
-    return fail(Errc::out_of_memory, "a request of " + std::to_string(bytes) + " bytes is larger than any arena can hold");
+    return fail(Errc::out_of_memory,
+                "a request of " + std::to_string(bytes) + " bytes is larger than any arena can hold");
   }
   const std::size_t size = round_up(bytes);
   auto best = free_.lower_bound(FreeKey{size, 0, 0});
@@ -82,7 +84,8 @@ Result<std::byte*> Arena::allocate(std::size_t bytes) {
   return segment.memory.get() + offset;
 }
 
-std::pair<std::size_t, std::map<std::size_t, ArenaCheckpoint::BlockState>::iterator> Arena::find(std::uintptr_t address) {
+std::pair<std::size_t, std::map<std::size_t, ArenaCheckpoint::BlockState>::iterator> Arena::find(
+    std::uintptr_t address) {
   for (std::size_t i = 0; i < segments_.size(); ++i) {
     const auto base = reinterpret_cast<std::uintptr_t>(segments_[i].memory.get());  // NOLINT
     if (address >= base && address < base + segments_[i].size) return {i, segments_[i].blocks.find(address - base)};
@@ -177,7 +180,12 @@ std::vector<Block> Arena::live_blocks() const {
   return live;
 }
 
-MemoryInfo Arena::memory() const noexcept { return {reserved_bytes_, allocated_bytes_, peak_bytes_, live_blocks_}; }
+MemoryInfo Arena::memory() const noexcept {
+  return {.reserved_bytes = reserved_bytes_,
+          .allocated_bytes = allocated_bytes_,
+          .peak_allocated_bytes = peak_bytes_,
+          .live_blocks = live_blocks_};
+}
 
 std::size_t Arena::block_count() const noexcept {
   std::size_t count = 0;

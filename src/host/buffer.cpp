@@ -64,9 +64,9 @@ std::string_view to_string(ElementType type) noexcept {
 
 Buffer Buffer::make(ElementType type, std::span<const std::int64_t> sizes) {
   std::size_t count = 1;
-  for (std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
+  for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
   const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
-  std::shared_ptr<std::byte[]> owner(new std::byte[bytes]());  // NOLINT(cppcoreguidelines-owning-memory)
+  const std::shared_ptr<std::byte[]> owner(new std::byte[bytes]());  // NOLINT(cppcoreguidelines-owning-memory)
   return view_of(owner.get(), bytes, type, sizes, owner);
 }
 
@@ -85,14 +85,17 @@ Buffer Buffer::view_of(std::byte* storage, std::size_t bytes, ElementType type, 
 
 std::size_t Buffer::numel() const noexcept {
   std::size_t count = 1;
-  for (std::int64_t size : sizes()) count *= static_cast<std::size_t>(size);
+  for (const std::int64_t size : sizes()) count *= static_cast<std::size_t>(size);
   return count;
 }
 
-bool Buffer::is_contiguous() const noexcept { return std::ranges::equal(strides(), std::span(contiguous_strides(sizes()).data(), rank_)); }
+bool Buffer::is_contiguous() const noexcept {
+  return std::ranges::equal(strides(), std::span(contiguous_strides(sizes()).data(), rank_));
+}
 
 double Buffer::get(std::size_t flat) const noexcept {
-  const std::byte* at = storage_ + (offset_ + element_offset(flat, sizes(), strides())) * static_cast<std::int64_t>(element_size(type_));
+  const std::byte* at = storage_ + ((offset_ + element_offset(flat, sizes(), strides())) *
+                                    static_cast<std::int64_t>(element_size(type_)));
   switch (type_) {
     case ElementType::f32: return load<float>(at);
     case ElementType::f64: return load<double>(at);
@@ -104,7 +107,8 @@ double Buffer::get(std::size_t flat) const noexcept {
 }
 
 void Buffer::set(std::size_t flat, double value) const noexcept {
-  std::byte* at = storage_ + (offset_ + element_offset(flat, sizes(), strides())) * static_cast<std::int64_t>(element_size(type_));
+  std::byte* at = storage_ + ((offset_ + element_offset(flat, sizes(), strides())) *
+                              static_cast<std::int64_t>(element_size(type_)));
   switch (type_) {
     case ElementType::f32: store<float>(at, value); break;
     case ElementType::f64: store<double>(at, value); break;

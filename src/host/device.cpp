@@ -10,6 +10,7 @@ module;
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -30,6 +31,12 @@ struct HostCheckpoint final : backend::Checkpoint {
 
 std::uintptr_t address_of(const std::byte* pointer) noexcept {
   return reinterpret_cast<std::uintptr_t>(pointer);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+}
+
+// Storage handles carry addresses; on the host they are plain pointers into the arena.
+std::byte* pointer_to(std::uintptr_t address) noexcept {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast,performance-no-int-to-ptr): inverse of address_of
+  return reinterpret_cast<std::byte*>(address);
 }
 
 // The arguments of a call as the function sees them.
@@ -98,16 +105,20 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
   return device_.allocate_in_pool(*this, type, sizes);
 }
 
-void Context::launch(Kernel kernel) { device_.stream_.launch(std::move(kernel)); }
+void Context::launch(Kernel kernel) {
+  device_.stream_.launch(std::move(kernel));
+}
 
-bool Context::is_capturing() const noexcept { return device_.stream_.is_capturing(); }
+bool Context::is_capturing() const noexcept {
+  return device_.stream_.is_capturing();
+}
 
 Device::Device(ArenaOptions arena, bool poison_dead_memory)
     : arena_(std::make_unique<Arena>(arena)), poison_(poison_dead_memory) {}
 
 Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
   std::size_t count = 1;
-  for (std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
+  for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
   const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
   auto memory = arena_->allocate(bytes);
   if (!memory) throw OutOfMemory(memory.error().message);
@@ -117,9 +128,10 @@ Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<co
 
 void Device::free_unreturned(Context& context, const Values& outputs) {
   // Temporaries die with the call, as a tensor does when its last reference goes.
-  for (std::uintptr_t address : context.allocations_) {
-    const bool returned = std::ranges::any_of(outputs, [address](const Buffer& out) { return address_of(out.storage()) == address; });
-    if (!returned) (void)arena_->free(address);
+  for (const std::uintptr_t address : context.allocations_) {
+    const bool returned =
+        std::ranges::any_of(outputs, [address](const Buffer& out) { return address_of(out.storage()) == address; });
+    if (!returned) (void)arena_->free(address);  // NOLINT(bugprone-unused-return-value): fails only if already free
   }
   context.allocations_.clear();
 }
@@ -214,7 +226,7 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
       return fail(Errc::invariant_violation, "a live output's block is not allocated in the restored checkpoint");
     }
   }
-  for (std::uintptr_t address : dead) {
+  for (const std::uintptr_t address : dead) {
     if (auto freed = arena_->free(address); !freed) {
       return fail(Errc::invariant_violation, "a dead output's block is not allocated in the restored checkpoint");
     }
@@ -222,18 +234,17 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
   return {};
 }
 
-void Device::release(backend::StorageHandle& storage, backend::Release /*why*/) {
-  if (poison_) {
-    std::memset(reinterpret_cast<void*>(storage.address), 0xFF, storage.bytes);  // NOLINT(performance-no-int-to-ptr)
-  }
-  if (storage.owned_by_allocator) (void)arena_->free(storage.address);
+void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
+  if (poison_) std::memset(pointer_to(storage.address), 0xFF, storage.bytes);
+  if (!storage.owned_by_allocator) return;
+  (void)arena_->free(storage.address);  // NOLINT(bugprone-unused-return-value): fails only if already free
 }
 
 void Device::adopt(backend::StorageHandle& /*storage*/) {}
 
 Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
   std::shared_ptr<std::byte[]> copy_of(new std::byte[std::max<std::size_t>(storage.bytes, 1)]);  // NOLINT
-  std::memcpy(copy_of.get(), reinterpret_cast<const void*>(storage.address), storage.bytes);  // NOLINT(performance-no-int-to-ptr)
+  std::memcpy(copy_of.get(), pointer_to(storage.address), storage.bytes);
   return std::shared_ptr<void>(copy_of, copy_of.get());
 }
 
@@ -244,9 +255,13 @@ std::shared_ptr<const void> Device::rebase(const void* value, const backend::Sto
   return std::make_shared<Buffer>(original.on_storage(bytes, from.bytes, std::shared_ptr<std::byte[]>(rescued, bytes)));
 }
 
-std::vector<Block> Device::live_blocks() const { return arena_ ? arena_->live_blocks() : std::vector<Block>{}; }
+std::vector<Block> Device::live_blocks() const {
+  return arena_ ? arena_->live_blocks() : std::vector<Block>{};
+}
 
-MemoryInfo Device::memory() const { return arena_ ? arena_->memory() : MemoryInfo{}; }
+MemoryInfo Device::memory() const {
+  return arena_ ? arena_->memory() : MemoryInfo{};
+}
 
 void Device::shutdown() {
   stream_.discard_capture();
@@ -261,11 +276,13 @@ Result<void> Backend::describe(const Buffer& buffer, backend::ArgDesc& desc) noe
   desc.rank = static_cast<std::uint8_t>(buffer.rank());
   desc.expanded = buffer.expanded_dims();
   desc.dtype = static_cast<std::uint16_t>(buffer.type());
-  desc.placement = backend::Placement::pool_device;
+  desc.device = 0;  // host buffers are all memory of the one host device
   return {};
 }
 
-Result<Buffer> Backend::take(const Buffer& buffer) { return buffer.empty() ? Buffer{} : buffer.clone(); }
+Result<Buffer> Backend::take(const Buffer& buffer) {
+  return buffer.empty() ? Buffer{} : buffer.clone();
+}
 
 std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
   return std::make_unique<HostInvoker>(std::move(fn));

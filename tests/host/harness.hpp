@@ -103,11 +103,13 @@ struct HostHarness {
           temps.push_back(out);
           continue;
         }
-        const Value target = step.kind == Kind::mutate ? inputs[step.a]
-                             : ctx.allocate_like(step.shape_from_temp ? temps[step.a] : inputs[step.a]);
+        const Value target = step.kind == Kind::mutate
+                                 ? inputs[step.a]
+                                 : ctx.allocate_like(step.shape_from_temp ? temps[step.a] : inputs[step.a]);
         ctx.launch([expr = step.expr, inputs, temps, target] {
           auto load = [&](bool is_temp, int index, std::size_t i) {
-            return is_temp ? temps[static_cast<std::size_t>(index)].get(i) : inputs[static_cast<std::size_t>(index)].get(i);
+            return is_temp ? temps[static_cast<std::size_t>(index)].get(i)
+                           : inputs[static_cast<std::size_t>(index)].get(i);
           };
           for (std::size_t i = 0, n = target.numel(); i < n; ++i) target.set(i, scenario::evaluate(expr, i, load));
         });
@@ -125,8 +127,8 @@ struct HostHarness {
       }
       return outputs;
     };
-    return pool.add_function(std::move(body), {.name = spec.name,
-                                               .static_inputs = spec.static_inputs,
-                                               .mutated_inputs = spec.mutated_inputs});
+    return pool.add_function(
+        std::move(body),
+        {.name = spec.name, .static_inputs = spec.static_inputs, .mutated_inputs = spec.mutated_inputs});
   }
 };

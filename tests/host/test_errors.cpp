@@ -26,10 +26,10 @@ import cgt.host;
 #include "host/harness.hpp"
 #include "scenario/scenarios.hpp"
 
-using scenario::HostTensor;
-using scenario::must;
 using cgt::host::Buffer;
 using cgt::host::ElementType;
+using scenario::HostTensor;
+using scenario::must;
 
 namespace {
 
@@ -60,11 +60,15 @@ class FlakyDevice final : public cgt::backend::Device {
     if (fail_checkpoint) return cgt::fail(cgt::Errc::backend_error, "injected: checkpoint failed");
     return inner.checkpoint();
   }
-  cgt::Result<void> restore(const cgt::backend::Checkpoint& checkpoint, std::span<cgt::backend::StorageHandle* const> live,
+  cgt::Result<void> restore(const cgt::backend::Checkpoint& checkpoint,
+                            std::span<cgt::backend::StorageHandle* const> live,
                             std::span<const std::uintptr_t> dead) override {
     return inner.restore(checkpoint, live, dead);
   }
-  void release(cgt::backend::StorageHandle& storage, cgt::backend::Release why) override { inner.release(storage, why); }
+  void release(cgt::backend::StorageHandle& storage, cgt::backend::Release why, std::string_view function) override {
+    inner.release(storage, why, function);
+  }
+  std::int32_t device_index() const noexcept override { return 0; }
   void adopt(cgt::backend::StorageHandle& storage) override { inner.adopt(storage); }
   cgt::Result<std::shared_ptr<void>> rescue(const cgt::backend::StorageHandle& storage) override {
     return inner.rescue(storage);
@@ -86,7 +90,9 @@ class FlakyDevice final : public cgt::backend::Device {
       if (device_.fail_replay) return cgt::fail(cgt::Errc::backend_error, "injected: graph launch failed");
       return inner_->replay(args);
     }
-    void bind_outputs(std::span<cgt::backend::StorageHandle* const> storages) override { inner_->bind_outputs(storages); }
+    void bind_outputs(std::span<cgt::backend::StorageHandle* const> storages) override {
+      inner_->bind_outputs(storages);
+    }
     const void* output(std::size_t i) const override { return inner_->output(i); }
 
    private:
@@ -110,7 +116,9 @@ Buffer filled(std::vector<std::int64_t> sizes, double value) {
   return HostHarness::make(HostTensor::full(std::move(sizes), value));
 }
 
-double first_value(const cgt::host::Outputs& outputs) { return must(outputs.get(0)).get().get(0); }
+double first_value(const cgt::host::Outputs& outputs) {
+  return must(outputs.get(0)).get().get(0);
+}
 
 // y = 2 x, allocating in the pool.
 cgt::host::Function twice(cgt::host::Pool& pool, std::string name = "twice") {
@@ -259,8 +267,9 @@ TEST_CASE("static_input_moved: a static input at a new address, when set to fail
 
 TEST_CASE("graph_unavailable: or_error turns a fallback into an error", "[errors][host]") {
   auto pool = must(cgt::host::make_pool({.tree = {.or_error = true}}));
-  auto mut = must(HostHarness::add(pool, scenario::FnSpec{"mut", {scenario::mutate(0, scenario::in(0) + 1)},
-                                                         {scenario::input_out(0)}, {}, {}, {0}}));
+  auto mut = must(HostHarness::add(
+      pool,
+      scenario::FnSpec{"mut", {scenario::mutate(0, scenario::in(0) + 1)}, {scenario::input_out(0)}, {}, {}, {0}}));
   const Buffer x = filled({4}, 1);
   auto out = mut({x});
   REQUIRE(!out);

@@ -29,7 +29,8 @@ using H = HostHarness;
 
 namespace {
 
-std::vector<cgt::CallKind> kinds_of_calls(cgt::host::Pool& pool, cgt::host::Function& f, int calls, bool new_steps = true) {
+std::vector<cgt::CallKind> kinds_of_calls(cgt::host::Pool& pool, cgt::host::Function& f, int calls,
+                                          bool new_steps = true) {
   std::vector<cgt::CallKind> kinds;
   for (int i = 0; i < calls; ++i) {
     if (new_steps) pool.mark_step_begin();
@@ -49,7 +50,8 @@ struct EventLog {
     };
   }
   [[nodiscard]] std::size_t count(cgt::Reason reason) const {
-    return static_cast<std::size_t>(std::count_if(events.begin(), events.end(), [&](const cgt::Event& e) { return e.reason == reason; }));
+    return static_cast<std::size_t>(
+        std::count_if(events.begin(), events.end(), [&](const cgt::Event& e) { return e.reason == reason; }));
   }
 };
 
@@ -90,10 +92,14 @@ TEST_CASE("without new steps, a held output makes the next call warm up again, t
 TEST_CASE("rerecord_limit: an input from an earlier graph that keeps moving falls back", "[options][host]") {
   EventLog log;
   auto pool = must(H::make_pool({.rerecord_limit = 2, .debug_checks = true, .log_sink = log.sink()}));
-  auto four = must(H::add(pool, FnSpec{"four", {scenario::map(in(0) + 1), scenario::map(in(0) + 2),
-                                                 scenario::map(in(0) + 3), scenario::map(in(0) + 4)},
-                                       {scenario::temp_out(0), scenario::temp_out(1), scenario::temp_out(2),
-                                        scenario::temp_out(3)}, {}, {}, {}}));
+  auto four = must(H::add(
+      pool,
+      FnSpec{"four",
+             {scenario::map(in(0) + 1), scenario::map(in(0) + 2), scenario::map(in(0) + 3), scenario::map(in(0) + 4)},
+             {scenario::temp_out(0), scenario::temp_out(1), scenario::temp_out(2), scenario::temp_out(3)},
+             {},
+             {},
+             {}}));
   auto consume = must(H::add(pool, unary("consume", in(0) * 10)));
   std::vector<cgt::CallKind> kinds;
   auto walk = [&](std::size_t which) {
@@ -125,7 +131,8 @@ TEST_CASE("rerecord_limit: an input from an earlier graph that keeps moving fall
 TEST_CASE("a static input that moves is re-recorded, and never counts toward rerecord_limit", "[options][host]") {
   EventLog log;
   auto pool = must(H::make_pool({.rerecord_limit = 0, .log_sink = log.sink()}));
-  auto scale = must(H::add(pool, FnSpec{"scale", {scenario::map(in(0) * in(1))}, {scenario::temp_out(0)}, {}, {1}, {}}));
+  auto scale =
+      must(H::add(pool, FnSpec{"scale", {scenario::map(in(0) * in(1))}, {scenario::temp_out(0)}, {}, {1}, {}}));
   std::vector<cgt::host::Buffer> weights;
   for (int i = 0; i < 4; ++i) weights.push_back(H::make(HostTensor::full({4}, i + 1)));
   std::vector<cgt::CallKind> kinds;
@@ -139,7 +146,8 @@ TEST_CASE("a static input that moves is re-recorded, and never counts toward rer
   }
   using K = cgt::CallKind;
   // weight 0: warm-up, weights 1-3: a recording each; the second round replays all four.
-  CHECK(kinds == std::vector{K::warmup, K::recording, K::recording, K::recording, K::recording, K::replay, K::replay, K::replay});
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::recording, K::recording, K::recording, K::replay, K::replay,
+                             K::replay});
   CHECK(pool.stats().eager_calls == 0);
   CHECK(pool.stats().rerecords == 3);
   CHECK(log.count(cgt::Reason::static_input_moved) == 3);
@@ -149,7 +157,8 @@ TEST_CASE("a static input that moves is re-recorded, and never counts toward rer
 
 TEST_CASE("a misaligned static input is copied into an aligned slot", "[options][host]") {
   auto pool = must(H::make_pool());
-  auto scale = must(H::add(pool, FnSpec{"scale", {scenario::map(in(0) * in(1))}, {scenario::temp_out(0)}, {}, {1}, {}}));
+  auto scale =
+      must(H::add(pool, FnSpec{"scale", {scenario::map(in(0) * in(1))}, {scenario::temp_out(0)}, {}, {1}, {}}));
   const auto weight = H::misaligned(HostTensor::full({4}, 3));
   REQUIRE(reinterpret_cast<std::uintptr_t>(weight.data()) % 16 != 0);
   for (int i = 0; i < 3; ++i) {
@@ -163,8 +172,13 @@ TEST_CASE("a misaligned static input is copied into an aligned slot", "[options]
 }
 
 TEST_CASE("copy_out_on_new_step keeps leases valid across steps, as copies", "[options][host]") {
-  auto pool = must(H::make_pool({.copy_out_on_new_step = true, .debug_checks = true}));
-  auto f = must(H::add(pool, FnSpec{"f", {scenario::map(in(0) + 1)}, {scenario::temp_out(0), scenario::temp_out(0, scenario::slice(1, 3))}, {}, {}, {}}));
+  auto pool = must(H::make_pool({.debug_checks = true, .copy_out_on_new_step = true}));
+  auto f = must(H::add(pool, FnSpec{"f",
+                                    {scenario::map(in(0) + 1)},
+                                    {scenario::temp_out(0), scenario::temp_out(0, scenario::slice(1, 3))},
+                                    {},
+                                    {},
+                                    {}}));
   auto kept = must(f({H::make(HostTensor::iota({4}))}));
   const auto address = H::storage_of(must(kept.get(0)).get());
   pool.mark_step_begin();
@@ -192,7 +206,8 @@ TEST_CASE("shape keys: a variant per shape, a warning past the warn limit, eager
     }
   }
   using K = cgt::CallKind;
-  CHECK(kinds == std::vector{K::warmup, K::recording, K::warmup, K::recording, K::warmup, K::recording, K::eager, K::eager});
+  CHECK(kinds ==
+        std::vector{K::warmup, K::recording, K::warmup, K::recording, K::warmup, K::recording, K::eager, K::eager});
   CHECK(log.count(cgt::Reason::many_shape_keys) == 1);
   CHECK(pool.stats().count(cgt::Reason::shape_key_limit) == 2);
   CHECK(pool.roots().size() == 3);

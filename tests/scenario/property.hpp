@@ -34,8 +34,8 @@ PropertyReport random_calls_match_eager(std::uint64_t seed, std::size_t steps) {
   struct Held {
     typename H::Lease lease;
     HostTensor expected;
-    std::uint64_t step = 0;      // the step it was produced in
-    bool pool_memory = false;   // reclaimed by a new step
+    std::uint64_t step = 0;    // the step it was produced in
+    bool pool_memory = false;  // reclaimed by a new step
   };
   std::vector<Held> held;
   std::deque<std::pair<typename H::Value, HostTensor>> values;  // caller-owned inputs; a deque keeps addresses stable
@@ -58,7 +58,7 @@ PropertyReport random_calls_match_eager(std::uint64_t seed, std::size_t steps) {
       } else {
         if (!got) {
           FAIL("a held lease of step " << item.step << " (now " << step_number << ", last call in " << last_call_step
-                                      << ", pool memory: " << item.pool_memory << "): " << got.error().describe());
+                                       << ", pool memory: " << item.pool_memory << "): " << got.error().describe());
         }
         REQUIRE(close(H::read(got->get()), item.expected));
       }

@@ -121,7 +121,7 @@ void end_recording_early() {
   };
   for (int i = 0; i < 3; ++i) {
     env.step();
-    foo();  // its outputs die here
+    foo();                          // its outputs die here
     auto out = must(foo2({ones}));  // same generation: the path ended because everything died
     CHECK(close(value_of<H>(out, 0), HostTensor::full({4, 4}, 5)));
   }
@@ -218,7 +218,10 @@ void live_outputs_multiple_graphs() {
   Env<H> env;
   auto head = env.add(FnSpec{"foo_head",
                              {map(in(0) + in(0) + in(0)), Step{Step::Kind::map, tmp(0) + 1, 0, 0, true}},
-                             {temp_out(0), temp_out(1)}, {}, {}, {}});
+                             {temp_out(0), temp_out(1)},
+                             {},
+                             {},
+                             {}});
   auto mid = env.add(unary("foo_mid", in(0) * in(0)));
   auto tail = env.add(unary("foo_tail", in(0) + 1));
   auto foo = [&](const typename H::Value& x) {
@@ -281,7 +284,10 @@ void aliased_storage_single_weakref() {
   Env<H> env(cgt::Options{.debug_checks = true});
   auto head = env.add(FnSpec{"foo_head",
                              {map(in(0) * 20), map(in(0) * 200)},
-                             {temp_out(0), temp_out(0, select(0)), temp_out(1), temp_out(1, select(0))}, {}, {}, {}});
+                             {temp_out(0), temp_out(0, select(0)), temp_out(1), temp_out(1, select(0))},
+                             {},
+                             {},
+                             {}});
   auto tail = env.add(FnSpec{"foo_tail", {}, {input_out(0, slice(4, 20)), input_out(1, slice(4, 20))}, {}, {}, {}});
   for (int i = 0; i < 4; ++i) {
     env.step();
@@ -323,10 +329,8 @@ void aliased_storage_single_weakref() {
 template <class H>
 void aliasing_static_ref() {
   Env<H> env;
-  auto foo = env.add(FnSpec{"forward",
-                            {matmul_t(0, 1)},
-                            {temp_out(0), input_out(0, transposed()), input_out(0, slice(0, 4))},
-                            {}, {0}, {}});
+  auto foo = env.add(FnSpec{
+      "forward", {matmul_t(0, 1)}, {temp_out(0), input_out(0, transposed()), input_out(0, slice(0, 4))}, {}, {0}, {}});
   auto foo2 = env.add(FnSpec{"foo2", {}, {input_out(0, slice(2, 10))}, {}, {}, {}});
   const HostTensor weight_data = HostTensor::random({10, 10}, 3);
   const auto weight = H::make(weight_data);
@@ -355,8 +359,8 @@ template <class H>
 void constant_output() {
   Env<H> env;
   const HostTensor param = HostTensor::iota({10});
-  const FnSpec spec{"forward", {map(in(0) + 2)}, {constant_out(0), constant_out(0, slice(0, 2)), temp_out(0)},
-                    {param}, {}, {}};
+  const FnSpec spec{
+      "forward", {map(in(0) + 2)}, {constant_out(0), constant_out(0, slice(0, 2)), temp_out(0)}, {param}, {}, {}};
   auto forward = env.add(spec);
   const HostTensor inp_data = HostTensor::full({1}, 2);
   std::vector<HostTensor> inputs{inp_data};
@@ -502,8 +506,10 @@ void memory_of_branches_is_max_not_sum() {
   Env<H> env;
   const std::int64_t n = 1 << 16;  // 256 KiB per float32 output
   auto a = env.add(unary("A", in(0) + 1));
-  auto b = env.add(FnSpec{"B", {map(in(0) * 2), Step{Step::Kind::map, tmp(0) * 2, 0, 0, true}}, {temp_out(1)}, {}, {}, {}});
-  auto b_prime = env.add(FnSpec{"B'", {map(in(0) * 3), Step{Step::Kind::map, tmp(0) + 1, 0, 0, true}}, {temp_out(1)}, {}, {}, {}});
+  auto b =
+      env.add(FnSpec{"B", {map(in(0) * 2), Step{Step::Kind::map, tmp(0) * 2, 0, 0, true}}, {temp_out(1)}, {}, {}, {}});
+  auto b_prime =
+      env.add(FnSpec{"B'", {map(in(0) * 3), Step{Step::Kind::map, tmp(0) + 1, 0, 0, true}}, {temp_out(1)}, {}, {}, {}});
   const auto x = H::make(HostTensor::full({n}, 1));
   auto path = [&](auto& second) {
     auto first = must(a({x}));

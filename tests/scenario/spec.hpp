@@ -68,20 +68,38 @@ struct Expr {
   std::vector<Instr> code;
 };
 
-inline Expr in(int i) { return {{{Instr::Op::input, i, 0}}}; }
-inline Expr tmp(int k) { return {{{Instr::Op::temp, k, 0}}}; }
-inline Expr num(double v) { return {{{Instr::Op::constant, 0, v}}}; }
+inline Expr in(int i) {
+  return {{{Instr::Op::input, i, 0}}};
+}
+inline Expr tmp(int k) {
+  return {{{Instr::Op::temp, k, 0}}};
+}
+inline Expr num(double v) {
+  return {{{Instr::Op::constant, 0, v}}};
+}
 inline Expr binary(Expr a, const Expr& b, Instr::Op op) {
   a.code.insert(a.code.end(), b.code.begin(), b.code.end());
   a.code.push_back({op, 0, 0});
   return a;
 }
-inline Expr operator+(Expr a, const Expr& b) { return binary(std::move(a), b, Instr::Op::add); }
-inline Expr operator-(Expr a, const Expr& b) { return binary(std::move(a), b, Instr::Op::sub); }
-inline Expr operator*(Expr a, const Expr& b) { return binary(std::move(a), b, Instr::Op::mul); }
-inline Expr operator+(Expr a, double v) { return std::move(a) + num(v); }
-inline Expr operator-(Expr a, double v) { return std::move(a) - num(v); }
-inline Expr operator*(Expr a, double v) { return std::move(a) * num(v); }
+inline Expr operator+(Expr a, const Expr& b) {
+  return binary(std::move(a), b, Instr::Op::add);
+}
+inline Expr operator-(Expr a, const Expr& b) {
+  return binary(std::move(a), b, Instr::Op::sub);
+}
+inline Expr operator*(Expr a, const Expr& b) {
+  return binary(std::move(a), b, Instr::Op::mul);
+}
+inline Expr operator+(Expr a, double v) {
+  return std::move(a) + num(v);
+}
+inline Expr operator-(Expr a, double v) {
+  return std::move(a) - num(v);
+}
+inline Expr operator*(Expr a, double v) {
+  return std::move(a) * num(v);
+}
 
 /// Evaluates `expr` at element `i`, reading inputs and temporaries through `load`.
 template <class Load>
@@ -93,9 +111,18 @@ double evaluate(const Expr& expr, std::size_t i, Load&& load) {
       case Instr::Op::input:
       case Instr::Op::temp: stack[top++] = load(instr.op == Instr::Op::temp, instr.index, i); break;
       case Instr::Op::constant: stack[top++] = instr.value; break;
-      case Instr::Op::add: --top; stack[top - 1] += stack[top]; break;
-      case Instr::Op::sub: --top; stack[top - 1] -= stack[top]; break;
-      case Instr::Op::mul: --top; stack[top - 1] *= stack[top]; break;
+      case Instr::Op::add:
+        --top;
+        stack[top - 1] += stack[top];
+        break;
+      case Instr::Op::sub:
+        --top;
+        stack[top - 1] -= stack[top];
+        break;
+      case Instr::Op::mul:
+        --top;
+        stack[top - 1] *= stack[top];
+        break;
     }
   }
   return stack[0];
@@ -138,15 +165,33 @@ struct FnSpec {
 };
 
 // Builders that keep scenario code short.
-inline Step map(Expr expr, int shape_input = 0) { return {Step::Kind::map, std::move(expr), shape_input, 0, false}; }
-inline Step mutate(int input, Expr expr) { return {Step::Kind::mutate, std::move(expr), input, 0, false}; }
-inline Step matmul_t(int left, int right) { return {Step::Kind::matmul_transposed, {}, left, right, false}; }
-inline Output temp_out(int k, View view = {}) { return {Output::From::temp, k, view}; }
-inline Output input_out(int i, View view = {}) { return {Output::From::input, i, view}; }
-inline Output constant_out(int c, View view = {}) { return {Output::From::constant, c, view}; }
-inline View slice(std::int64_t start, std::int64_t end) { return {View::Kind::slice, start, end}; }
-inline View select(std::int64_t index) { return {View::Kind::select, index, 0}; }
-inline View transposed() { return {View::Kind::transpose, 0, 0}; }
+inline Step map(Expr expr, int shape_input = 0) {
+  return {Step::Kind::map, std::move(expr), shape_input, 0, false};
+}
+inline Step mutate(int input, Expr expr) {
+  return {Step::Kind::mutate, std::move(expr), input, 0, false};
+}
+inline Step matmul_t(int left, int right) {
+  return {Step::Kind::matmul_transposed, {}, left, right, false};
+}
+inline Output temp_out(int k, View view = {}) {
+  return {Output::From::temp, k, view};
+}
+inline Output input_out(int i, View view = {}) {
+  return {Output::From::input, i, view};
+}
+inline Output constant_out(int c, View view = {}) {
+  return {Output::From::constant, c, view};
+}
+inline View slice(std::int64_t start, std::int64_t end) {
+  return {View::Kind::slice, start, end};
+}
+inline View select(std::int64_t index) {
+  return {View::Kind::select, index, 0};
+}
+inline View transposed() {
+  return {View::Kind::transpose, 0, 0};
+}
 
 /// A function of one expression with one output: the common case.
 inline FnSpec unary(std::string name, Expr expr) {
