@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <ostream>
 #include <functional>
 #include <latch>
 #include <memory>

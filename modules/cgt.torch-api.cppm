@@ -1,0 +1,111 @@
+// cgt.torch:api — the libtorch backend's types; see cgt.torch.cppm for how to use them.
+module;
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+export module cgt.torch:api;
+import cgt;
+
+export namespace cgt::torch {
+
+/// The inputs of a call, by position: tensors, and scalars where the call passed integers.
+class Inputs {
+ public:
+  Inputs(std::span<const at::Tensor> tensors, std::span<const std::int64_t> scalars) noexcept
+      : tensors_(tensors), scalars_(scalars) {}
+  [[nodiscard]] std::size_t size() const noexcept { return tensors_.size(); }
+  /// Input `i` as a tensor (undefined where the call passed a scalar).
+  [[nodiscard]] const at::Tensor& operator[](std::size_t i) const noexcept { return tensors_[i]; }
+  /// Input `i` as a scalar (0 where the call passed a tensor).
+  [[nodiscard]] std::int64_t scalar(std::size_t i) const noexcept { return scalars_[i]; }
+  /// All inputs as a vector, so a function may be written over `std::vector<at::Tensor>`.
+  operator std::vector<at::Tensor>() const { return {tensors_.begin(), tensors_.end()}; }  // NOLINT
+
+ private:
+  std::span<const at::Tensor> tensors_;
+  std::span<const std::int64_t> scalars_;
+};
+
+/// What a pool function returns (an undefined tensor stands for "no value").
+using Values = std::vector<at::Tensor>;
+/// A libtorch pool function.
+using Callable = std::move_only_function<Values(Inputs)>;
+
+/// How a libtorch pool is made.
+struct PoolOptions {
+  cgt::Options tree;       ///< the tree's behaviour
+  std::int16_t device = 0;  ///< CUDA device index
+};
+
+/// Number of usable CUDA devices; 0 without a GPU or driver. Never throws.
+[[nodiscard]] int device_count() noexcept;
+/// True when a CUDA device is usable.
+[[nodiscard]] inline bool is_available() noexcept { return device_count() > 0; }
+
+/// The CUDA device of one pool: its private memory pool and the stream warm-ups and recordings
+/// run on. Reach it with `pool.device()`.
+class Device final : public backend::Device {
+ public:
+  explicit Device(std::int16_t index);
+  ~Device() override;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  [[nodiscard]] std::int16_t index() const noexcept;
+  /// Is `address` inside a segment of this pool's private memory pool?
+  [[nodiscard]] bool contains(std::uintptr_t address) const;
+
+  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                               backend::RunMode mode) override;
+  [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                                 const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
+  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+                                     std::span<const std::uintptr_t> dead) override;
+  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
+  [[nodiscard]] std::int32_t device_index() const noexcept override { return index(); }
+  void adopt(backend::StorageHandle& storage) override;
+  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
+  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
+                                                   const std::shared_ptr<void>& rescued) override;
+  [[nodiscard]] std::vector<Block> live_blocks() const override;
+  [[nodiscard]] MemoryInfo memory() const override;
+  void shutdown() override;
+
+  struct State;  // the libtorch objects; defined in src/torch
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+/// The libtorch backend, as `cgt::Pool` and friends need it.
+struct Backend {
+  using Value = at::Tensor;
+  using Callable = torch::Callable;
+  using Device = torch::Device;
+  /// Fails with `invalid_argument` for an undefined tensor, `output_overwritten` for a tensor
+  /// whose pool memory was reclaimed (an escaped copy of a lease's tensor).
+  [[nodiscard]] static Result<void> describe(const at::Tensor& tensor, backend::ArgDesc& desc);
+  /// `tensor.clone()`: a copy in ordinary CUDA memory.
+  [[nodiscard]] static Result<at::Tensor> take(const at::Tensor& tensor);
+  [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
+};
+
+using Pool = cgt::Pool<Backend>;
+using Function = cgt::Function<Backend>;
+using Outputs = cgt::Outputs<Backend>;
+using OutputLease = cgt::OutputLease<Backend>;
+using Arg = cgt::Arg<Backend>;
+
+/// A pool on CUDA device `options.device`. Fails with `backend_error` when the device is not
+/// usable (no GPU, no driver) or libtorch cannot make the pool.
+[[nodiscard]] Result<Pool> make_pool(PoolOptions options = {});
+
+}  // namespace cgt::torch

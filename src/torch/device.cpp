@@ -1,0 +1,266 @@
+// The libtorch device of a pool: its private memory pool, checkpoints, storages' lifetimes, and the
+// description of tensors for the engine.
+module;
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/UniqueVoidPtr.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <expected>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+module cgt.torch;
+import :internal;
+
+namespace cgt::torch {
+namespace {
+
+struct TorchCheckpoint final : backend::Checkpoint {
+  explicit TorchCheckpoint(std::shared_ptr<allocator::AllocatorState> allocator_state) : state(std::move(allocator_state)) {}
+  std::shared_ptr<allocator::AllocatorState> state;
+};
+
+// A copy of a storage in ordinary CUDA memory (Options::copy_out_on_new_step).
+struct Rescued {
+  at::Tensor bytes;
+};
+
+// Frees the block of a storage whose memory the pool's allocator owns, and makes the storage's
+// DataPtr forget its deleter, so that the StorageImpl dying later frees nothing twice
+// (PyTorch's `_free_And_Remove_DeleterFn`).
+void free_block(TorchStorage& record) {
+  void* pointer = record.impl->data_ptr().get();
+  (void)record.impl->mutable_data_ptr().compare_exchange_deleter(allocator::get()->raw_deleter(),
+                                                                   &c10::detail::deleteNothing);
+  allocator::raw_delete(pointer);
+}
+
+std::string poison_message(std::string_view function) {
+  return "cgt: this tensor views memory of an output of '" + std::string(function) +
+         "' that its pool has reclaimed (its lease was dropped, or a new step began); keep the OutputLease while "
+         "you use the tensor, or take() a copy";
+}
+
+}  // namespace
+
+int device_count() noexcept { return c10::cuda::device_count(); }
+
+Device::Device(std::int16_t index) {
+  c10::cuda::CUDAGuard device_guard(index);
+  // The caching allocator must be initialised before its pool functions are used.
+  (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, index));
+  // One stream for every warm-up and recording: the allocator binds segments to streams, and
+  // graphs recorded on different streams would not reuse each other's memory.
+  state_ = std::make_unique<State>(index, c10::cuda::getStreamFromPool(false, index), at::cuda::graph_pool_handle());
+  // Keeps the private pool alive between graphs (PyTorch keeps an empty graph for this).
+  allocator::createOrIncrefPool(index, state_->pool);
+}
+
+Device::~Device() { shutdown(); }
+
+std::int16_t Device::index() const noexcept { return state_->index; }
+
+bool Device::contains(std::uintptr_t address) const {
+  return std::ranges::any_of(pool_segments(*state_), [address](const auto& segment) {
+    return address >= segment.first && address < segment.first + segment.second;
+  });
+}
+
+Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
+  return guarded("checkpointing the pool", [&]() -> Result<std::unique_ptr<backend::Checkpoint>> {
+    c10::cuda::CUDAGuard device_guard(state_->index);
+    c10::cuda::device_synchronize();  // a block with pending events cannot be checkpointed
+    return std::make_unique<TorchCheckpoint>(allocator::getCheckpointState(state_->index, state_->pool));
+  });
+}
+
+Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+                             std::span<const std::uintptr_t> dead) {
+  return guarded("restoring a checkpoint", [&]() -> Result<void> {
+    State& state = *state_;
+    c10::cuda::CUDAGuard device_guard(state.index);
+    c10::cuda::device_synchronize();
+    std::unordered_map<std::uintptr_t, TorchStorage*> live_by_address;
+    for (backend::StorageHandle* handle : live) {
+      auto* record = static_cast<TorchStorage*>(handle->native);
+      if (record == nullptr || !record->impl) continue;
+      // The restore frees every block of the pool: a storage that owned its block must not free it again.
+      if (handle->owned_by_allocator) {
+        (void)record->impl->mutable_data_ptr().compare_exchange_deleter(allocator::get()->raw_deleter(),
+                                                                          &c10::detail::deleteNothing);
+      }
+      live_by_address[handle->address] = record;
+    }
+    allocator::CheckpointDelta delta =
+        allocator::setCheckpointPoolState(state.index, static_cast<const TorchCheckpoint&>(checkpoint).state);
+    // Blocks allocated in the checkpoint come back as owning DataPtrs: live storages take theirs,
+    // so they free their block when they die; the others stay allocated until freed below.
+    for (at::DataPtr& data : delta.dataptrs_allocd) {
+      auto found = live_by_address.find(address_of(data.get()));
+      if (found != live_by_address.end()) {
+        found->second->impl->set_data_ptr_noswap(std::move(data));
+      } else {
+        (void)data.release_context();
+      }
+    }
+    for (std::uintptr_t address : dead) allocator::raw_delete(reinterpret_cast<void*>(address));  // NOLINT
+    return {};
+  });
+}
+
+void Device::release(backend::StorageHandle& storage, backend::Release why, std::string_view function) {
+  auto* record = static_cast<TorchStorage*>(storage.native);
+  if (record == nullptr || !record->impl || state_->shut_down) return;
+  try {
+    const bool escaped = record->escaped();
+    if (storage.owned_by_allocator) free_block(*record);
+    // A storage someone still holds, or memory a new step took back, is poisoned: using it raises
+    // an error instead of reading what the next replay writes there. It cannot be reused.
+    if (escaped || why == backend::Release::reclaimed) {
+      record->impl->release_data_and_set_meta_custom_data_ptr_error_msg_(poison_message(function));
+      storage.native = nullptr;
+      storage.native_owner.reset();
+    }
+  } catch (const std::exception&) {
+    // Nothing to report to: the memory check of debug mode will see a block left allocated.
+  }
+}
+
+void Device::adopt(backend::StorageHandle& storage) {
+  auto record = std::make_shared<TorchStorage>();
+  record->impl = storage_over(storage.address, storage.bytes, state_->index);
+  state_->records[record->impl.get()] = record;
+  storage.native = record.get();
+  storage.native_owner = std::move(record);
+}
+
+Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
+  return guarded("copying an output out of the pool", [&]() -> Result<std::shared_ptr<void>> {
+    c10::cuda::CUDAGuard device_guard(state_->index);
+    auto rescued = std::make_shared<Rescued>();
+    rescued->bytes = at::empty({static_cast<std::int64_t>(storage.bytes)},
+                               at::TensorOptions().dtype(at::kByte).device(at::kCUDA, state_->index));
+    const cudaError_t status =
+        cudaMemcpyAsync(rescued->bytes.data_ptr(), reinterpret_cast<const void*>(storage.address),  // NOLINT
+                        storage.bytes, cudaMemcpyDeviceToDevice, c10::cuda::getCurrentCUDAStream(state_->index).stream());
+    if (status != cudaSuccess) return fail(Errc::backend_error, cudaGetErrorString(status));
+    return std::shared_ptr<void>(rescued, rescued.get());
+  });
+}
+
+std::shared_ptr<const void> Device::rebase(const void* value, const backend::StorageHandle& /*from*/,
+                                           const std::shared_ptr<void>& rescued) {
+  const at::Tensor& original = *static_cast<const at::Tensor*>(value);
+  const at::Tensor& bytes = static_cast<Rescued*>(rescued.get())->bytes;
+  auto copy = std::make_shared<at::Tensor>(tensor_over(bytes.storage().getWeakStorageImpl().lock(), original.scalar_type(),
+                                                       original.sizes(), original.strides(), original.storage_offset()));
+  return copy;
+}
+
+std::vector<Block> Device::live_blocks() const {
+  std::vector<Block> blocks;
+  if (state_->shut_down) return blocks;
+  try {
+    for (const auto& segment : allocator::snapshot(state_->pool, false).segments) {
+      if (segment.owner_private_pool_id != state_->pool) continue;
+      std::size_t address = segment.address;  // blocks carry no address: they follow each other
+      for (const auto& block : segment.blocks) {
+        if (block.allocated) blocks.push_back({address, block.size});
+        address += block.size;
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  return blocks;
+}
+
+MemoryInfo Device::memory() const {
+  MemoryInfo info;
+  if (state_->shut_down) return info;
+  try {
+    for (const auto& segment : allocator::snapshot(state_->pool, false).segments) {
+      if (segment.owner_private_pool_id != state_->pool) continue;
+      info.reserved_bytes += segment.total_size;
+      for (const auto& block : segment.blocks) {
+        if (!block.allocated) continue;
+        info.allocated_bytes += block.size;
+        ++info.live_blocks;
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  state_->peak_allocated = std::max(state_->peak_allocated, info.allocated_bytes);
+  info.peak_allocated_bytes = state_->peak_allocated;  // the most seen by a call of memory()
+  return info;
+}
+
+void Device::shutdown() {
+  if (!state_ || state_->shut_down) return;
+  state_->shut_down = true;
+  try {
+    c10::cuda::CUDAGuard device_guard(state_->index);
+    c10::cuda::device_synchronize();
+    allocator::releasePool(state_->index, state_->pool);
+    allocator::emptyCache(state_->pool);  // frees the pool's segments once nothing uses them
+  } catch (const std::exception&) {
+  }
+}
+
+Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc) {
+  if (!tensor.defined()) return fail(Errc::invalid_argument, "an undefined tensor");
+  try {
+    desc.storage = address_of(tensor.storage().data_ptr().get());
+    desc.data = address_of(tensor.data_ptr());
+  } catch (const c10::Error& error) {
+    return fail(Errc::output_overwritten, std::string("the tensor's memory was reclaimed: ") + error.what_without_backtrace());
+  }
+  desc.kind = backend::ArgKind::value;
+  desc.sizes = tensor.sizes().data();
+  desc.rank = static_cast<std::uint8_t>(tensor.dim());
+  desc.expanded = 0;
+  for (std::int64_t d = 0; d < tensor.dim() && d < 32; ++d) {
+    if (tensor.stride(d) == 0 && tensor.size(d) > 1) desc.expanded |= 1U << d;
+  }
+  desc.dtype = static_cast<std::uint16_t>(tensor.scalar_type());
+  desc.device = tensor.is_cuda() ? tensor.get_device() : -1;
+  return {};
+}
+
+Result<at::Tensor> Backend::take(const at::Tensor& tensor) {
+  return guarded("copying an output", [&]() -> Result<at::Tensor> {
+    return tensor.defined() ? tensor.clone() : at::Tensor();
+  });
+}
+
+std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
+  return std::make_unique<TorchInvoker>(std::move(fn));
+}
+
+Result<Pool> make_pool(PoolOptions options) {
+  if (options.device < 0 || options.device >= device_count()) {
+    return fail(Errc::backend_error, "no usable CUDA device " + std::to_string(options.device) + " (this machine has " +
+                                         std::to_string(device_count()) + ")");
+  }
+  auto device = guarded("making the pool", [&]() -> Result<std::unique_ptr<Device>> {
+    return std::make_unique<Device>(options.device);
+  });
+  if (!device) return std::unexpected(std::move(device.error()));
+  return Pool::adopt(detail::make_engine(std::move(*device), std::move(options.tree)));
+}
+
+}  // namespace cgt::torch

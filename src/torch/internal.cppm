@@ -1,0 +1,203 @@
+// cgt.torch:internal — what the libtorch backend's units share: the per-storage record, the
+// device's state, and the guards that turn libtorch exceptions into cgt errors.
+module;
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+module cgt.torch:internal;
+import cgt;
+import :api;
+
+namespace cgt::torch {
+
+namespace allocator = c10::cuda::CUDACachingAllocator;
+
+/// One storage of the pool as libtorch sees it: the StorageImpl that outputs view, and the tensors
+/// cgt itself holds over it. Anything else holding the StorageImpl or one of those tensors has
+/// escaped its lease.
+struct TorchStorage {
+  c10::intrusive_ptr<c10::StorageImpl> impl;
+  std::vector<const at::Tensor*> views;
+
+  void add_view(const at::Tensor* tensor) { views.push_back(tensor); }
+  void remove_view(const at::Tensor* tensor) { std::erase(views, tensor); }
+  /// Does anything but cgt hold the storage, or a tensor cgt handed out (a copy, a view)?
+  [[nodiscard]] bool escaped() const {
+    if (!impl) return false;
+    if (impl.use_count() != 1 + views.size()) return true;
+    return std::ranges::any_of(views, [](const at::Tensor* view) { return view->use_count() > 1; });
+  }
+};
+
+/// The tensors a run returned, owned by the leases of that run, registered as views of their
+/// storages while they live.
+struct RunOwner {
+  RunOwner() = default;
+  RunOwner(const RunOwner&) = delete;
+  RunOwner& operator=(const RunOwner&) = delete;
+  ~RunOwner() {
+    for (std::size_t i = 0; i < storages.size(); ++i) {
+      if (storages[i]) storages[i]->remove_view(&values[i]);
+    }
+  }
+  Values values;
+  std::vector<std::shared_ptr<TorchStorage>> storages;
+};
+
+/// A pool's libtorch objects.
+struct Device::State {
+  c10::DeviceIndex index = 0;
+  c10::cuda::CUDAStream stream;
+  c10::MempoolId_t pool;
+  bool shut_down = false;
+  std::size_t peak_allocated = 0;
+  /// One record per StorageImpl, so that outputs of several graphs viewing one storage share it.
+  std::unordered_map<const c10::StorageImpl*, std::weak_ptr<TorchStorage>> records;
+
+  State(c10::DeviceIndex device, c10::cuda::CUDAStream pool_stream, c10::MempoolId_t id)
+      : index(device), stream(pool_stream), pool(id) {}
+
+  /// The record of `storage`, made on first sight.
+  std::shared_ptr<TorchStorage> record_for(const c10::Storage& storage) {
+    const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+    if (auto found = records.find(key); found != records.end()) {
+      if (auto record = found->second.lock()) return record;
+    }
+    if (records.size() > 1024) std::erase_if(records, [](const auto& entry) { return entry.second.expired(); });
+    auto record = std::make_shared<TorchStorage>();
+    record->impl = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage.unsafeGetStorageImpl());
+    records[key] = record;
+    return record;
+  }
+};
+
+/// Allocations of the calling code on the pool's stream go to the pool while this lives, on the
+/// pool's stream (PyTorch's `_use_cuda_memory_pool_manager`).
+class PoolAllocation {
+ public:
+  explicit PoolAllocation(Device::State& state) : state_(state), stream_guard_(state.stream) {
+    allocator::beginAllocateToPool(state.index, state.pool,
+                                   [stream = state.stream.stream()](cudaStream_t target) { return target == stream; });
+  }
+  PoolAllocation(const PoolAllocation&) = delete;
+  PoolAllocation& operator=(const PoolAllocation&) = delete;
+  ~PoolAllocation() {
+    allocator::endAllocateToPool(state_.index, state_.pool);
+    allocator::releasePool(state_.index, state_.pool);  // beginAllocateToPool counted a use
+  }
+
+ private:
+  Device::State& state_;
+  c10::cuda::CUDAStreamGuard stream_guard_;
+};
+
+/// Address of a pointer, as the engine identifies memory.
+inline std::uintptr_t address_of(const void* pointer) noexcept { return reinterpret_cast<std::uintptr_t>(pointer); }
+
+/// A tensor with the given layout over `storage` (no allocation, no dispatch).
+inline at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,
+                              c10::IntArrayRef sizes, c10::IntArrayRef strides, std::int64_t offset) {
+  at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
+                                                               c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                                               caffe2::TypeMeta::fromScalarType(dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, std::optional<std::int64_t>(offset));
+  return tensor;
+}
+
+/// A StorageImpl over `bytes` at `address` that does not own the memory (a replay's outputs: the
+/// pool's allocator does not know them).
+inline c10::intrusive_ptr<c10::StorageImpl> storage_over(std::uintptr_t address, std::size_t bytes,
+                                                         c10::DeviceIndex device) {
+  return c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), static_cast<std::int64_t>(bytes),
+      at::DataPtr(reinterpret_cast<void*>(address), c10::Device(c10::DeviceType::CUDA, device)),  // NOLINT
+      nullptr, false);
+}
+
+/// Dimensions broadcast by a stride of 0, narrowed to one element: copying through such views
+/// copies each distinct element once (and libtorch refuses to write overlapping elements).
+inline at::Tensor without_broadcast(const at::Tensor& tensor) {
+  at::Tensor narrowed = tensor;
+  for (std::int64_t d = 0; d < tensor.dim(); ++d) {
+    if (tensor.stride(d) == 0 && tensor.size(d) > 1) narrowed = narrowed.narrow(d, 0, 1);
+  }
+  return narrowed;
+}
+
+/// The error for an exception libtorch threw while cgt (not the user's function) was working.
+inline Error backend_failure(const char* doing, const std::exception& error) {
+  const bool out_of_memory = dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
+  return Error{.code = out_of_memory ? Errc::out_of_memory : Errc::backend_error,
+               .message = std::string("libtorch failed while ") + doing + ": " + error.what()};
+}
+
+/// Runs `work`, turning what libtorch throws into an error.
+template <class Work>
+auto guarded(const char* doing, Work&& work) -> decltype(std::forward<Work>(work)()) {
+  try {
+    return std::forward<Work>(work)();
+  } catch (const std::exception& error) {
+    return std::unexpected(backend_failure(doing, error));
+  }
+}
+
+/// The arguments of a call as the function sees them.
+struct CallInputs {
+  explicit CallInputs(std::span<const backend::ArgSlot> args) : tensors(args.size()), scalars(args.size(), 0) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (args[i].kind == backend::ArgKind::scalar) {
+        scalars[i] = args[i].scalar;
+      } else {
+        tensors[i] = *static_cast<const at::Tensor*>(args[i].value);
+      }
+    }
+  }
+  [[nodiscard]] Inputs view() const noexcept { return {tensors, scalars}; }
+  std::vector<at::Tensor> tensors;
+  std::vector<std::int64_t> scalars;
+};
+
+struct TorchInvoker final : backend::Invoker {
+  explicit TorchInvoker(Callable&& callable) : fn(std::move(callable)) {}
+  Callable fn;
+};
+
+/// Calls the user's function, turning what it throws into `function_failed` (or `out_of_memory`).
+inline Result<Values> invoke(backend::Invoker& invoker, const CallInputs& inputs) {
+  try {
+    return static_cast<TorchInvoker&>(invoker).fn(inputs.view());
+  } catch (const c10::OutOfMemoryError& error) {
+    return fail(Errc::out_of_memory, std::string("CUDA out of memory: ") + error.what_without_backtrace());
+  } catch (const c10::Error& error) {
+    return fail(Errc::function_failed, std::string("the function threw: ") + error.what_without_backtrace());
+  } catch (const std::exception& error) {
+    return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
+  } catch (...) {
+    return fail(Errc::function_failed, "the function threw an exception that is not a std::exception");
+  }
+}
+
+/// Segments of the pool's private memory pool: [address, address + size).
+std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::State& state);
+/// The outputs of a run, described for the engine; pool memory is recognised by address.
+backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool may_be_pool_memory);
+
+}  // namespace cgt::torch

@@ -1,0 +1,241 @@
+// cgt.torch on a GPU: the shared scenario suite with real tensors (live blocks counted from the
+// caching allocator's snapshot of the pool, as PyTorch's tests do), and what only libtorch has:
+// RNG in graphs, cuBLAS, nn::Linear parameters, poisoning of escaped tensors, several pools,
+// shutdown with leases held. Every test is tagged [gpu] and reports SKIPPED without a device.
+#include <torch/torch.h>
+// libtorch's logging defines CHECK; the tests mean Catch2's.
+#undef CHECK
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <deque>
+#include <set>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.torch;
+
+#include "scenario/scenarios.hpp"
+#include "scenario/property.hpp"
+#include "torch/harness.hpp"
+
+using H = TorchHarness;
+using scenario::must;
+
+#define REQUIRE_GPU()                                     \
+  do {                                                    \
+    if (const std::string why = H::unavailable(); !why.empty()) SKIP(why); \
+  } while (false)
+
+TEST_CASE("torch/run_simple", "[scenario][gpu]") { REQUIRE_GPU(); scenario::run_simple<H>(); }
+TEST_CASE("torch/function_compiled_multiple_times", "[scenario][gpu]") { REQUIRE_GPU(); scenario::function_compiled_multiple_times<H>(); }
+TEST_CASE("torch/end_recording_early", "[scenario][gpu]") { REQUIRE_GPU(); scenario::end_recording_early<H>(); }
+TEST_CASE("torch/execution_into_recording", "[scenario][gpu]") { REQUIRE_GPU(); scenario::execution_into_recording<H>(); }
+TEST_CASE("torch/accumulate_multiple_recordings", "[scenario][gpu]") { REQUIRE_GPU(); scenario::accumulate_multiple_recordings<H>(); }
+TEST_CASE("torch/live_outputs_multiple_graphs", "[scenario][gpu]") { REQUIRE_GPU(); scenario::live_outputs_multiple_graphs<H>(); }
+TEST_CASE("torch/tensor_dies_between_checkpoint", "[scenario][gpu]") { REQUIRE_GPU(); scenario::tensor_dies_between_checkpoint<H>(); }
+TEST_CASE("torch/aliased_storage_single_weakref", "[scenario][gpu]") { REQUIRE_GPU(); scenario::aliased_storage_single_weakref<H>(); }
+TEST_CASE("torch/aliasing_static_ref", "[scenario][gpu]") { REQUIRE_GPU(); scenario::aliasing_static_ref<H>(); }
+TEST_CASE("torch/constant_output", "[scenario][gpu]") { REQUIRE_GPU(); scenario::constant_output<H>(); }
+TEST_CASE("torch/expanded_inputs", "[scenario][gpu]") { REQUIRE_GPU(); scenario::expanded_inputs<H>(); }
+TEST_CASE("torch/mutation_on_inp", "[scenario][gpu]") { REQUIRE_GPU(); scenario::mutation_on_inp<H>(); }
+TEST_CASE("torch/mutation_cudagraph_managed_tensors", "[scenario][gpu]") { REQUIRE_GPU(); scenario::mutation_cudagraph_managed_tensors<H>(); }
+TEST_CASE("torch/mutation_cudagraph_managed_tensor_warn_only_once", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::mutation_cudagraph_managed_tensor_warn_only_once<H>();
+}
+TEST_CASE("torch/mutation_cudagraph_managed_tensor_warn", "[scenario][gpu]") { REQUIRE_GPU(); scenario::mutation_cudagraph_managed_tensor_warn<H>(); }
+TEST_CASE("torch/memory_of_branches_is_max_not_sum", "[scenario][gpu]") { REQUIRE_GPU(); scenario::memory_of_branches_is_max_not_sum<H>(); }
+TEST_CASE("torch/replay_never_changes_a_held_value", "[scenario][gpu]") { REQUIRE_GPU(); scenario::replay_never_changes_a_held_value<H>(); }
+TEST_CASE("torch/new_liveness_pattern_records_a_sibling", "[scenario][gpu]") { REQUIRE_GPU(); scenario::new_liveness_pattern_records_a_sibling<H>(); }
+TEST_CASE("torch/random_calls_match_eager", "[scenario][property][gpu]") {
+  REQUIRE_GPU();
+  const auto report = scenario::random_calls_match_eager<H>(20261122, 10000);
+  CHECK(report.steps == 10000);
+  CHECK(report.stats.replays > 1000);
+  CHECK(report.stats.checkpoint_restores > 10);
+  CHECK(report.stats.leases_invalidated > 0);
+}
+
+namespace {
+
+at::TensorOptions cuda() { return H::cuda(); }
+
+cgt::torch::Pool new_pool(cgt::Options options = {}) { return must(H::make_pool(std::move(options))); }
+
+}  // namespace
+
+// PyTorch's check_rng: random numbers drawn in a warm-up, a recording and a replay are the ones
+// eager execution draws after the same seed.
+TEST_CASE("torch/check_rng", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = new_pool();
+  auto foo = must(pool.add_function([](cgt::torch::Inputs) { return cgt::torch::Values{at::rand({20}, cuda())}; },
+                                    {.name = "foo"}));
+  std::vector<at::Tensor> first, second;
+  std::vector<cgt::CallKind> kinds;
+  for (auto* draws : {&first, &second}) {
+    at::manual_seed(0);
+    for (int i = 0; i < 3; ++i) {
+      pool.mark_step_begin();
+      auto out = must(foo({}));
+      kinds.push_back(out.kind());
+      draws->push_back(must(out.take(0)));
+    }
+  }
+  using K = cgt::CallKind;
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay, K::replay, K::replay});
+  at::manual_seed(0);
+  for (int i = 0; i < 3; ++i) {
+    const at::Tensor eager = at::rand({20}, cuda());
+    CHECK(at::equal(first[static_cast<std::size_t>(i)], eager));
+    CHECK(at::equal(second[static_cast<std::size_t>(i)], eager));
+  }
+  CHECK(!at::equal(first[0], first[1]));
+}
+
+TEST_CASE("torch/matmul inside a graph (cuBLAS)", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = new_pool({.debug_checks = true});
+  auto mm = must(pool.add_function(
+      [](cgt::torch::Inputs in) { return cgt::torch::Values{at::relu(at::matmul(in[0], in[1]) + 1)}; }, {.name = "mm"}));
+  const at::Tensor b = at::randn({128, 128}, cuda());
+  for (int i = 0; i < 5; ++i) {
+    const at::Tensor a = at::randn({64, 128}, cuda());
+    pool.mark_step_begin();
+    auto out = must(mm({a, b}));
+    CHECK(at::allclose(must(out.get(0)).get(), at::relu(at::matmul(a, b) + 1), 1e-3, 1e-3));
+  }
+  CHECK(pool.stats().replays == 3);
+  must(pool.check_memory());
+}
+
+TEST_CASE("torch/nn::Linear parameters as static inputs, and as constants", "[gpu]") {
+  REQUIRE_GPU();
+  torch::NoGradGuard no_grad;
+  torch::nn::Linear linear(64, 32);
+  linear->to(torch::Device(torch::kCUDA, 0));
+  auto pool = new_pool({.debug_checks = true});
+  auto as_inputs = must(pool.add_function(
+      [](cgt::torch::Inputs in) { return cgt::torch::Values{at::linear(in[0], in[1], in[2])}; },
+      {.name = "linear_inputs", .static_inputs = {1, 2}}));
+  auto as_constants = must(pool.add_function(
+      [&linear](cgt::torch::Inputs in) { return cgt::torch::Values{linear->forward(in[0]), linear->weight}; },
+      {.name = "linear_module"}));
+  for (int i = 0; i < 4; ++i) {
+    const at::Tensor x = at::randn({8, 64}, cuda());
+    const at::Tensor expected = linear->forward(x);
+    pool.mark_step_begin();
+    auto a = must(as_inputs({x, linear->weight, linear->bias}));
+    CHECK(at::allclose(must(a.get(0)).get(), expected, 1e-4, 1e-4));
+    auto b = must(as_constants({x}));
+    CHECK(at::allclose(must(b.get(0)).get(), expected, 1e-4, 1e-4));
+    // The parameter returned by the function is the parameter itself, not pool memory.
+    CHECK(must(b.get(1)).get().data_ptr() == linear->weight.data_ptr());
+  }
+  const auto roots = pool.roots();
+  REQUIRE(roots.size() == 1);
+  CHECK(roots[0].copied_inputs() == std::vector<std::size_t>{0});  // weight and bias are used in place
+  CHECK(pool.stats().replays >= 4);
+}
+
+TEST_CASE("torch/an escaped tensor is poisoned when its memory is reclaimed", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = new_pool({.debug_checks = true});
+  auto f = must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] * 2}; },
+                                  {.name = "doubler"}));
+  const at::Tensor x = at::ones({16}, cuda());
+  for (int i = 0; i < 3; ++i) {  // warm-up, recording, replay: every kind of output
+    pool.mark_step_begin();
+    auto out = must(f({x}));
+    at::Tensor escaped = must(out.get(0)).get();            // a copy of the lease's tensor
+    at::Tensor view = must(out.get(0)).get().narrow(0, 0, 4);  // a view of it
+    CHECK(escaped.sum().item<float>() == 32);
+    out.reset();  // the memory is dead: the copies must not read what the next replay writes
+    std::string message;
+    try {
+      (void)escaped.sum();
+    } catch (const c10::Error& error) {
+      message = error.what_without_backtrace();
+    }
+    CHECK(message.find("'doubler'") != std::string::npos);
+    CHECK_THROWS_AS(view.sum(), c10::Error);
+  }
+  // Outputs nobody escaped are reused; the pool keeps working after poisoning.
+  for (int i = 0; i < 3; ++i) {
+    pool.mark_step_begin();
+    CHECK(must(must(f({x})).take(0)).sum().item<float>() == 32);
+  }
+  // A new step reclaims outputs still leased: the lease reports it, and its escaped copy raises.
+  auto held = must(f({x}));
+  at::Tensor escaped = must(held.get(0)).get();
+  pool.mark_step_begin();
+  (void)must(f({x}));
+  CHECK(held.get(0).error().code == cgt::Errc::output_overwritten);
+  CHECK_THROWS_AS(escaped.sum(), c10::Error);
+  // Passing a poisoned tensor into a call fails cleanly.
+  auto call = f({escaped});
+  REQUIRE(!call);
+  CHECK(call.error().code == cgt::Errc::output_overwritten);
+}
+
+TEST_CASE("torch/two pools on one device are independent", "[gpu]") {
+  REQUIRE_GPU();
+  auto first = new_pool({.debug_checks = true});
+  auto second = new_pool({.debug_checks = true});
+  auto add = must(first.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] + 1}; }, {.name = "add"}));
+  auto mul = must(second.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] * 3}; }, {.name = "mul"}));
+  for (int i = 0; i < 4; ++i) {
+    first.mark_step_begin();
+    second.mark_step_begin();
+    const at::Tensor x = at::full({32}, static_cast<double>(i), cuda());
+    auto a = must(add({x}));
+    auto b = must(mul({must(a.get(0)).get()}));  // an output of the other pool is an ordinary input here
+    CHECK(must(b.get(0)).get()[0].item<float>() == static_cast<float>((i + 1) * 3));
+    CHECK(first.live_blocks().size() == 1);
+    CHECK(second.live_blocks().size() == (b.kind() == cgt::CallKind::replay ? 0U : 1U));
+  }
+  CHECK(first.stats().replays == 2);
+  CHECK(second.stats().replays == 2);
+  CHECK(second.roots()[0].copied_inputs() == std::vector<std::size_t>{0});
+}
+
+TEST_CASE("torch/shutdown with outputs still leased", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = new_pool();
+  auto f = must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] + 5, in[0] * 5}; },
+                                  {.name = "pair"}));
+  const at::Tensor x = at::ones({1024}, cuda());
+  std::vector<cgt::torch::Outputs> held;
+  for (int i = 0; i < 3; ++i) held.push_back(must(f({x})));  // warm-ups and a recording, all held
+  at::Tensor escaped = must(held.back().get(0)).get();
+  must(pool.shutdown());
+  for (const auto& out : held) CHECK(out.get(0).error().code == cgt::Errc::pool_shut_down);
+  CHECK_THROWS_AS(escaped.sum(), c10::Error);
+  CHECK(f({x}).error().code == cgt::Errc::pool_shut_down);
+  held.clear();  // dropping leases after shutdown frees nothing twice
+}
+
+TEST_CASE("torch/an input on the CPU runs eagerly", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = new_pool();
+  auto f = must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] + 1}; }, {.name = "cpu_input"}));
+  auto out = must(f({at::ones({4})}));
+  CHECK(out.kind() == cgt::CallKind::eager);
+  CHECK(pool.stats().count(cgt::Reason::input_on_other_device) == 1);
+  CHECK(must(out.get(0)).get()[0].item<float>() == 2);
+}
+
+TEST_CASE("torch/make_pool without a usable device fails cleanly", "[torch]") {
+  auto pool = cgt::torch::make_pool({.device = 99});
+  REQUIRE(!pool);
+  CHECK(pool.error().code == cgt::Errc::backend_error);
+}
