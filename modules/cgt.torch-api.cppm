@@ -40,20 +40,22 @@ using Callable = std::move_only_function<Values(Inputs)>;
 
 /// How a libtorch pool is made.
 struct PoolOptions {
-  cgt::Options tree;       ///< the tree's behaviour
+  cgt::Options tree;        ///< the tree's behaviour
   std::int16_t device = 0;  ///< CUDA device index
 };
 
 /// Number of usable CUDA devices; 0 without a GPU or driver. Never throws.
 [[nodiscard]] int device_count() noexcept;
 /// True when a CUDA device is usable.
-[[nodiscard]] inline bool is_available() noexcept { return device_count() > 0; }
+[[nodiscard]] inline bool is_available() noexcept {
+  return device_count() > 0;
+}
 
 /// The CUDA device of one pool: its private memory pool and the stream warm-ups and recordings
 /// run on. Reach it with `pool.device()`.
 class Device final : public backend::Device {
  public:
-  explicit Device(std::int16_t index);
+  explicit Device(std::int16_t device);
   ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -67,7 +69,8 @@ class Device final : public backend::Device {
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                  const backend::RecordPlan& plan) override;
   [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
-  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
+                                     std::span<backend::StorageHandle* const> live,
                                      std::span<const std::uintptr_t> dead) override;
   void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
   [[nodiscard]] std::int32_t device_index() const noexcept override { return index(); }

@@ -38,8 +38,14 @@ skipped=$(grep -c "Skipped" "$logs/ctest.log" || true)
 rows+=("$(printf '%-34s %s' "  gpu tests skipped" "$skipped")")
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-timed "compute-sanitizer memcheck+leaks" memcheck.log timeout 420 "$sanitizer" --tool memcheck --leak-check full \
-  --error-exitcode 9 "$build/tests/cgt_torch_tests" "~[property]"
+# libtorch's cuBLAS handles live as long as the process (see tests/torch/main.cpp): their
+# allocations, made in one place, are recorded once and suppressed in the full run; every other
+# allocation must be freed. The property test is left out (10,000 steps under memcheck are slow).
+timed "cuBLAS handle leak record" cublas-handle.log "$sanitizer" --tool memcheck --leak-check full --xml \
+  --save "$logs/cublas-handle.xml" "$build/tests/cgt_torch_tests" --only-create-cublas-handle
+grep -c "<kind>Leak" "$logs/cublas-handle.xml" | sed 's/^/  cuBLAS handle allocations recorded: /'
+timed "compute-sanitizer memcheck+leaks" memcheck.log timeout 300 "$sanitizer" --tool memcheck --leak-check full \
+  --suppressions "$logs/cublas-handle.xml" --error-exitcode 9 "$build/tests/cgt_torch_tests" "~[property]"
 grep -E "ERROR SUMMARY|LEAK SUMMARY|test cases|assertions" "$logs/memcheck.log" | tail -5
 
 if [ -x "$build/examples/torch_decoder" ]; then

@@ -31,7 +31,8 @@ namespace cgt::torch {
 namespace {
 
 struct TorchCheckpoint final : backend::Checkpoint {
-  explicit TorchCheckpoint(std::shared_ptr<allocator::AllocatorState> allocator_state) : state(std::move(allocator_state)) {}
+  explicit TorchCheckpoint(std::shared_ptr<allocator::AllocatorState> allocator_state)
+      : state(std::move(allocator_state)) {}
   std::shared_ptr<allocator::AllocatorState> state;
 };
 
@@ -46,7 +47,7 @@ struct Rescued {
 void free_block(TorchStorage& record) {
   void* pointer = record.impl->data_ptr().get();
   (void)record.impl->mutable_data_ptr().compare_exchange_deleter(allocator::get()->raw_deleter(),
-                                                                   &c10::detail::deleteNothing);
+                                                                 &c10::detail::deleteNothing);
   allocator::raw_delete(pointer);
 }
 
@@ -58,9 +59,12 @@ std::string poison_message(std::string_view function) {
 
 }  // namespace
 
-int device_count() noexcept { return c10::cuda::device_count(); }
+int device_count() noexcept {
+  return c10::cuda::device_count();
+}
 
-Device::Device(std::int16_t index) {
+Device::Device(std::int16_t device) {
+  const auto index = static_cast<c10::DeviceIndex>(device);
   c10::cuda::CUDAGuard device_guard(index);
   // The caching allocator must be initialised before its pool functions are used.
   (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, index));
@@ -71,9 +75,13 @@ Device::Device(std::int16_t index) {
   allocator::createOrIncrefPool(index, state_->pool);
 }
 
-Device::~Device() { shutdown(); }
+Device::~Device() {
+  shutdown();
+}
 
-std::int16_t Device::index() const noexcept { return state_->index; }
+std::int16_t Device::index() const noexcept {
+  return state_->index;
+}
 
 bool Device::contains(std::uintptr_t address) const {
   return std::ranges::any_of(pool_segments(*state_), [address](const auto& segment) {
@@ -102,7 +110,7 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
       // The restore frees every block of the pool: a storage that owned its block must not free it again.
       if (handle->owned_by_allocator) {
         (void)record->impl->mutable_data_ptr().compare_exchange_deleter(allocator::get()->raw_deleter(),
-                                                                          &c10::detail::deleteNothing);
+                                                                        &c10::detail::deleteNothing);
       }
       live_by_address[handle->address] = record;
     }
@@ -136,8 +144,8 @@ void Device::release(backend::StorageHandle& storage, backend::Release why, std:
       storage.native = nullptr;
       storage.native_owner.reset();
     }
-  } catch (const std::exception&) {
-    // Nothing to report to: the memory check of debug mode will see a block left allocated.
+  } catch (const std::exception& error) {
+    report_unreturnable("releasing an output's storage", error);
   }
 }
 
@@ -155,9 +163,9 @@ Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& stora
     auto rescued = std::make_shared<Rescued>();
     rescued->bytes = at::empty({static_cast<std::int64_t>(storage.bytes)},
                                at::TensorOptions().dtype(at::kByte).device(at::kCUDA, state_->index));
-    const cudaError_t status =
-        cudaMemcpyAsync(rescued->bytes.data_ptr(), reinterpret_cast<const void*>(storage.address),  // NOLINT
-                        storage.bytes, cudaMemcpyDeviceToDevice, c10::cuda::getCurrentCUDAStream(state_->index).stream());
+    const cudaError_t status = cudaMemcpyAsync(
+        rescued->bytes.data_ptr(), reinterpret_cast<const void*>(storage.address),  // NOLINT
+        storage.bytes, cudaMemcpyDeviceToDevice, c10::cuda::getCurrentCUDAStream(state_->index).stream());
     if (status != cudaSuccess) return fail(Errc::backend_error, cudaGetErrorString(status));
     return std::shared_ptr<void>(rescued, rescued.get());
   });
@@ -167,8 +175,9 @@ std::shared_ptr<const void> Device::rebase(const void* value, const backend::Sto
                                            const std::shared_ptr<void>& rescued) {
   const at::Tensor& original = *static_cast<const at::Tensor*>(value);
   const at::Tensor& bytes = static_cast<Rescued*>(rescued.get())->bytes;
-  auto copy = std::make_shared<at::Tensor>(tensor_over(bytes.storage().getWeakStorageImpl().lock(), original.scalar_type(),
-                                                       original.sizes(), original.strides(), original.storage_offset()));
+  auto copy =
+      std::make_shared<at::Tensor>(tensor_over(bytes.storage().getWeakStorageImpl().lock(), original.scalar_type(),
+                                               original.sizes(), original.strides(), original.storage_offset()));
   return copy;
 }
 
@@ -184,7 +193,8 @@ std::vector<Block> Device::live_blocks() const {
         address += block.size;
       }
     }
-  } catch (const std::exception&) {
+  } catch (const std::exception& error) {
+    report_unreturnable("listing the pool's blocks", error);
   }
   return blocks;
 }
@@ -202,7 +212,8 @@ MemoryInfo Device::memory() const {
         ++info.live_blocks;
       }
     }
-  } catch (const std::exception&) {
+  } catch (const std::exception& error) {
+    report_unreturnable("measuring the pool", error);
   }
   state_->peak_allocated = std::max(state_->peak_allocated, info.allocated_bytes);
   info.peak_allocated_bytes = state_->peak_allocated;  // the most seen by a call of memory()
@@ -217,7 +228,8 @@ void Device::shutdown() {
     c10::cuda::device_synchronize();
     allocator::releasePool(state_->index, state_->pool);
     allocator::emptyCache(state_->pool);  // frees the pool's segments once nothing uses them
-  } catch (const std::exception&) {
+  } catch (const std::exception& error) {
+    report_unreturnable("shutting the pool down", error);
   }
 }
 
@@ -227,7 +239,8 @@ Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc)
     desc.storage = address_of(tensor.storage().data_ptr().get());
     desc.data = address_of(tensor.data_ptr());
   } catch (const c10::Error& error) {
-    return fail(Errc::output_overwritten, std::string("the tensor's memory was reclaimed: ") + error.what_without_backtrace());
+    return fail(Errc::output_overwritten,
+                std::string("the tensor's memory was reclaimed: ") + error.what_without_backtrace());
   }
   desc.kind = backend::ArgKind::value;
   desc.sizes = tensor.sizes().data();
@@ -242,9 +255,8 @@ Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc)
 }
 
 Result<at::Tensor> Backend::take(const at::Tensor& tensor) {
-  return guarded("copying an output", [&]() -> Result<at::Tensor> {
-    return tensor.defined() ? tensor.clone() : at::Tensor();
-  });
+  return guarded("copying an output",
+                 [&]() -> Result<at::Tensor> { return tensor.defined() ? tensor.clone() : at::Tensor(); });
 }
 
 std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
@@ -256,9 +268,8 @@ Result<Pool> make_pool(PoolOptions options) {
     return fail(Errc::backend_error, "no usable CUDA device " + std::to_string(options.device) + " (this machine has " +
                                          std::to_string(device_count()) + ")");
   }
-  auto device = guarded("making the pool", [&]() -> Result<std::unique_ptr<Device>> {
-    return std::make_unique<Device>(options.device);
-  });
+  auto device = guarded("making the pool",
+                        [&]() -> Result<std::unique_ptr<Device>> { return std::make_unique<Device>(options.device); });
   if (!device) return std::unexpected(std::move(device.error()));
   return Pool::adopt(detail::make_engine(std::move(*device), std::move(options.tree)));
 }

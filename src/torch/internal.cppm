@@ -15,6 +15,7 @@ module;
 #include <exception>
 #include <expected>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <span>
 #include <string>
@@ -110,7 +111,9 @@ class PoolAllocation {
 };
 
 /// Address of a pointer, as the engine identifies memory.
-inline std::uintptr_t address_of(const void* pointer) noexcept { return reinterpret_cast<std::uintptr_t>(pointer); }
+inline std::uintptr_t address_of(const void* pointer) noexcept {
+  return reinterpret_cast<std::uintptr_t>(pointer);
+}
 
 /// A tensor with the given layout over `storage` (no allocation, no dispatch).
 inline at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,
@@ -140,6 +143,13 @@ inline at::Tensor without_broadcast(const at::Tensor& tensor) {
     if (tensor.stride(d) == 0 && tensor.size(d) > 1) narrowed = narrowed.narrow(d, 0, 1);
   }
   return narrowed;
+}
+
+/// Reports a libtorch failure in an operation that has no way to return one (releasing memory,
+/// listing blocks): on stderr, since the state it leaves is still safe (at worst a block stays
+/// allocated, which Options::debug_checks reports).
+inline void report_unreturnable(const char* doing, const std::exception& error) {
+  std::cerr << "cgt.torch: libtorch failed while " << doing << ": " << error.what() << '\n';
 }
 
 /// The error for an exception libtorch threw while cgt (not the user's function) was working.

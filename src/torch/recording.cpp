@@ -27,7 +27,7 @@ namespace {
 // An input copied into a pool slot on every replay.
 struct CopiedInput {
   std::size_t index = 0;
-  at::Tensor slot;  // the slot without broadcast dimensions, over memory the pool owns
+  at::Tensor slot;         // the slot without broadcast dimensions, over memory the pool owns
   bool memcpy_ok = false;  // contiguous, not broadcast: a plain memcpy will do
   std::size_t bytes = 0;
 };
@@ -70,7 +70,8 @@ class TorchRecording final : public backend::Recording {
           const cudaError_t status = cudaMemcpyAsync(copy.slot.data_ptr(), source.data_ptr(), copy.bytes,
                                                      cudaMemcpyDeviceToDevice, stream.stream());
           if (status != cudaSuccess) {
-            return fail(Errc::backend_error, std::string("copying an input into its slot: ") + cudaGetErrorString(status));
+            return fail(Errc::backend_error,
+                        std::string("copying an input into its slot: ") + cudaGetErrorString(status));
           }
         } else {
           copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
@@ -116,19 +117,23 @@ class TorchRecording final : public backend::Recording {
 
 // Ends a capture that failed, leaving the stream and the pool as they were.
 void end_failed_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
+  bool ended = false;
   try {
     graph.capture_end();
-    return;
+    ended = true;
   } catch (const std::exception&) {
+    ended = false;  // the stream's capture is over, but the allocator was not told: below
   }
+  if (ended) return;
   // capture_end threw before telling the allocator: end the pool's allocation and give back
   // the use capture_begin counted.
   try {
     allocator::endAllocateToPool(state.index, state.pool);
     allocator::releasePool(state.index, state.pool);
-  } catch (const std::exception&) {
+  } catch (const std::exception& error) {
+    report_unreturnable("ending a failed capture", error);
   }
-  (void)cudaGetLastError();
+  (void)cudaGetLastError();  // a failed capture's error is not sticky: clear it for the next call
 }
 
 // Slots in the pool for the inputs that are copied, with the same layout as the inputs.

@@ -72,8 +72,10 @@ struct TorchHarness {
       if (!a.tensor.defined() && !b.tensor.defined()) {
         return {{}, op == Op::add ? a.scalar + b.scalar : op == Op::sub ? a.scalar - b.scalar : a.scalar * b.scalar};
       }
-      if (!a.tensor.defined()) return {op == Op::add ? b.tensor + a.scalar : op == Op::sub ? a.scalar - b.tensor : b.tensor * a.scalar};
-      if (!b.tensor.defined()) return {op == Op::add ? a.tensor + b.scalar : op == Op::sub ? a.tensor - b.scalar : a.tensor * b.scalar};
+      if (!a.tensor.defined())
+        return {op == Op::add ? b.tensor + a.scalar : op == Op::sub ? a.scalar - b.tensor : b.tensor * a.scalar};
+      if (!b.tensor.defined())
+        return {op == Op::add ? a.tensor + b.scalar : op == Op::sub ? a.tensor - b.scalar : a.tensor * b.scalar};
       return {op == Op::add ? a.tensor + b.tensor : op == Op::sub ? a.tensor - b.tensor : a.tensor * b.tensor};
     };
     for (const scenario::Instr& instr : expr.code) {
@@ -92,7 +94,8 @@ struct TorchHarness {
       }
     }
     const Entry& result = stack.back();
-    return result.tensor.defined() ? result.tensor.expand(shape.sizes()).contiguous() : at::full(shape.sizes(), result.scalar, cuda());
+    return result.tensor.defined() ? result.tensor.expand(shape.sizes()).contiguous()
+                                   : at::full(shape.sizes(), result.scalar, cuda());
   }
 
   static cgt::Result<Function> add(Pool& pool, const scenario::FnSpec& spec) {
@@ -125,8 +128,8 @@ struct TorchHarness {
       }
       return outputs;
     };
-    return pool.add_function(std::move(body), {.name = spec.name,
-                                               .static_inputs = spec.static_inputs,
-                                               .mutated_inputs = spec.mutated_inputs});
+    return pool.add_function(
+        std::move(body),
+        {.name = spec.name, .static_inputs = spec.static_inputs, .mutated_inputs = spec.mutated_inputs});
   }
 };
