@@ -149,6 +149,9 @@ class Device {
   /// Gives up a storage: frees its block if the allocator owns it, and makes any native value
   /// that escaped its lease unusable (libtorch: poisons the storage, naming `function`).
   virtual void release(StorageHandle& storage, Release why, std::string_view function) = 0;
+  /// Whether `release` must be called for a storage the allocator does not own and that has no
+  /// native record (the host backend: only to poison dead memory). Read once.
+  [[nodiscard]] virtual bool releases_unowned_storage() const noexcept { return true; }
   /// Prepares a handle for a storage that a replay hands out afresh (e.g. a non-owning storage).
   virtual void adopt(StorageHandle& storage) = 0;
 

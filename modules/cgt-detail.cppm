@@ -26,28 +26,34 @@ void retain(Engine& engine) noexcept;
 void release(Engine& engine) noexcept;
 
 /// Shared ownership of an engine: every handle that needs the pool's memory holds one.
+/// (Members are declared `inline`: in a named module, in-class definitions are not implicitly
+/// inline, and these run several times per call.)
 class EngineRef {
  public:
-  EngineRef() = default;
-  explicit EngineRef(Engine* engine) noexcept : engine_(engine) {
+  inline EngineRef() = default;
+  inline explicit EngineRef(Engine* engine) noexcept : engine_(engine) {
     if (engine_ != nullptr) retain(*engine_);
   }
-  EngineRef(const EngineRef& other) noexcept : EngineRef(other.engine_) {}
-  EngineRef(EngineRef&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
-  EngineRef& operator=(EngineRef other) noexcept {
+  inline EngineRef(const EngineRef& other) noexcept : EngineRef(other.engine_) {}
+  inline EngineRef(EngineRef&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
+  inline EngineRef& operator=(EngineRef other) noexcept {
     std::swap(engine_, other.engine_);
     return *this;
   }
-  ~EngineRef() {
+  inline ~EngineRef() {
     if (engine_ != nullptr) release(*engine_);
   }
-  [[nodiscard]] Engine* get() const noexcept { return engine_; }
-  [[nodiscard]] Engine& operator*() const noexcept { return *engine_; }
-  explicit operator bool() const noexcept { return engine_ != nullptr; }
+  [[nodiscard]] inline Engine* get() const noexcept { return engine_; }
+  [[nodiscard]] inline Engine& operator*() const noexcept { return *engine_; }
+  inline explicit operator bool() const noexcept { return engine_ != nullptr; }
 
  private:
   Engine* engine_ = nullptr;
 };
+
+struct LeaseCore;
+/// Drops the lease (the memory may become dead); leaves it empty.
+void lease_drop(LeaseCore& lease) noexcept;
 
 /// The state of one lease: the engine, the storage it keeps live, and the value it hands out.
 struct LeaseCore {
@@ -58,18 +64,24 @@ struct LeaseCore {
   std::uint32_t function = 0;
   std::uint32_t output = 0;
 
-  LeaseCore() = default;
+  inline LeaseCore() = default;
   LeaseCore(const LeaseCore&) = delete;
   LeaseCore& operator=(const LeaseCore&) = delete;
-  LeaseCore(LeaseCore&& other) noexcept { *this = std::move(other); }
+  inline LeaseCore(LeaseCore&& other) noexcept
+      : engine(std::move(other.engine)),
+        cell(std::exchange(other.cell, nullptr)),
+        value(std::exchange(other.value, nullptr)),
+        owner(std::move(other.owner)),
+        function(other.function),
+        output(other.output) {}
   LeaseCore& operator=(LeaseCore&& other) noexcept;
-  ~LeaseCore();
+  inline ~LeaseCore() {
+    if (engine) lease_drop(*this);
+  }
 };
 
 /// The value of a lease, or why it is not available.
 [[nodiscard]] Result<const void*> lease_value(LeaseCore& lease);
-/// Drops the lease (the memory may become dead); leaves it empty.
-void lease_drop(LeaseCore& lease) noexcept;
 /// True while the lease can hand out its value.
 [[nodiscard]] bool lease_is_valid(const LeaseCore& lease) noexcept;
 
@@ -103,13 +115,27 @@ class ArgSource {
 template <class T, std::size_t Inline>
 class SmallArray {
  public:
-  explicit SmallArray(std::size_t size) : size_(size) {
-    if (size > Inline) heap_ = std::make_unique<T[]>(size);
+  inline explicit SmallArray(std::size_t size) : size_(size) {
+    if (size > Inline) {
+      heap_ = std::make_unique<T[]>(size);
+    } else {
+      std::uninitialized_value_construct_n(inline_.data(), size);  // NOLINT(cppcoreguidelines-pro-type-union-access)
+    }
   }
-  [[nodiscard]] std::span<T> span() noexcept { return {size_ > Inline ? heap_.get() : inline_.data(), size_}; }
+  SmallArray(const SmallArray&) = delete;
+  SmallArray& operator=(const SmallArray&) = delete;
+  inline ~SmallArray() {
+    if (size_ <= Inline) std::destroy_n(inline_.data(), size_);  // NOLINT(cppcoreguidelines-pro-type-union-access)
+  }
+  [[nodiscard]] inline std::span<T> span() noexcept {
+    return {size_ > Inline ? heap_.get() : inline_.data(), size_};  // NOLINT(cppcoreguidelines-pro-type-union-access)
+  }
 
  private:
-  std::array<T, Inline> inline_{};
+  // Only the first `size` elements are constructed: a call with few arguments touches only those.
+  union {
+    std::array<T, Inline> inline_;
+  };
   std::unique_ptr<T[]> heap_;
   std::size_t size_;
 };

@@ -38,7 +38,7 @@ inline constexpr std::size_t max_rank = 6;
 /// memory and is valid as long as the lease it came from.
 class Buffer {
  public:
-  Buffer() = default;
+  inline Buffer() = default;
 
   /// A new contiguous buffer in ordinary memory, owned, filled with zeros.
   [[nodiscard]] static Buffer make(ElementType type, std::span<const std::int64_t> sizes);
@@ -49,28 +49,28 @@ class Buffer {
   [[nodiscard]] static Buffer view_of(std::byte* storage, std::size_t bytes, ElementType type,
                                       std::span<const std::int64_t> sizes, std::shared_ptr<std::byte[]> owner = {});
 
-  [[nodiscard]] bool empty() const noexcept { return storage_ == nullptr; }
-  [[nodiscard]] ElementType type() const noexcept { return type_; }
-  [[nodiscard]] std::size_t rank() const noexcept { return rank_; }
-  [[nodiscard]] std::span<const std::int64_t> sizes() const noexcept { return {sizes_.data(), rank_}; }
-  [[nodiscard]] std::span<const std::int64_t> strides() const noexcept { return {strides_.data(), rank_}; }
-  [[nodiscard]] std::int64_t offset() const noexcept { return offset_; }
+  [[nodiscard]] inline bool empty() const noexcept { return storage_ == nullptr; }
+  [[nodiscard]] inline ElementType type() const noexcept { return type_; }
+  [[nodiscard]] inline std::size_t rank() const noexcept { return rank_; }
+  [[nodiscard]] inline std::span<const std::int64_t> sizes() const noexcept { return {sizes_.data(), rank_}; }
+  [[nodiscard]] inline std::span<const std::int64_t> strides() const noexcept { return {strides_.data(), rank_}; }
+  [[nodiscard]] inline std::int64_t offset() const noexcept { return offset_; }
   /// Number of elements (the product of the sizes).
   [[nodiscard]] std::size_t numel() const noexcept;
   [[nodiscard]] bool is_contiguous() const noexcept;
   /// The memory block this buffer views, and its size.
-  [[nodiscard]] std::byte* storage() const noexcept { return storage_; }
-  [[nodiscard]] std::size_t storage_bytes() const noexcept { return storage_bytes_; }
+  [[nodiscard]] inline std::byte* storage() const noexcept { return storage_; }
+  [[nodiscard]] inline std::size_t storage_bytes() const noexcept { return storage_bytes_; }
   /// Address of the first element.
-  [[nodiscard]] std::byte* data() const noexcept {
+  [[nodiscard]] inline std::byte* data() const noexcept {
     return storage_ + (static_cast<std::ptrdiff_t>(offset_) * static_cast<std::ptrdiff_t>(element_size(type_)));
   }
   /// The first element as `T*`; index it directly only when the buffer is contiguous.
   template <class T>
-  [[nodiscard]] T* as() const noexcept {
+  [[nodiscard]] inline T* as() const noexcept {
     return reinterpret_cast<T*>(data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
   }
-  [[nodiscard]] float* f32() const noexcept { return as<float>(); }
+  [[nodiscard]] inline float* f32() const noexcept { return as<float>(); }
 
   /// Element `flat` in row-major order of the sizes, honouring strides, as a double.
   [[nodiscard]] double get(std::size_t flat) const noexcept;
@@ -96,8 +96,14 @@ class Buffer {
   /// Bytes the storage must have for this view's elements (from the offset and strides).
   [[nodiscard]] std::size_t required_bytes() const noexcept;
   /// Bit d set when dimension d has stride 0 and size > 1 (a broadcast dimension).
-  [[nodiscard]] std::uint32_t expanded_dims() const noexcept;
-  [[nodiscard]] const std::shared_ptr<std::byte[]>& owner() const noexcept { return owner_; }
+  [[nodiscard]] inline std::uint32_t expanded_dims() const noexcept {
+    std::uint32_t mask = 0;
+    for (std::size_t d = 0; d < rank_; ++d) {
+      if (strides_[d] == 0 && sizes_[d] > 1) mask |= 1U << d;
+    }
+    return mask;
+  }
+  [[nodiscard]] inline const std::shared_ptr<std::byte[]>& owner() const noexcept { return owner_; }
 
  private:
   std::shared_ptr<std::byte[]> owner_;

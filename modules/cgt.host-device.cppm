@@ -129,6 +129,7 @@ class Device final : public backend::Device {
   [[nodiscard]] Stream& stream() noexcept { return stream_; }
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
+  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -162,7 +163,19 @@ struct Backend {
   using Value = Buffer;
   using Callable = host::Callable;
   using Device = host::Device;
-  [[nodiscard]] static Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept;
+  /// Every call describes its arguments: defined here, so that it inlines into the call.
+  [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
+    desc.kind = backend::ArgKind::value;
+    desc.storage =
+        reinterpret_cast<std::uintptr_t>(buffer.storage());       // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+    desc.data = reinterpret_cast<std::uintptr_t>(buffer.data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+    desc.sizes = buffer.sizes().data();
+    desc.rank = static_cast<std::uint8_t>(buffer.rank());
+    desc.expanded = buffer.expanded_dims();
+    desc.dtype = static_cast<std::uint16_t>(buffer.type());
+    desc.device = 0;  // host buffers are all memory of the one host device
+    return {};
+  }
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);
   [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
 };

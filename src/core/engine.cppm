@@ -153,6 +153,7 @@ struct Node {
   std::vector<PathIndex> live_after;           ///< everything live right after recording
   std::vector<backend::StorageHandle*> bound;  ///< storages the recording's outputs view now
   std::vector<const void*> bound_native;       ///< and their native records at that time
+  bool outputs_own_storage = false;            ///< every output is new_storage: replays may skip rebinding
 
   // Both kinds: the storage of each output in the current execution (null: no pool memory).
   std::vector<CellRef> cells;
@@ -196,6 +197,7 @@ class Engine {
   std::unique_ptr<backend::Device> device;
   Options options;
   std::int32_t device_index = 0;  ///< the device's, read once
+  bool releases_unowned = true;   ///< the device's releases_unowned_storage(), read once
   Stats stats;
   std::atomic<bool> busy{false};
   bool shut_down = false;
@@ -217,7 +219,7 @@ class Engine {
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs);
-  Result<Variant*> select_variant(CallFrame& frame, std::optional<Reason>& fallback);
+  Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);
   std::optional<Reason> fallback_reason(CallFrame& frame);
   bool mutates_unmanaged_input(CallFrame& frame);
@@ -279,5 +281,9 @@ class Engine {
 /// A lease on `cell` (or none) handing out `value`.
 [[nodiscard]] LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
                                    std::uint32_t function, std::uint32_t output);
+/// Makes the empty `lease` a lease on `cell` for a value the engine (a recording) owns: the
+/// replay's hot path, filling leases in place.
+void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
+              std::uint32_t output) noexcept;
 
 }  // namespace cgt::detail

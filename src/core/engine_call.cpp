@@ -57,7 +57,9 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
       continue;
     }
     if (at + desc.rank + 1 > key.size()) return false;
-    if (!std::ranges::equal(std::span(desc.sizes, desc.rank), std::span(key).subspan(at, desc.rank))) return false;
+    for (std::size_t d = 0; d < desc.rank; ++d) {  // ranks are small: a loop beats memcmp here
+      if (key[at + d] != desc.sizes[d]) return false;
+    }
     at += desc.rank;
     if (key[at] != desc.expanded) return false;
     ++at;
@@ -109,10 +111,8 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
 
   CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr};
   std::optional<Reason> fallback;
-  auto variant = select_variant(frame, fallback);
-  if (!variant) return std::unexpected(std::move(variant.error()));
+  frame.variant = select_variant(frame, fallback);
   if (fallback) return run_eager(frame, *fallback);
-  frame.variant = *variant;
   auto out = run_tree(frame);
   if (out && options.debug_checks) {
     if (auto checked = debug_check("after the call"); !checked) {
@@ -199,7 +199,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
   return {};
 }
 
-Result<Variant*> Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
+Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
   FunctionRecord& function = *frame.function;
   for (const auto& desc : frame.descs) {
     if (desc.kind == backend::ArgKind::value && desc.device != device_index) {

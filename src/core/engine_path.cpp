@@ -40,6 +40,20 @@ LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_
   return lease;
 }
 
+void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
+              std::uint32_t output) noexcept {
+  lease.engine = EngineRef(&engine);
+  if (cell != nullptr) {
+    ++cell->refs;
+    ++cell->leases;
+    cell->step = engine.step;
+    lease.cell = cell;
+  }
+  lease.value = value;
+  lease.function = function;
+  lease.output = output;
+}
+
 std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
                                          const std::vector<std::vector<bool>>& after) {
   std::vector<PathIndex> indices;
@@ -204,6 +218,8 @@ Result<void> Engine::restore_checkpoint() {
 
 void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member-function-const): frees pool memory
   if (shut_down) return;
+  // A replay's output on the host: nothing to free, nothing to poison; skip the call.
+  if (!cell.storage.owned_by_allocator && cell.storage.native == nullptr && !releases_unowned) return;
   device->release(cell.storage, backend::Release::dead, functions[cell.function]->name);
   cell.storage.owned_by_allocator = false;
 }

@@ -2,6 +2,7 @@
 // out how its outputs alias other memory, checkpoint the allocator, and hand out the outputs.
 module;
 #include <expected>
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -153,6 +154,8 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, "recording", node->id));
   node->checkpoint = std::move(*checkpoint);
   node->bound.clear();
+  node->outputs_own_storage =
+      std::ranges::all_of(node->aliases, [](const OutputAlias& alias) { return alias.kind == AliasKind::new_storage; });
 
   ++stats.recordings;
   if (reason == NodeReason::static_input_moved || reason == NodeReason::managed_input_moved) {

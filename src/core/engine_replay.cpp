@@ -29,6 +29,19 @@ std::uint32_t consumed_leases(const CallFrame& frame, const Cell* cell) noexcept
   return count;
 }
 
+// True when every output has a storage of its own whose cell (dead since the last execution of the
+// node, so not owned by the allocator) can be handed out again as it is: the common replay.
+bool outputs_reusable_as_bound(const Node& node) noexcept {
+  if (!node.outputs_own_storage || node.bound.size() != node.output_count) return false;
+  for (std::size_t i = 0; i < node.output_count; ++i) {
+    const Cell* cell = node.cells[i].get();
+    if (cell == nullptr || cell->reclaimed || cell->leases > 0 || cell->storage.native != node.bound_native[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool Engine::liveness_allows(const Node& child, const CallFrame& frame) const {
@@ -94,6 +107,7 @@ Match Engine::find_replayable_child(CallFrame& frame) {
 }
 
 void Engine::bind_output_cells(Node& node) {
+  if (outputs_reusable_as_bound(node)) return;
   bool changed = node.bound.size() != node.output_count;
   node.bound.resize(node.output_count, nullptr);
   node.bound_native.resize(node.output_count, nullptr);
@@ -139,8 +153,8 @@ Result<CallOutputs> Engine::replay(Node& node, CallFrame& frame) {
   out.node = node.id;
   out.leases.reserve(node.output_count);
   for (std::size_t i = 0; i < node.output_count; ++i) {
-    out.leases.push_back(make_lease(*this, node.cells[i].get(), node.recording->output(i), nullptr, function.id,
-                                    static_cast<std::uint32_t>(i)));
+    LeaseCore& lease = out.leases.emplace_back();
+    lease_to(lease, *this, node.cells[i].get(), node.recording->output(i), function.id, static_cast<std::uint32_t>(i));
   }
   // Arguments moved in die now, after the outputs that may alias them took their leases.
   consume_arguments(frame);

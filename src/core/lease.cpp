@@ -25,10 +25,6 @@ LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
   return *this;
 }
 
-LeaseCore::~LeaseCore() {
-  lease_drop(*this);
-}
-
 void lease_drop(LeaseCore& lease) noexcept {
   if (Cell* cell = std::exchange(lease.cell, nullptr)) {
     if (--cell->leases == 0 && !cell->reclaimed) cell->engine->cell_died(*cell);

@@ -15,7 +15,10 @@ import :engine;
 namespace cgt::detail {
 
 Engine::Engine(std::unique_ptr<backend::Device> device_, Options options_)
-    : device(std::move(device_)), options(std::move(options_)), device_index(device->device_index()) {}
+    : device(std::move(device_)),
+      options(std::move(options_)),
+      device_index(device->device_index()),
+      releases_unowned(device->releases_unowned_storage()) {}
 
 Engine::~Engine() {
   // Nodes hold recordings and cells that use the device: drop them before it goes.

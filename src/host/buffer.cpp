@@ -176,14 +176,6 @@ std::size_t Buffer::required_bytes() const noexcept {
   return static_cast<std::size_t>(last + 1) * element_size(type_);
 }
 
-std::uint32_t Buffer::expanded_dims() const noexcept {
-  std::uint32_t mask = 0;
-  for (std::size_t d = 0; d < rank_; ++d) {
-    if (strides_[d] == 0 && sizes_[d] > 1) mask |= 1U << d;
-  }
-  return mask;
-}
-
 void copy(const Buffer& source, const Buffer& target) noexcept {
   // Index only the first element of dimensions broadcast in both: they alias one element.
   std::array<std::int64_t, max_rank> sizes{};

@@ -68,15 +68,37 @@ Result<Values> invoke(Callable& fn, Context& context, const Inputs& inputs) {
   }
 }
 
+bool same_strides(const Buffer& a, const Buffer& b) noexcept {
+  const auto x = a.strides();
+  const auto y = b.strides();
+  if (x.size() != y.size()) return false;
+  for (std::size_t d = 0; d < x.size(); ++d) {  // ranks are small: a loop beats memcmp here
+    if (x[d] != y[d]) return false;
+  }
+  return true;
+}
+
 // A recorded host graph with its input slots and outputs.
 class HostRecording final : public backend::Recording {
  public:
-  HostRecording(Graph graph, std::vector<Buffer> slots, std::vector<bool> copied, Values outputs)
-      : graph_(std::move(graph)), slots_(std::move(slots)), copied_(std::move(copied)), outputs_(std::move(outputs)) {}
+  HostRecording(Graph graph, std::vector<Buffer> slots, const std::vector<bool>& copied, Values outputs)
+      : graph_(std::move(graph)), outputs_(std::move(outputs)) {
+    for (std::size_t i = 0; i < copied.size(); ++i) {
+      if (!copied[i]) continue;
+      const Buffer& slot = slots[i];
+      copies_.push_back({i, slot, slot.is_contiguous(), slot.numel() * element_size(slot.type())});
+    }
+  }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
-    for (std::size_t i = 0; i < copied_.size(); ++i) {
-      if (copied_[i]) copy(*static_cast<const Buffer*>(args[i].value), slots_[i]);
+    for (const Copy& copy : copies_) {
+      const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
+      // Same sizes (the shape key says so); with the slot's strides and type, one memcpy will do.
+      if (copy.dense && source.type() == copy.slot.type() && same_strides(source, copy.slot)) {
+        std::memcpy(copy.slot.data(), source.data(), copy.bytes);
+      } else {
+        host::copy(source, copy.slot);
+      }
     }
     try {
       graph_.replay();
@@ -92,9 +114,14 @@ class HostRecording final : public backend::Recording {
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
 
  private:
+  struct Copy {
+    std::size_t input;
+    Buffer slot;
+    bool dense;  // contiguous: a copy with equal strides is one memcpy
+    std::size_t bytes;
+  };
   Graph graph_;
-  std::vector<Buffer> slots_;
-  std::vector<bool> copied_;
+  std::vector<Copy> copies_;
   Values outputs_;
 };
 
@@ -266,18 +293,6 @@ MemoryInfo Device::memory() const {
 void Device::shutdown() {
   stream_.discard_capture();
   arena_.reset();
-}
-
-Result<void> Backend::describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
-  desc.kind = backend::ArgKind::value;
-  desc.storage = address_of(buffer.storage());
-  desc.data = address_of(buffer.data());
-  desc.sizes = buffer.sizes().data();
-  desc.rank = static_cast<std::uint8_t>(buffer.rank());
-  desc.expanded = buffer.expanded_dims();
-  desc.dtype = static_cast<std::uint16_t>(buffer.type());
-  desc.device = 0;  // host buffers are all memory of the one host device
-  return {};
 }
 
 Result<Buffer> Backend::take(const Buffer& buffer) {
