@@ -9,33 +9,18 @@ module;
 #include <string_view>
 
 export module cgt.host:buffer;
+import cgt;
 
 export namespace cgt::host {
 
-/// Element types of host buffers.
-enum class ElementType : std::uint8_t { f32 = 1, f64, i32, i64, u8 };
+using cgt::element_size;
+using cgt::ElementType;
+using cgt::max_rank;
 
-/// Bytes per element of `type`.
-[[nodiscard]] constexpr std::size_t element_size(ElementType type) noexcept {
-  switch (type) {
-    case ElementType::f32: return 4;
-    case ElementType::f64: return 8;
-    case ElementType::i32: return 4;
-    case ElementType::i64: return 8;
-    case ElementType::u8: return 1;
-  }
-  return 1;
-}
-
-[[nodiscard]] std::string_view to_string(ElementType type) noexcept;
-
-/// Most dimensions a buffer can have.
-inline constexpr std::size_t max_rank = 6;
-
-/// A typed, strided view of host memory, like a tensor: a storage (the memory block), an offset
-/// into it, sizes and strides in elements. Copying a buffer copies the view, not the data. A
-/// buffer made by `Buffer::make` or `take()` owns its storage; a buffer from a pool views pool
-/// memory and is valid as long as the lease it came from.
+/// A typed, strided view of host memory, like a tensor: a storage (the memory block) and a
+/// `Layout` (sizes and strides in elements, the offset of the first element). Copying a buffer
+/// copies the view, not the data. A buffer made by `Buffer::make` or `take()` owns its storage; a
+/// buffer from a pool views pool memory and is valid as long as the lease it came from.
 class Buffer {
  public:
   inline Buffer() = default;
@@ -45,26 +30,25 @@ class Buffer {
   [[nodiscard]] static Buffer make(ElementType type, std::initializer_list<std::int64_t> sizes) {
     return make(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()));
   }
-  /// A contiguous view of `bytes` at `storage` (not owned).
+  /// A contiguous view of `bytes` at `storage` (owned only through `owner`, if given).
   [[nodiscard]] static Buffer view_of(std::byte* storage, std::size_t bytes, ElementType type,
                                       std::span<const std::int64_t> sizes, std::shared_ptr<std::byte[]> owner = {});
 
   [[nodiscard]] inline bool empty() const noexcept { return storage_ == nullptr; }
-  [[nodiscard]] inline ElementType type() const noexcept { return type_; }
-  [[nodiscard]] inline std::size_t rank() const noexcept { return rank_; }
-  [[nodiscard]] inline std::span<const std::int64_t> sizes() const noexcept { return {sizes_.data(), rank_}; }
-  [[nodiscard]] inline std::span<const std::int64_t> strides() const noexcept { return {strides_.data(), rank_}; }
-  [[nodiscard]] inline std::int64_t offset() const noexcept { return offset_; }
+  [[nodiscard]] inline const Layout& layout() const noexcept { return layout_; }
+  [[nodiscard]] inline ElementType type() const noexcept { return layout_.type(); }
+  [[nodiscard]] inline std::size_t rank() const noexcept { return layout_.rank(); }
+  [[nodiscard]] inline std::span<const std::int64_t> sizes() const noexcept { return layout_.sizes(); }
+  [[nodiscard]] inline std::span<const std::int64_t> strides() const noexcept { return layout_.strides(); }
+  [[nodiscard]] inline std::int64_t offset() const noexcept { return layout_.offset(); }
   /// Number of elements (the product of the sizes).
-  [[nodiscard]] std::size_t numel() const noexcept;
-  [[nodiscard]] bool is_contiguous() const noexcept;
+  [[nodiscard]] inline std::size_t numel() const noexcept { return layout_.numel(); }
+  [[nodiscard]] inline bool is_contiguous() const noexcept { return layout_.is_contiguous(); }
   /// The memory block this buffer views, and its size.
   [[nodiscard]] inline std::byte* storage() const noexcept { return storage_; }
   [[nodiscard]] inline std::size_t storage_bytes() const noexcept { return storage_bytes_; }
   /// Address of the first element.
-  [[nodiscard]] inline std::byte* data() const noexcept {
-    return storage_ + (static_cast<std::ptrdiff_t>(offset_) * static_cast<std::ptrdiff_t>(element_size(type_)));
-  }
+  [[nodiscard]] inline std::byte* data() const noexcept { return storage_ + layout_.byte_offset(); }
   /// The first element as `T*`; index it directly only when the buffer is contiguous.
   template <class T>
   [[nodiscard]] inline T* as() const noexcept {
@@ -79,13 +63,23 @@ class Buffer {
   /// Sets every element.
   void fill(double value) const noexcept;
 
+  /// The same storage seen through another layout (a view).
+  [[nodiscard]] inline Buffer with_layout(const Layout& layout) const {
+    Buffer view = *this;
+    view.layout_ = layout;
+    return view;
+  }
   /// The same storage with other sizes, strides and offset (a view).
   [[nodiscard]] Buffer restrided(std::int64_t offset, std::span<const std::int64_t> sizes,
-                                 std::span<const std::int64_t> strides) const;
+                                 std::span<const std::int64_t> strides) const {
+    return with_layout(layout_.restrided(offset, sizes, strides));
+  }
   /// Elements [start, end) of dimension 0 (a view).
-  [[nodiscard]] Buffer slice(std::int64_t start, std::int64_t end) const;
+  [[nodiscard]] Buffer slice(std::int64_t start, std::int64_t end) const {
+    return with_layout(layout_.slice(start, end));
+  }
   /// A broadcast view: dimensions of size 1 grow to `sizes` with stride 0 (like torch's expand).
-  [[nodiscard]] Buffer expand(std::span<const std::int64_t> sizes) const;
+  [[nodiscard]] Buffer expand(std::span<const std::int64_t> sizes) const { return with_layout(layout_.expand(sizes)); }
   [[nodiscard]] Buffer expand(std::initializer_list<std::int64_t> sizes) const {
     return expand(std::span<const std::int64_t>(sizes.begin(), sizes.size()));
   }
@@ -94,26 +88,16 @@ class Buffer {
   /// An owned, contiguous copy in ordinary memory.
   [[nodiscard]] Buffer clone() const;
   /// Bytes the storage must have for this view's elements (from the offset and strides).
-  [[nodiscard]] std::size_t required_bytes() const noexcept;
+  [[nodiscard]] inline std::size_t required_bytes() const noexcept { return layout_.required_bytes(); }
   /// Bit d set when dimension d has stride 0 and size > 1 (a broadcast dimension).
-  [[nodiscard]] inline std::uint32_t expanded_dims() const noexcept {
-    std::uint32_t mask = 0;
-    for (std::size_t d = 0; d < rank_; ++d) {
-      if (strides_[d] == 0 && sizes_[d] > 1) mask |= 1U << d;
-    }
-    return mask;
-  }
+  [[nodiscard]] inline std::uint32_t expanded_dims() const noexcept { return layout_.expanded_dims(); }
   [[nodiscard]] inline const std::shared_ptr<std::byte[]>& owner() const noexcept { return owner_; }
 
  private:
   std::shared_ptr<std::byte[]> owner_;
   std::byte* storage_ = nullptr;
   std::size_t storage_bytes_ = 0;
-  std::int64_t offset_ = 0;
-  std::array<std::int64_t, max_rank> sizes_{};
-  std::array<std::int64_t, max_rank> strides_{};
-  ElementType type_ = ElementType::f32;
-  std::uint8_t rank_ = 0;
+  Layout layout_;
 };
 
 /// Copies `source` into `target` element by element (same sizes, any strides). Dimensions that are

@@ -16,9 +16,12 @@ module;
 export module cgt.host:device;
 import cgt;
 import :buffer;
-import :arena;
 
 export namespace cgt::host {
+
+using cgt::Arena;
+using cgt::ArenaCheckpoint;
+using cgt::ArenaOptions;
 
 /// A unit of host work: a closure over buffers. Replays run it again on the same buffers.
 using Kernel = std::function<void()>;

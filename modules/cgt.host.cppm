@@ -18,6 +18,5 @@
 module;
 export module cgt.host;
 export import cgt;
-export import :buffer;  // ElementType, Buffer, copy
-export import :arena;   // Arena, ArenaOptions, ArenaCheckpoint
+export import :buffer;  // Buffer, copy (ElementType and Arena are the core's: cgt::ElementType, cgt::Arena)
 export import :device;  // Context, Inputs, Values, Stream, Graph, Device, PoolOptions, make_pool, Pool...

@@ -1,19 +1,30 @@
-// cgt.host:arena — a best-fit allocator over host segments whose book-keeping can be checkpointed
-// and restored: the host backend's memory pool, usable on its own.
+// cgt:arena — a best-fit allocator over segments whose book-keeping can be checkpointed and
+// restored: the memory pool of the host backend (host segments) and of the cuda backend (segments
+// from cudaMalloc). Usable on its own.
 module;
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <tuple>
 #include <vector>
 
-export module cgt.host:arena;
-import cgt;
+export module cgt:arena;
+import :error;
+import :info;
 
-export namespace cgt::host {
+export namespace cgt {
+
+/// Where an arena's segments come from. Empty functions: host memory (aligned operator new).
+struct SegmentSource {
+  /// A segment of `bytes`, aligned to `alignment`; null when the system refuses.
+  std::function<std::byte*(std::size_t bytes, std::size_t alignment)> obtain;
+  /// Gives a segment back.
+  std::function<void(std::byte* segment, std::size_t bytes, std::size_t alignment)> give_back;
+};
 
 struct ArenaOptions {
   /// Size of each segment obtained from the system (larger requests get a segment of their own).
@@ -22,6 +33,8 @@ struct ArenaOptions {
   std::size_t max_bytes = 0;
   /// Every block starts at, and is sized to, a multiple of this (a power of two).
   std::size_t alignment = 256;
+  /// Where segments come from (default: host memory).
+  SegmentSource source;
 };
 
 /// The arena's book-keeping at one moment: which blocks of which segments were allocated.
@@ -70,12 +83,18 @@ class Arena {
 
  private:
   using BlockState = ArenaCheckpoint::BlockState;
-  struct AlignedDelete {
+  // Gives a segment back to its source when the arena goes.
+  struct SegmentRelease {
+    SegmentRelease() noexcept : source(nullptr), bytes(0), alignment(0) {}
+    SegmentRelease(const SegmentSource* from, std::size_t size, std::size_t align) noexcept
+        : source(from), bytes(size), alignment(align) {}
+    const SegmentSource* source;
+    std::size_t bytes;
     std::size_t alignment;
     void operator()(std::byte* memory) const noexcept;
   };
   struct Segment {
-    std::unique_ptr<std::byte, AlignedDelete> memory;
+    std::unique_ptr<std::byte, SegmentRelease> memory;
     std::size_t size = 0;
     std::map<std::size_t, BlockState> blocks;  // offset -> block
   };
@@ -96,4 +115,4 @@ class Arena {
   std::size_t live_blocks_ = 0;
 };
 
-}  // namespace cgt::host
+}  // namespace cgt

@@ -1,4 +1,4 @@
-// The host arena: best-fit blocks over segments, with checkpoint and restore of the block map.
+// The arena: best-fit blocks over segments, with checkpoint and restore of the block map.
 module;
 #include <algorithm>
 #include <cstddef>
@@ -14,12 +14,16 @@ module;
 #include <utility>
 #include <vector>
 
-module cgt.host;
+module cgt;
 
-namespace cgt::host {
+namespace cgt {
 
-void Arena::AlignedDelete::operator()(std::byte* memory) const noexcept {
-  ::operator delete[](memory, std::align_val_t{alignment});
+void Arena::SegmentRelease::operator()(std::byte* memory) const noexcept {
+  if (source != nullptr && source->give_back) {
+    source->give_back(memory, bytes, alignment);
+  } else {
+    ::operator delete[](memory, std::align_val_t{alignment});
+  }
 }
 
 Arena::Arena(ArenaOptions options) : options_(options) {
@@ -36,17 +40,18 @@ Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
   const std::size_t size = std::max(round_up(options_.segment_bytes), min_bytes);
   // Written so that it cannot overflow: reserved_bytes_ <= max_bytes always holds.
   if (options_.max_bytes != 0 && (size > options_.max_bytes || reserved_bytes_ > options_.max_bytes - size)) {
-    return fail(Errc::out_of_memory, "the host arena needs " + std::to_string(size) + " more bytes but holds " +
+    return fail(Errc::out_of_memory, "the arena needs " + std::to_string(size) + " more bytes but holds " +
                                          std::to_string(reserved_bytes_) + " of at most " +
                                          std::to_string(options_.max_bytes) + " (ArenaOptions::max_bytes)");
   }
   Segment segment;
-  void* memory = ::operator new[](size, std::align_val_t{options_.alignment}, std::nothrow);
+  void* memory = options_.source.obtain ? options_.source.obtain(size, options_.alignment)
+                                        : ::operator new[](size, std::align_val_t{options_.alignment}, std::nothrow);
   if (memory == nullptr) {
-    return fail(Errc::out_of_memory, "the system refused a host segment of " + std::to_string(size) + " bytes");
+    return fail(Errc::out_of_memory, "the system refused a segment of " + std::to_string(size) + " bytes");
   }
-  segment.memory =
-      std::unique_ptr<std::byte, AlignedDelete>(static_cast<std::byte*>(memory), AlignedDelete{options_.alignment});
+  segment.memory = std::unique_ptr<std::byte, SegmentRelease>(
+      static_cast<std::byte*>(memory), SegmentRelease{&options_.source, size, options_.alignment});
   segment.size = size;
   segment.blocks.emplace(0, BlockState{size, false});
   segments_.push_back(std::move(segment));
@@ -193,4 +198,4 @@ std::size_t Arena::block_count() const noexcept {
   return count;
 }
 
-}  // namespace cgt::host
+}  // namespace cgt
