@@ -1,0 +1,228 @@
+// cgt.cuda:api — the cuda backend's types; see cgt.cuda.cppm for how to use them.
+module;
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+export module cgt.cuda:api;
+import cgt;
+
+export namespace cgt::cuda {
+
+using cgt::ElementType;
+
+/// A typed, strided view of device memory: a storage (pointer and bytes) on one device and a
+/// `Layout`. Copying a buffer copies the view. `Buffer::make` and `take()` give buffers that own
+/// their memory; a buffer from a pool views pool memory and is valid as long as its lease.
+class Buffer {
+ public:
+  inline Buffer() = default;
+
+  /// New contiguous device memory (cudaMalloc), owned by the buffer and its copies, zeroed.
+  [[nodiscard]] static Result<Buffer> make(ElementType type, std::span<const std::int64_t> sizes, int device = 0);
+  [[nodiscard]] static Result<Buffer> make(ElementType type, std::initializer_list<std::int64_t> sizes,
+                                           int device = 0) {
+    return make(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()), device);
+  }
+  /// A contiguous view of `bytes` of device memory at `storage` (owned only through `owner`).
+  [[nodiscard]] static Buffer view_of(std::byte* storage, std::size_t bytes, ElementType type,
+                                      std::span<const std::int64_t> sizes, int device,
+                                      std::shared_ptr<void> owner = {});
+
+  [[nodiscard]] inline bool empty() const noexcept { return storage_ == nullptr; }
+  [[nodiscard]] inline const Layout& layout() const noexcept { return layout_; }
+  [[nodiscard]] inline ElementType type() const noexcept { return layout_.type(); }
+  [[nodiscard]] inline std::size_t rank() const noexcept { return layout_.rank(); }
+  [[nodiscard]] inline std::span<const std::int64_t> sizes() const noexcept { return layout_.sizes(); }
+  [[nodiscard]] inline std::span<const std::int64_t> strides() const noexcept { return layout_.strides(); }
+  [[nodiscard]] inline std::size_t numel() const noexcept { return layout_.numel(); }
+  [[nodiscard]] inline int device() const noexcept { return device_; }
+  /// The memory block this buffer views, and its size.
+  [[nodiscard]] inline std::byte* storage() const noexcept { return storage_; }
+  [[nodiscard]] inline std::size_t storage_bytes() const noexcept { return storage_bytes_; }
+  /// Device address of the first element.
+  [[nodiscard]] inline std::byte* data() const noexcept { return storage_ + layout_.byte_offset(); }
+  template <class T>
+  [[nodiscard]] inline T* as() const noexcept {
+    return reinterpret_cast<T*>(data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+  }
+  [[nodiscard]] inline const std::shared_ptr<void>& owner() const noexcept { return owner_; }
+
+  /// The same storage through another layout (a view); see `cgt::Layout` for the view operations.
+  [[nodiscard]] inline Buffer with_layout(const Layout& layout) const {
+    Buffer view = *this;
+    view.layout_ = layout;
+    return view;
+  }
+  /// The same view over another storage.
+  [[nodiscard]] Buffer on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr<void> owner = {}) const;
+
+  /// The elements, in row-major order, as doubles (copies the storage to the host, after the
+  /// work of the legacy default stream and of blocking streams).
+  [[nodiscard]] Result<std::vector<double>> read() const;
+  /// Sets the elements (row-major order) from `values`.
+  [[nodiscard]] Result<void> write(std::span<const double> values) const;
+
+ private:
+  std::shared_ptr<void> owner_;
+  std::byte* storage_ = nullptr;
+  std::size_t storage_bytes_ = 0;
+  Layout layout_;
+  int device_ = 0;
+};
+
+/// Thrown by `Context::allocate` when the pool is exhausted; the call fails with `out_of_memory`.
+class OutOfMemory : public std::exception {
+ public:
+  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+class Device;
+
+/// What a pool function receives: where to allocate and where to launch.
+class Context {
+ public:
+  /// A new contiguous buffer: pool memory in warm-ups and recordings, cudaMalloc'd memory in
+  /// eager calls. Buffers the function does not return are freed when the call ends. Throws
+  /// `OutOfMemory`.
+  [[nodiscard]] Buffer allocate(ElementType type, std::span<const std::int64_t> sizes);
+  [[nodiscard]] Buffer allocate(ElementType type, std::initializer_list<std::int64_t> sizes) {
+    return allocate(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()));
+  }
+  [[nodiscard]] Buffer allocate_like(const Buffer& like) { return allocate(like.type(), like.sizes()); }
+  /// The stream to launch every kernel of the call on (captured while recording).
+  [[nodiscard]] cudaStream_t stream() const noexcept;
+  [[nodiscard]] bool is_capturing() const noexcept { return capturing_; }
+
+ private:
+  friend class Device;
+  enum class Target : std::uint8_t { device_memory, pool };
+  Context(Device& device, Target target, bool capturing) noexcept
+      : device_(device), target_(target), capturing_(capturing) {}
+  Device& device_;
+  Target target_;
+  bool capturing_;
+  std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
+};
+
+/// The inputs of a call, by position: buffers, and scalars where the call passed integers.
+class Inputs {
+ public:
+  Inputs(std::span<const Buffer> buffers, std::span<const std::int64_t> scalars) noexcept
+      : buffers_(buffers), scalars_(scalars) {}
+  [[nodiscard]] std::size_t size() const noexcept { return buffers_.size(); }
+  [[nodiscard]] const Buffer& operator[](std::size_t i) const noexcept { return buffers_[i]; }
+  [[nodiscard]] std::int64_t scalar(std::size_t i) const noexcept { return scalars_[i]; }
+
+ private:
+  std::span<const Buffer> buffers_;
+  std::span<const std::int64_t> scalars_;
+};
+
+/// What a pool function returns (an empty buffer stands for "no value").
+using Values = std::vector<Buffer>;
+/// A cuda pool function.
+using Callable = std::move_only_function<Values(Context&, Inputs)>;
+
+/// How a cuda pool is made.
+struct PoolOptions {
+  cgt::Options tree;  ///< the tree's behaviour
+  int device = 0;     ///< CUDA device index
+  /// The arena's segments (default 64 MiB each, no limit).
+  ArenaOptions arena{.segment_bytes = std::size_t{64} << 20};
+  /// Fill memory with 0xFF (NaN for floats) when it dies or is reclaimed.
+  bool poison_dead_memory = false;
+};
+
+/// Number of usable CUDA devices (0 without a driver). Never throws.
+[[nodiscard]] int device_count() noexcept;
+
+/// The CUDA device of one pool: its arena and its stream. Reach it with `pool.device()`.
+class Device final : public backend::Device {
+ public:
+  Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory);
+  ~Device() override;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  [[nodiscard]] Arena& arena() noexcept { return *arena_; }
+  /// Waits for the pool's stream.
+  [[nodiscard]] Result<void> synchronize() const;
+
+  [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }
+  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
+  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                               backend::RunMode mode) override;
+  [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                                 const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
+  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
+                                     std::span<backend::StorageHandle* const> live,
+                                     std::span<const std::uintptr_t> dead) override;
+  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
+  void adopt(backend::StorageHandle& storage) override;
+  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
+  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
+                                                   const std::shared_ptr<void>& rescued) override;
+  [[nodiscard]] std::vector<Block> live_blocks() const override;
+  [[nodiscard]] MemoryInfo memory() const override;
+  void shutdown() override;
+
+ private:
+  friend class Context;
+  [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
+  void free_unreturned(Context& context, const Values& outputs);
+  [[nodiscard]] backend::RunResult describe_outputs(Values&& outputs) const;
+
+  int device_;
+  cudaStream_t stream_;
+  std::unique_ptr<Arena> arena_;
+  bool poison_;
+};
+
+/// The cuda backend, as `cgt::Pool` and friends need it.
+struct Backend {
+  using Value = Buffer;
+  using Callable = cuda::Callable;
+  using Device = cuda::Device;
+  [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
+    desc.kind = backend::ArgKind::value;
+    desc.storage =
+        reinterpret_cast<std::uintptr_t>(buffer.storage());       // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+    desc.data = reinterpret_cast<std::uintptr_t>(buffer.data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+    desc.sizes = buffer.sizes().data();
+    desc.rank = static_cast<std::uint8_t>(buffer.rank());
+    desc.expanded = buffer.layout().expanded_dims();
+    desc.dtype = static_cast<std::uint16_t>(buffer.type());
+    desc.device = buffer.device();
+    return {};
+  }
+  /// A copy in device memory of its own (same layout).
+  [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);
+  [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
+};
+
+using Pool = cgt::Pool<Backend>;
+using Function = cgt::Function<Backend>;
+using Outputs = cgt::Outputs<Backend>;
+using OutputLease = cgt::OutputLease<Backend>;
+using Arg = cgt::Arg<Backend>;
+
+/// A pool on CUDA device `options.device`. Fails with `backend_error` without a usable device.
+[[nodiscard]] Result<Pool> make_pool(PoolOptions options = {});
+
+}  // namespace cgt::cuda

@@ -1,0 +1,26 @@
+// cgt.cuda — CUDA graph trees for raw CUDA code.
+//
+// The pool's memory is the checkpointable arena (cgt::Arena) over segments from cudaMalloc. A pool
+// function receives a `Context`: it allocates pool buffers with `ctx.allocate` and launches its
+// kernels on `ctx.stream()`. Warm-ups run them; recordings capture them (cudaStreamBeginCapture in
+// thread-local mode), instantiate the graph and upload it; replays copy the copied inputs into
+// their slots and launch the graph (cudaGraphLaunch) on the pool's stream. Inputs and outputs are
+// typed device buffer views (`Buffer`: pointer, bytes, element type, shape). Every CUDA status is
+// checked and becomes a `cgt::Error`.
+//
+//   auto pool = cgt::cuda::make_pool({.device = 0});
+//   auto scale = pool->add_function([](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+//     cgt::cuda::Buffer y = ctx.allocate_like(in[0]);
+//     my_scale_kernel<<<blocks, threads, 0, ctx.stream()>>>(in[0].as<float>(), y.as<float>(), n);
+//     return cgt::cuda::Values{y};
+//   }, {.name = "scale"});
+//   auto out = (*scale)({x});                       // x: a cgt::cuda::Buffer on device 0
+//   std::vector<double> values = *(*out->get(0)).get().read();   // waits for the pool's stream
+//
+// The pool's stream is a blocking stream: work on the legacy default stream (cudaMemcpy, say)
+// waits for it. Copied inputs must keep the layout they were recorded with (a contiguous buffer
+// always does).
+module;
+export module cgt.cuda;
+export import cgt;
+export import :api;  // Buffer, Context, Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool

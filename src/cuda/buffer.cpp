@@ -1,0 +1,127 @@
+// Device buffers: owned allocations and copies to and from the host.
+module;
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <expected>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+module cgt.cuda;
+
+namespace cgt::cuda {
+namespace {
+
+Result<void> checked(cudaError_t status, const char* doing) {
+  if (status == cudaSuccess) return {};
+  (void)cudaGetLastError();
+  return fail(Errc::backend_error, std::string(doing) + ": " + cudaGetErrorString(status));
+}
+
+template <class T>
+double load(const std::byte* at) noexcept {
+  T value;
+  std::memcpy(&value, at, sizeof(T));
+  return static_cast<double>(value);
+}
+
+template <class T>
+void store(std::byte* at, double value) noexcept {
+  const T typed = static_cast<T>(value);
+  std::memcpy(at, &typed, sizeof(T));
+}
+
+double load_element(ElementType type, const std::byte* at) noexcept {
+  switch (type) {
+    case ElementType::f32: return load<float>(at);
+    case ElementType::f64: return load<double>(at);
+    case ElementType::i32: return load<std::int32_t>(at);
+    case ElementType::i64: return load<std::int64_t>(at);
+    case ElementType::u8: return load<std::uint8_t>(at);
+  }
+  return 0;
+}
+
+void store_element(ElementType type, std::byte* at, double value) noexcept {
+  switch (type) {
+    case ElementType::f32: store<float>(at, value); break;
+    case ElementType::f64: store<double>(at, value); break;
+    case ElementType::i32: store<std::int32_t>(at, value); break;
+    case ElementType::i64: store<std::int64_t>(at, value); break;
+    case ElementType::u8: store<std::uint8_t>(at, value); break;
+  }
+}
+
+}  // namespace
+
+Result<Buffer> Buffer::make(ElementType type, std::span<const std::int64_t> sizes, int device) {
+  std::size_t count = 1;
+  for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
+  const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
+  if (auto set = checked(cudaSetDevice(device), "selecting the device"); !set) return std::unexpected(set.error());
+  void* memory = nullptr;
+  if (const cudaError_t status = cudaMalloc(&memory, bytes); status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(status == cudaErrorMemoryAllocation ? Errc::out_of_memory : Errc::backend_error,
+                std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes: " + cudaGetErrorString(status));
+  }
+  std::shared_ptr<void> owner(memory, [](void* pointer) { (void)cudaFree(pointer); });
+  if (auto zeroed = checked(cudaMemset(memory, 0, bytes), "zeroing a new buffer"); !zeroed) {
+    return std::unexpected(zeroed.error());
+  }
+  return view_of(static_cast<std::byte*>(memory), bytes, type, sizes, device, std::move(owner));
+}
+
+Buffer Buffer::view_of(std::byte* storage, std::size_t bytes, ElementType type, std::span<const std::int64_t> sizes,
+                       int device, std::shared_ptr<void> owner) {
+  Buffer buffer;
+  buffer.owner_ = std::move(owner);
+  buffer.storage_ = storage;
+  buffer.storage_bytes_ = bytes;
+  buffer.layout_ = Layout::contiguous(type, sizes);
+  buffer.device_ = device;
+  return buffer;
+}
+
+Buffer Buffer::on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr<void> owner) const {
+  Buffer view = *this;
+  view.storage_ = storage;
+  view.storage_bytes_ = bytes;
+  view.owner_ = std::move(owner);
+  return view;
+}
+
+Result<std::vector<double>> Buffer::read() const {
+  std::vector<std::byte> host(storage_bytes_);
+  if (auto copied =
+          checked(cudaMemcpy(host.data(), storage_, storage_bytes_, cudaMemcpyDeviceToHost), "reading a buffer");
+      !copied) {
+    return std::unexpected(copied.error());
+  }
+  std::vector<double> values(numel());
+  const auto size = static_cast<std::int64_t>(element_size(type()));
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = load_element(type(), host.data() + (layout_.element_offset(i) * size));
+  return values;
+}
+
+Result<void> Buffer::write(std::span<const double> values) const {
+  std::vector<std::byte> host(storage_bytes_);
+  if (auto copied =
+          checked(cudaMemcpy(host.data(), storage_, storage_bytes_, cudaMemcpyDeviceToHost), "writing a buffer");
+      !copied) {
+    return copied;
+  }
+  const auto size = static_cast<std::int64_t>(element_size(type()));
+  for (std::size_t i = 0; i < values.size() && i < numel(); ++i) {
+    store_element(type(), host.data() + (layout_.element_offset(i) * size), values[i]);
+  }
+  return checked(cudaMemcpy(storage_, host.data(), storage_bytes_, cudaMemcpyHostToDevice), "writing a buffer");
+}
+
+}  // namespace cgt::cuda

@@ -1,0 +1,158 @@
+// cgt.cuda on a GPU: the shared scenario suite with device buffers and CUDA graphs, and the cuda
+// backend's own failures. Every test is tagged [gpu] and reports SKIPPED without a device.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <ostream>
+#include <set>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/kernels.hpp"
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.cuda;
+
+#include "scenario/scenarios.hpp"
+#include "scenario/property.hpp"
+#include "cuda/harness.hpp"
+
+using H = CudaHarness;
+using scenario::must;
+
+#define REQUIRE_GPU()                                                      \
+  do {                                                                     \
+    if (const std::string why = H::unavailable(); !why.empty()) SKIP(why); \
+  } while (false)
+
+TEST_CASE("cuda/run_simple", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::run_simple<H>();
+}
+TEST_CASE("cuda/function_compiled_multiple_times", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::function_compiled_multiple_times<H>();
+}
+TEST_CASE("cuda/end_recording_early", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::end_recording_early<H>();
+}
+TEST_CASE("cuda/execution_into_recording", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::execution_into_recording<H>();
+}
+TEST_CASE("cuda/accumulate_multiple_recordings", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::accumulate_multiple_recordings<H>();
+}
+TEST_CASE("cuda/live_outputs_multiple_graphs", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::live_outputs_multiple_graphs<H>();
+}
+TEST_CASE("cuda/tensor_dies_between_checkpoint", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::tensor_dies_between_checkpoint<H>();
+}
+TEST_CASE("cuda/aliased_storage_single_weakref", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::aliased_storage_single_weakref<H>();
+}
+TEST_CASE("cuda/aliasing_static_ref", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::aliasing_static_ref<H>();
+}
+TEST_CASE("cuda/constant_output", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::constant_output<H>();
+}
+TEST_CASE("cuda/expanded_inputs", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::expanded_inputs<H>();
+}
+TEST_CASE("cuda/mutation_on_inp", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::mutation_on_inp<H>();
+}
+TEST_CASE("cuda/mutation_cudagraph_managed_tensors", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::mutation_cudagraph_managed_tensors<H>();
+}
+TEST_CASE("cuda/mutation_cudagraph_managed_tensor_warn_only_once", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::mutation_cudagraph_managed_tensor_warn_only_once<H>();
+}
+TEST_CASE("cuda/mutation_cudagraph_managed_tensor_warn", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::mutation_cudagraph_managed_tensor_warn<H>();
+}
+TEST_CASE("cuda/memory_of_branches_is_max_not_sum", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::memory_of_branches_is_max_not_sum<H>();
+}
+TEST_CASE("cuda/replay_never_changes_a_held_value", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::replay_never_changes_a_held_value<H>();
+}
+TEST_CASE("cuda/new_liveness_pattern_records_a_sibling", "[scenario][gpu]") {
+  REQUIRE_GPU();
+  scenario::new_liveness_pattern_records_a_sibling<H>();
+}
+TEST_CASE("cuda/random_calls_match_eager", "[scenario][property][gpu]") {
+  REQUIRE_GPU();
+  const auto report = scenario::random_calls_match_eager<H>(20261122, 10000);
+  CHECK(report.steps == 10000);
+  CHECK(report.stats.replays > 1000);
+  CHECK(report.stats.checkpoint_restores > 10);
+  CHECK(report.stats.leases_invalidated > 0);
+}
+
+TEST_CASE("cuda/a copied input with another layout than recorded fails cleanly", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({}));
+  auto f = must(H::add(pool, scenario::unary("f", scenario::in(0) + 1)));
+  const auto square = H::make(scenario::HostTensor::iota({4, 4}));
+  for (int i = 0; i < 3; ++i) {
+    pool.mark_step_begin();
+    (void)must(f({square}));
+  }
+  pool.mark_step_begin();
+  auto out = f({square.with_layout(square.layout().transposed())});
+  REQUIRE(!out);
+  CHECK(out.error().code == cgt::Errc::wrong_shape);
+  CHECK(out.error().function == "f");
+  pool.mark_step_begin();
+  CHECK(H::read(must(must(f({square})).get(0)).get()).data[5] == 6);
+}
+
+TEST_CASE("cuda/work that cannot be captured fails the recording, and the pool stays usable", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.skip_warmup = true}));
+  auto syncing = must(pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        cgt::cuda::Buffer y = ctx.allocate_like(in[0]);
+        (void)cudaDeviceSynchronize();  // not allowed while the stream is captured
+        return cgt::cuda::Values{y};
+      },
+      {.name = "syncing"}));
+  auto out = syncing({H::make(scenario::HostTensor::full({8}, 1))});
+  REQUIRE(!out);
+  CHECK(out.error().code == cgt::Errc::function_failed);
+  CHECK(pool.live_blocks().empty());
+  auto f = must(H::add(pool, scenario::unary("f", scenario::in(0) * 2)));
+  CHECK(H::read(must(must(f({H::make(scenario::HostTensor::full({8}, 3))})).get(0)).get()).data[0] == 6);
+}
+
+TEST_CASE("cuda/make_pool without a usable device fails cleanly", "[cuda]") {
+  auto pool = cgt::cuda::make_pool({.device = 99});
+  REQUIRE(!pool);
+  CHECK(pool.error().code == cgt::Errc::backend_error);
+}
