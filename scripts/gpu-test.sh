@@ -46,9 +46,14 @@ timed "cuBLAS handle leak record" cublas-handle.log "$sanitizer" --tool memcheck
 grep -c "<kind>Leak" "$logs/cublas-handle.xml" | sed 's/^/  cuBLAS handle allocations recorded: /'
 # A record matches by its kind and backtrace; its address differs from run to run.
 sed -i '/<address>/d' "$logs/cublas-handle.xml"
-timed "compute-sanitizer memcheck+leaks" memcheck.log timeout 300 "$sanitizer" --tool memcheck --leak-check full \
+timed "compute-sanitizer cgt.torch tests" memcheck.log timeout 300 "$sanitizer" --tool memcheck --leak-check full \
   --suppressions "$logs/cublas-handle.xml" --error-exitcode 9 "$build/tests/cgt_torch_tests" "~[property]"
 grep -E "ERROR SUMMARY|LEAK SUMMARY|test cases|assertions" "$logs/memcheck.log" | tail -5
+if [ -x "$build/tests/cgt_cuda_tests" ]; then
+  timed "compute-sanitizer cgt.cuda tests" memcheck-cuda.log timeout 300 "$sanitizer" --tool memcheck --leak-check full \
+    --error-exitcode 9 "$build/tests/cgt_cuda_tests" "~[property]"
+  grep -E "ERROR SUMMARY|LEAK SUMMARY|test cases|assertions" "$logs/memcheck-cuda.log" | tail -5
+fi
 
 if [ -x "$build/examples/torch_decoder" ]; then
   timed "example torch_decoder" decoder.log bash -c "cd '$logs' && '$root/$build/examples/torch_decoder'"

@@ -1,0 +1,455 @@
+// GPU benchmarks of cgt against raw graph launch, eager libtorch and libtorch's CUDAGraph, on the
+// same work, in one run (scripts/gpu-bench.sh adds PyTorch's Python trees and makes the tables):
+//
+//   overhead  CPU time per call (median) and wall time per call, for K = 1, 10, 100 tiny kernels,
+//             1 or 4 inputs, static or copied inputs
+//   memory    pool bytes reserved for a branching tree of 64 MiB tensors and for a decode loop
+//             with two batch sizes: cgt.torch, against one separate pool per graph
+//   scaling   cost per call as the tree grows: siblings that do not match, path depth, outputs held
+//   capture   time to warm up and record a first call, and to re-record after a static input moved
+//
+// Prints CSV lines "<benchmark>,<config>,<method>,<value>[,<value>]".
+#include <torch/torch.h>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../tests/cuda/kernels.hpp"
+
+import cgt;
+import cgt.cuda;
+import cgt.torch;
+
+namespace {
+
+constexpr std::int64_t elements = 256;  // tiny kernels: the benchmark is about launch cost
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+template <class T>
+T must(cgt::Result<T> result) {
+  if (!result) {
+    std::cerr << result.error().describe() << '\n';
+    std::exit(1);
+  }
+  return std::move(*result);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+struct Timing {
+  double cpu_us = 0;   // median CPU time of one call (the call returns before the GPU work ends)
+  double wall_us = 0;  // calls back to back, then a synchronization: per call
+};
+
+Timing measure(const std::function<void()>& call, int calls) {
+  for (int i = 0; i < 20; ++i) call();
+  check(cudaDeviceSynchronize(), "warming up");
+  std::vector<double> cpu;
+  cpu.reserve(static_cast<std::size_t>(calls));
+  for (int i = 0; i < calls; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    cpu.push_back(seconds_since(start) * 1e6);
+    if (i % 64 == 63) check(cudaDeviceSynchronize(), "draining");  // not timed: keeps the queue short
+  }
+  std::ranges::sort(cpu);
+  check(cudaDeviceSynchronize(), "draining");
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) call();
+  check(cudaDeviceSynchronize(), "draining");
+  return {cpu[cpu.size() / 2], seconds_since(start) * 1e6 / calls};
+}
+
+void print(const std::string& benchmark, const std::string& config, const std::string& method, const Timing& t) {
+  std::printf("%s,%s,%s,%.3f,%.3f\n", benchmark.c_str(), config.c_str(), method.c_str(), t.cpu_us, t.wall_us);
+  std::fflush(stdout);
+}
+
+// The work, in libtorch ops: the inputs summed, then K-1 times "+ 1".
+at::Tensor torch_work(const std::vector<at::Tensor>& inputs, int kernels) {
+  at::Tensor y = inputs[0] + 1;
+  for (std::size_t i = 1; i < inputs.size(); ++i) y = y + inputs[i];
+  for (int k = 1; k < kernels; ++k) y = y + 1;
+  return y;
+}
+
+// The work, in raw kernels: one kernel sums the inputs, K-1 kernels add 1.
+void raw_work(const std::vector<const float*>& inputs, float* out, int kernels, cudaStream_t stream) {
+  check(
+      cgt_test::sum_inputs(inputs[0], inputs.size() > 1 ? inputs[1] : nullptr, inputs.size() > 2 ? inputs[2] : nullptr,
+                           inputs.size() > 3 ? inputs[3] : nullptr, out, elements, stream),
+      "sum");
+  if (kernels > 1) check(cgt_test::add_repeatedly(out, elements, 1.0F, kernels - 1, stream), "add");
+}
+
+void overhead(int calls) {
+  const auto options = at::TensorOptions().device(at::kCUDA, 0);
+  for (int kernels : {1, 10, 100}) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{4}}) {
+      for (bool copied : {false, true}) {
+        const std::string config =
+            "K=" + std::to_string(kernels) + " inputs=" + std::to_string(count) + " " + (copied ? "copied" : "static");
+        std::vector<at::Tensor> inputs;
+        for (std::size_t i = 0; i < count; ++i) inputs.push_back(at::rand({elements}, options));
+        std::vector<std::size_t> statics;
+        if (!copied) {
+          for (std::size_t i = 0; i < count; ++i) statics.push_back(i);
+        }
+
+        // Eager libtorch: every op launched by the CPU.
+        print("overhead", config, "eager libtorch", measure([&] { (void)torch_work(inputs, kernels); }, calls));
+
+        // Raw cudaGraphLaunch of the raw kernels (copied inputs: cudaMemcpyAsync into slots first).
+        {
+          cudaStream_t stream = c10::cuda::getStreamFromPool(false, 0).stream();
+          std::vector<at::Tensor> slots;
+          std::vector<const float*> reads;
+          for (const auto& input : inputs) {
+            slots.push_back(copied ? at::empty_like(input) : input);
+            reads.push_back(slots.back().data_ptr<float>());
+          }
+          at::Tensor out = at::empty({elements}, options);
+          cudaGraph_t graph = nullptr;
+          cudaGraphExec_t exec = nullptr;
+          check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+          raw_work(reads, out.data_ptr<float>(), kernels, stream);
+          check(cudaStreamEndCapture(stream, &graph), "capture");
+          check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+          check(cudaGraphUpload(exec, stream), "upload");
+          print("overhead", config, "raw cudaGraphLaunch",
+                measure(
+                    [&] {
+                      if (copied) {
+                        for (std::size_t i = 0; i < count; ++i) {
+                          check(cudaMemcpyAsync(slots[i].data_ptr(), inputs[i].data_ptr(), elements * sizeof(float),
+                                                cudaMemcpyDeviceToDevice, stream),
+                                "copy");
+                        }
+                      }
+                      check(cudaGraphLaunch(exec, stream), "launch");
+                    },
+                    calls));
+          check(cudaGraphExecDestroy(exec), "destroy");
+          check(cudaGraphDestroy(graph), "destroy");
+        }
+
+        // libtorch's CUDAGraph of the libtorch ops (copied inputs: copy_ into the captured inputs).
+        {
+          std::vector<at::Tensor> slots;
+          for (const auto& input : inputs) slots.push_back(copied ? input.clone() : input);
+          at::cuda::CUDAGraph graph;
+          at::Tensor out;
+          {
+            const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, 0));
+            (void)torch_work(slots, kernels);  // warm up on the side stream, as PyTorch recommends
+            graph.capture_begin();
+            out = torch_work(slots, kernels);
+            graph.capture_end();
+          }
+          print("overhead", config, "raw CUDAGraph::replay",
+                measure(
+                    [&] {
+                      if (copied) {
+                        for (std::size_t i = 0; i < count; ++i) slots[i].copy_(inputs[i], true);
+                      }
+                      graph.replay();
+                    },
+                    calls));
+        }
+
+        // cgt.cuda: the raw kernels through a pool.
+        {
+          auto pool = must(cgt::cuda::make_pool({.device = 0}));
+          std::vector<cgt::cuda::Buffer> buffers;
+          for (const auto& input : inputs) {
+            buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()),
+                                                         elements * sizeof(float), cgt::ElementType::f32,
+                                                         {&elements, 1}, 0));
+          }
+          auto function = must(pool.add_function(
+              [kernels](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+                std::vector<const float*> reads;
+                for (std::size_t i = 0; i < in.size(); ++i) reads.push_back(in[i].as<float>());
+                cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
+                raw_work(reads, out.as<float>(), kernels, ctx.stream());
+                return cgt::cuda::Values{out};
+              },
+              {.name = "work", .static_inputs = statics}));
+          std::vector<cgt::cuda::Arg> args(buffers.begin(), buffers.end());
+          print("overhead", config, "cgt.cuda",
+                measure([&] { (void)function(std::span<const cgt::cuda::Arg>(args)); }, calls));
+          if (pool.stats().replays < static_cast<std::uint64_t>(calls))
+            std::fprintf(stderr, "cgt.cuda did not replay\n");
+        }
+
+        // cgt.torch: the libtorch ops through a pool.
+        {
+          auto pool = must(cgt::torch::make_pool({.device = 0}));
+          auto function = must(pool.add_function(
+              [kernels](cgt::torch::Inputs in) {
+                std::vector<at::Tensor> tensors = in;
+                return cgt::torch::Values{torch_work(tensors, kernels)};
+              },
+              {.name = "work", .static_inputs = statics}));
+          std::vector<cgt::torch::Arg> args(inputs.begin(), inputs.end());
+          print("overhead", config, "cgt.torch",
+                measure([&] { (void)function(std::span<const cgt::torch::Arg>(args)); }, calls));
+          if (pool.stats().replays < static_cast<std::uint64_t>(calls))
+            std::fprintf(stderr, "cgt.torch did not replay\n");
+        }
+      }
+    }
+  }
+}
+
+std::size_t pool_reserved(c10::MempoolId_t pool) {
+  std::size_t bytes = 0;
+  for (const auto& segment : c10::cuda::CUDACachingAllocator::snapshot(pool, false).segments) {
+    if (segment.owner_private_pool_id == pool) bytes += segment.total_size;
+  }
+  return bytes;
+}
+
+void memory() {
+  const auto options = at::TensorOptions().device(at::kCUDA, 0);
+  constexpr std::int64_t big = std::int64_t{16} << 20;  // 64 MiB of floats
+  const at::Tensor x = at::rand({big}, options);
+  auto a = [](const at::Tensor& t) { return t * 2; };
+  auto b = [](const at::Tensor& t) { return t + 1; };
+  auto b_prime = [](const at::Tensor& t) { return t * 3; };
+  {
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    auto fa =
+        must(pool.add_function([&](cgt::torch::Inputs in) { return cgt::torch::Values{a(in[0])}; }, {.name = "A"}));
+    auto fb =
+        must(pool.add_function([&](cgt::torch::Inputs in) { return cgt::torch::Values{b(in[0])}; }, {.name = "B"}));
+    auto fc = must(
+        pool.add_function([&](cgt::torch::Inputs in) { return cgt::torch::Values{b_prime(in[0])}; }, {.name = "B'"}));
+    std::size_t peak = 0;
+    for (auto* second : {&fb, &fc}) {
+      for (int i = 0; i < 3; ++i) {
+        pool.mark_step_begin();
+        auto out_a = must(fa({x}));
+        auto out_b = must((*second)({*out_a.get(0)}));
+        peak = std::max(peak, pool.memory().allocated_bytes);
+      }
+    }
+    std::printf("memory,branching A->B and A->B' (64 MiB tensors),cgt.torch,%zu,%zu\n", pool.memory().reserved_bytes,
+                peak);
+  }
+  {
+    // One pool per graph: what plain CUDA graphs (or make_graphed_callables without a shared pool) hold.
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, 0));
+    at::cuda::CUDAGraph ga, gb, gc;
+    const auto pa = at::cuda::graph_pool_handle(), pb = at::cuda::graph_pool_handle(),
+               pc = at::cuda::graph_pool_handle();
+    ga.capture_begin(pa);
+    const at::Tensor out_a = a(x);
+    ga.capture_end();
+    gb.capture_begin(pb);
+    const at::Tensor out_b = b(out_a);
+    gb.capture_end();
+    gc.capture_begin(pc);
+    const at::Tensor out_c = b_prime(out_a);
+    gc.capture_end();
+    const std::size_t reserved = pool_reserved(pa) + pool_reserved(pb) + pool_reserved(pc);
+    std::printf("memory,branching A->B and A->B' (64 MiB tensors),one pool per graph,%zu,%zu\n", reserved, reserved);
+  }
+  // A decode loop: y = tanh(x @ W), two batch sizes.
+  const at::Tensor weight = at::rand({4096, 4096}, options) / 64;
+  auto step = [&](const at::Tensor& in) { return at::tanh(at::matmul(in, weight)); };
+  {
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    auto decode = must(
+        pool.add_function([&](cgt::torch::Inputs in) { return cgt::torch::Values{step(in[0])}; }, {.name = "decode"}));
+    std::size_t peak = 0;
+    for (std::int64_t batch : {1, 8}) {
+      const at::Tensor tokens = at::rand({batch, 4096}, options);
+      for (int i = 0; i < 4; ++i) {
+        pool.mark_step_begin();
+        auto out = must(decode({tokens}));
+        peak = std::max(peak, pool.memory().allocated_bytes);
+      }
+    }
+    std::printf("memory,decode loop batch 1 and 8,cgt.torch,%zu,%zu\n", pool.memory().reserved_bytes, peak);
+  }
+  {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, 0));
+    std::size_t reserved = 0;
+    std::vector<std::unique_ptr<at::cuda::CUDAGraph>> graphs;
+    std::vector<at::Tensor> keep;
+    for (std::int64_t batch : {1, 8}) {
+      const at::Tensor tokens = at::rand({batch, 4096}, options);
+      (void)step(tokens);
+      const auto pool = at::cuda::graph_pool_handle();
+      graphs.push_back(std::make_unique<at::cuda::CUDAGraph>());
+      graphs.back()->capture_begin(pool);
+      keep.push_back(step(tokens));
+      graphs.back()->capture_end();
+      reserved += pool_reserved(pool);
+    }
+    std::printf("memory,decode loop batch 1 and 8,one pool per graph,%zu,%zu\n", reserved, reserved);
+  }
+}
+
+void scaling() {
+  const auto buffer = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
+  auto kernel_fn = [](int outputs) {
+    return [outputs](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+      cgt::cuda::Values out;
+      for (int o = 0; o < outputs; ++o) {
+        cgt::cuda::Buffer y = ctx.allocate(cgt::ElementType::f32, {elements});
+        raw_work({in[0].as<float>()}, y.as<float>(), 1, ctx.stream());
+        out.push_back(y);
+      }
+      return out;
+    };
+  };
+  // Siblings: a root R, then N functions recorded as children of R; the cost of calling F0 after R.
+  for (int siblings : {1, 10, 100, 1000}) {
+    auto pool = must(cgt::cuda::make_pool({.device = 0}));
+    auto root = must(pool.add_function(kernel_fn(1), {.name = "R"}));
+    std::vector<cgt::cuda::Function> children;
+    for (int i = 0; i < siblings; ++i)
+      children.push_back(must(pool.add_function(kernel_fn(1), {.name = "F" + std::to_string(i)})));
+    for (int walk = 0; walk < 2; ++walk) {
+      for (auto& child : children) {
+        pool.mark_step_begin();
+        auto r = must(root({buffer}));
+        (void)must(child({*r.get(0)}));
+      }
+    }
+    std::vector<double> cpu;
+    for (int i = 0; i < 2000; ++i) {
+      pool.mark_step_begin();
+      auto r = must(root({buffer}));
+      const auto start = std::chrono::steady_clock::now();
+      auto c = must(children[0]({*r.get(0)}));
+      cpu.push_back(seconds_since(start) * 1e6);
+      if (i % 64 == 63) check(cudaDeviceSynchronize(), "draining");
+    }
+    std::ranges::sort(cpu);
+    std::printf("scaling,siblings,%d,%.3f\n", siblings, cpu[cpu.size() / 2]);
+  }
+  // Depth: a chain of D calls, each on the previous output; the cost of the last call.
+  for (int depth : {1, 10, 100}) {
+    auto pool = must(cgt::cuda::make_pool({.device = 0}));
+    auto link = must(pool.add_function(kernel_fn(1), {.name = "link"}));
+    std::vector<double> cpu;
+    for (int walk = 0; walk < 400; ++walk) {
+      pool.mark_step_begin();
+      std::vector<cgt::cuda::Outputs> chain;
+      chain.push_back(must(link({buffer})));
+      for (int d = 1; d < depth; ++d) {
+        const auto start = std::chrono::steady_clock::now();
+        chain.push_back(must(link({*chain.back().get(0)})));
+        if (d == depth - 1 && walk >= 2) cpu.push_back(seconds_since(start) * 1e6);
+      }
+      if (depth == 1 && walk >= 2) {
+        const auto start = std::chrono::steady_clock::now();
+        (void)must(link({buffer}));
+        cpu.push_back(seconds_since(start) * 1e6);
+      }
+      check(cudaDeviceSynchronize(), "draining");
+    }
+    std::ranges::sort(cpu);
+    std::printf("scaling,depth,%d,%.3f\n", depth, cpu[cpu.size() / 2]);
+  }
+  // Outputs: one function with M outputs, all held until the call returns.
+  for (int outputs : {1, 8, 64}) {
+    auto pool = must(cgt::cuda::make_pool({.device = 0}));
+    auto many = must(pool.add_function(kernel_fn(outputs), {.name = "many"}));
+    const Timing t = measure([&] { (void)must(many({buffer})); }, 2000);
+    std::printf("scaling,outputs,%d,%.3f\n", outputs, t.cpu_us);
+  }
+}
+
+void capture() {
+  const auto options = at::TensorOptions().device(at::kCUDA, 0);
+  auto timed_ms = [](const std::function<void()>& work) {
+    check(cudaDeviceSynchronize(), "sync");
+    const auto start = std::chrono::steady_clock::now();
+    work();
+    check(cudaDeviceSynchronize(), "sync");
+    return seconds_since(start) * 1e3;
+  };
+  {
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    const at::Tensor x = at::rand({elements}, options), w1 = at::rand({elements}, options),
+                     w2 = at::rand({elements}, options);
+    auto f =
+        must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{torch_work({in[0], in[1]}, 10)}; },
+                               {.name = "f", .static_inputs = {1}}));
+    const double first = timed_ms([&] {
+      (void)must(f({x, w1}));
+      pool.mark_step_begin();
+      (void)must(f({x, w1}));
+    });
+    pool.mark_step_begin();
+    const double moved = timed_ms([&] { (void)must(f({x, w2})); });
+    std::printf("capture,K=10,cgt.torch,%.3f,%.3f\n", first, moved);
+  }
+  {
+    auto pool = must(cgt::cuda::make_pool({.device = 0}));
+    auto w1 = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
+    auto w2 = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
+    auto x = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
+    auto f = must(pool.add_function(
+        [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+          cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
+          raw_work({in[0].as<float>(), in[1].as<float>()}, out.as<float>(), 10, ctx.stream());
+          return cgt::cuda::Values{out};
+        },
+        {.name = "f", .static_inputs = {1}}));
+    const double first = timed_ms([&] {
+      (void)must(f({x, w1}));
+      pool.mark_step_begin();
+      (void)must(f({x, w1}));
+    });
+    pool.mark_step_begin();
+    const double moved = timed_ms([&] { (void)must(f({x, w2})); });
+    std::printf("capture,K=10,cgt.cuda,%.3f,%.3f\n", first, moved);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!cgt::torch::is_available()) {
+    std::fprintf(stderr, "gpu_bench needs a CUDA device\n");
+    return 1;
+  }
+  torch::NoGradGuard no_grad;
+  const std::string_view what = argc > 1 ? argv[1] : "all";
+  const int calls = argc > 2 ? std::atoi(argv[2]) : 3000;
+  if (what == "overhead" || what == "all") overhead(calls);
+  if (what == "memory" || what == "all") memory();
+  if (what == "scaling" || what == "all") scaling();
+  if (what == "capture" || what == "all") capture();
+  return 0;
+}

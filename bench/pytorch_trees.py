@@ -1,0 +1,147 @@
+"""PyTorch's own CUDA graph trees on the work of gpu_bench.cpp, for the comparison tables.
+
+Uses torch._inductor.cudagraph_trees.cudagraphify_impl directly (what torch.compile's
+mode="reduce-overhead" calls for each graph), so that the same function runs through PyTorch's
+trees with no Dynamo or Inductor in between. Prints CSV lines like gpu_bench.
+    python3 bench/pytorch_trees.py [overhead|memory|capture|all] [calls]
+"""
+import statistics
+import sys
+import time
+
+import torch
+import torch._dynamo.config
+from torch._inductor import cudagraph_trees
+
+ELEMENTS = 256
+
+
+def torch_work(inputs, kernels):
+    y = inputs[0] + 1
+    for t in inputs[1:]:
+        y = y + t
+    for _ in range(kernels - 1):
+        y = y + 1
+    return y
+
+
+def tree_function(body, inputs, static_input_idxs):
+    """A function of the tree manager of device 0, as Inductor makes them: it takes a list and
+    clears it (PyTorch's trees rely on that to free inputs)."""
+
+    def model(args):
+        xs = list(args)
+        args.clear()
+        return [body(xs)]
+
+    return cudagraph_trees.cudagraphify_impl(
+        model, list(inputs), static_input_idxs, device_index=0, is_backward=False, is_inference=True
+    )
+
+
+def measure(call, calls):
+    for _ in range(20):
+        call()
+    torch.cuda.synchronize()
+    cpu = []
+    for i in range(calls):
+        start = time.perf_counter_ns()
+        call()
+        cpu.append((time.perf_counter_ns() - start) / 1000)
+        if i % 64 == 63:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    wall = (time.perf_counter_ns() - start) / 1000 / calls
+    return statistics.median(cpu), wall
+
+
+def overhead(calls):
+    for kernels in (1, 10, 100):
+        for count in (1, 4):
+            for copied in (False, True):
+                cudagraph_trees.reset_cudagraph_trees()
+                config = f"K={kernels} inputs={count} {'copied' if copied else 'static'}"
+                inputs = [torch.rand(ELEMENTS, device="cuda") for _ in range(count)]
+                static = [] if copied else list(range(count))
+                fn = tree_function(lambda xs: torch_work(xs, kernels), inputs, static)
+
+                def call():
+                    out = fn(list(inputs))
+                    del out
+
+                cpu, wall = measure(call, calls)
+                print(f"overhead,{config},PyTorch trees (Python),{cpu:.3f},{wall:.3f}", flush=True)
+
+
+def pool_memory():
+    manager = cudagraph_trees.get_container(0).tree_manager
+    pool = manager.cuda_graphs_thread_pool
+    reserved = allocated = 0
+    for segment in torch.cuda.memory_snapshot():
+        if segment["segment_pool_id"] == pool:
+            reserved += segment["total_size"]
+            allocated += sum(b["size"] for b in segment["blocks"] if b["state"] == "active_allocated")
+    return reserved, allocated
+
+
+def memory():
+    cudagraph_trees.reset_cudagraph_trees()
+    x = torch.rand(16 << 20, device="cuda")
+    a = tree_function(lambda xs: xs[0] * 2, [x], [])
+    b = tree_function(lambda xs: xs[0] + 1, [a([x])[0]], [])
+    c = tree_function(lambda xs: xs[0] * 3, [a([x])[0]], [])
+    peak = 0
+    for second in (b, c):
+        for _ in range(3):
+            out_a = a([x])
+            out_b = second([out_a[0]])
+            peak = max(peak, pool_memory()[1])
+            del out_a, out_b
+    reserved, _ = pool_memory()
+    print(f"memory,branching A->B and A->B' (64 MiB tensors),PyTorch trees (Python),{reserved},{peak}", flush=True)
+
+    cudagraph_trees.reset_cudagraph_trees()
+    weight = torch.rand(4096, 4096, device="cuda") / 64
+    peak = 0
+    for batch in (1, 8):
+        tokens = torch.rand(batch, 4096, device="cuda")
+        decode = tree_function(lambda xs: torch.tanh(xs[0] @ weight), [tokens], [])
+        for _ in range(4):
+            out = decode([tokens])
+            peak = max(peak, pool_memory()[1])
+            del out
+    reserved, _ = pool_memory()
+    print(f"memory,decode loop batch 1 and 8,PyTorch trees (Python),{reserved},{peak}", flush=True)
+
+
+def capture():
+    cudagraph_trees.reset_cudagraph_trees()
+    torch._dynamo.config.inline_inbuilt_nn_modules = True  # re-record when a static input moves
+    x, w1, w2 = (torch.rand(ELEMENTS, device="cuda") for _ in range(3))
+    torch.cuda.synchronize()
+    start = time.perf_counter_ns()
+    fn = tree_function(lambda xs: torch_work(xs, 10), [x, w1], [1])  # the first call: a warm-up
+    fn([x, w1])  # the recording
+    torch.cuda.synchronize()
+    first = (time.perf_counter_ns() - start) / 1e6
+    start = time.perf_counter_ns()
+    fn([x, w2])
+    torch.cuda.synchronize()
+    moved = (time.perf_counter_ns() - start) / 1e6
+    print(f"capture,K=10,PyTorch trees (Python),{first:.3f},{moved:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    calls = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
+    with torch.no_grad():
+        if what in ("overhead", "all"):
+            overhead(calls)
+        if what in ("memory", "all"):
+            memory()
+        if what in ("capture", "all"):
+            capture()
