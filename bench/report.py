@@ -13,10 +13,12 @@ def main(path, out_dir, commit, gpu):
     for row in rows:
         if row[0] == "overhead":
             overhead.setdefault(row[1], {})[row[2]] = (float(row[3]), float(row[4]))
-    methods = ["eager libtorch", "raw cudaGraphLaunch", "raw CUDAGraph::replay", "cgt.cuda", "cgt.torch",
+    methods = ["eager libtorch", "raw cudaGraphLaunch", "raw CUDAGraph::replay", "cgt.cuda", "cgt.cuda non-blocking", "cgt.torch",
                "PyTorch trees (Python)"]
     lines = [header, "CPU time per call (median, us) and, in brackets, its ratio to raw cudaGraphLaunch; "
-             "wall time per call (us) in the second table.\n\n",
+             "wall time per call (us) in the second table. All but cgt.cuda and PyTorch trees launch on one "
+             "non-blocking side stream; cgt.cuda uses its pool's stream, blocking (the default) or not; "
+             "PyTorch trees run on PyTorch's default stream, as torch.compile users do.\n\n",
              "| work | " + " | ".join(methods) + " |\n", "|---" * (len(methods) + 1) + "|\n"]
     wall = ["\n| work (wall us/call) | " + " | ".join(methods) + " |\n", "|---" * (len(methods) + 1) + "|\n"]
     for config, results in overhead.items():

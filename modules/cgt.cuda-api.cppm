@@ -66,10 +66,10 @@ class Buffer {
   /// The same view over another storage.
   [[nodiscard]] Buffer on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr<void> owner = {}) const;
 
-  /// The elements, in row-major order, as doubles (copies the storage to the host, after the
-  /// work of the legacy default stream and of blocking streams).
+  /// The elements, in row-major order, as doubles (waits for the whole device, then copies the
+  /// storage to the host). A convenience for tests and examples, not for hot paths.
   [[nodiscard]] Result<std::vector<double>> read() const;
-  /// Sets the elements (row-major order) from `values`.
+  /// Sets the elements (row-major order) from `values`; returns when they are on the device.
   [[nodiscard]] Result<void> write(std::span<const double> values) const;
 
  private:
@@ -145,6 +145,11 @@ struct PoolOptions {
   ArenaOptions arena{.segment_bytes = std::size_t{64} << 20};
   /// Fill memory with 0xFF (NaN for floats) when it dies or is reclaimed.
   bool poison_dead_memory = false;
+  /// The pool's stream is a blocking one: it waits for the legacy default stream (stream 0,
+  /// plain cudaMemcpy) and that stream waits for it, so inputs prepared there are ordered before
+  /// the pool's work. false makes it non-blocking, which launches faster (see bench/results),
+  /// and then you order inputs with the pool's work yourself (`pool.device().stream()`, events).
+  bool blocking_stream = true;
 };
 
 /// Number of usable CUDA devices (0 without a driver). Never throws.

@@ -96,7 +96,11 @@ Buffer Buffer::on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr
   return view;
 }
 
+// read and write wait for the whole device: a pool's stream may be non-blocking, and then the
+// legacy default stream's cudaMemcpy is not ordered with it.
 Result<std::vector<double>> Buffer::read() const {
+  if (auto idle = checked(cudaDeviceSynchronize(), "waiting for the device before reading a buffer"); !idle)
+    return std::unexpected(idle.error());
   std::vector<std::byte> host(storage_bytes_);
   if (auto copied =
           checked(cudaMemcpy(host.data(), storage_, storage_bytes_, cudaMemcpyDeviceToHost), "reading a buffer");
@@ -111,6 +115,8 @@ Result<std::vector<double>> Buffer::read() const {
 }
 
 Result<void> Buffer::write(std::span<const double> values) const {
+  if (auto idle = checked(cudaDeviceSynchronize(), "waiting for the device before writing a buffer"); !idle)
+    return idle;
   std::vector<std::byte> host(storage_bytes_);
   if (auto copied =
           checked(cudaMemcpy(host.data(), storage_, storage_bytes_, cudaMemcpyDeviceToHost), "writing a buffer");
@@ -121,7 +127,13 @@ Result<void> Buffer::write(std::span<const double> values) const {
   for (std::size_t i = 0; i < values.size() && i < numel(); ++i) {
     store_element(type(), host.data() + (layout_.element_offset(i) * size), values[i]);
   }
-  return checked(cudaMemcpy(storage_, host.data(), storage_bytes_, cudaMemcpyHostToDevice), "writing a buffer");
+  if (auto copied =
+          checked(cudaMemcpy(storage_, host.data(), storage_bytes_, cudaMemcpyHostToDevice), "writing a buffer");
+      !copied) {
+    return copied;
+  }
+  // A pageable cudaMemcpy may return before the copy lands.
+  return checked(cudaDeviceSynchronize(), "waiting for a buffer's write");
 }
 
 }  // namespace cgt::cuda

@@ -3,6 +3,8 @@
 module;
 #include <cuda_runtime_api.h>
 
+#include "input_copy.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -95,6 +97,9 @@ class CudaRecording final : public backend::Recording {
   ~CudaRecording() override { (void)cudaGraphExecDestroy(exec_); }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
+    // Equal layouts: the covered span is copied as it is (a broadcast dimension once), by one
+    // kernel for up to kernels::max_copies inputs instead of one cudaMemcpyAsync each.
+    kernels::CopyBatch batch;
     for (const Copy& copy : copies_) {
       const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
       if (source.type() != copy.slot.type() || !std::ranges::equal(source.strides(), copy.slot.strides())) {
@@ -102,14 +107,15 @@ class CudaRecording final : public backend::Recording {
                                            " has another layout than when its graph was recorded; pass it with the "
                                            "recorded strides (a contiguous buffer keeps them)");
       }
-      // Equal layouts: the covered span is copied as it is (a broadcast dimension once).
-      if (auto copied =
-              checked(cudaMemcpyAsync(copy.slot.data(), source.data(), copy.bytes, cudaMemcpyDeviceToDevice, stream_),
-                      "copying an input into its slot");
-          !copied) {
-        return copied;
+      batch.jobs[batch.count++] = {.source = source.data(), .target = copy.slot.data(), .bytes = copy.bytes};
+      if (batch.count == kernels::max_copies) {
+        if (auto copied = checked(kernels::copy_inputs(batch, stream_), "copying inputs into their slots"); !copied)
+          return copied;
+        batch.count = 0;
       }
     }
+    if (auto copied = checked(kernels::copy_inputs(batch, stream_), "copying inputs into their slots"); !copied)
+      return copied;
     return checked(cudaGraphLaunch(exec_, stream_), "launching a graph");
   }
   // Outputs are plain device addresses: they never need rebinding.
@@ -385,8 +391,8 @@ Result<Pool> make_pool(PoolOptions options) {
   if (auto set = checked(cudaSetDevice(options.device), "selecting the device"); !set)
     return std::unexpected(set.error());
   cudaStream_t stream = nullptr;
-  // A blocking stream: the legacy default stream (cudaMemcpy, Buffer::read) waits for it.
-  if (auto created = checked(cudaStreamCreate(&stream), "creating the pool's stream"); !created) {
+  const unsigned flags = options.blocking_stream ? cudaStreamDefault : cudaStreamNonBlocking;
+  if (auto created = checked(cudaStreamCreateWithFlags(&stream, flags), "creating the pool's stream"); !created) {
     return std::unexpected(created.error());
   }
   auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory);

@@ -2,16 +2,20 @@
 module;
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
+#include "input_copy.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +27,20 @@ import :internal;
 
 namespace cgt::torch {
 namespace {
+
+Result<void> launched(cudaError_t status, const char* doing) {
+  if (status == cudaSuccess) return {};
+  (void)cudaGetLastError();  // clear a non-sticky error for the next call
+  return fail(Errc::backend_error, std::string("CUDA failed while ") + doing + ": " + cudaGetErrorString(status));
+}
+
+// The offset of the device's default generator, which CUDAGraph::replay advances by what the
+// graph draws.
+std::uint64_t philox_offset(c10::DeviceIndex index) {
+  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(index);
+  const std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get<at::CUDAGeneratorImpl>()->philox_offset_per_thread();
+}
 
 // An input copied into a pool slot on every replay.
 struct CopiedInput {
@@ -44,9 +62,12 @@ struct OutputLayout {
 
 class TorchRecording final : public backend::Recording {
  public:
-  TorchRecording(std::unique_ptr<at::cuda::CUDAGraph> graph, std::vector<CopiedInput> copies,
+  // `exec` is the graph's executable to launch directly, or null when replays must go through
+  // CUDAGraph::replay (the graph draws random numbers).
+  TorchRecording(std::unique_ptr<at::cuda::CUDAGraph> graph, cudaGraphExec_t exec, std::vector<CopiedInput> copies,
                  std::vector<OutputLayout> layouts, c10::DeviceIndex device)
       : graph_(std::move(graph)),
+        exec_(exec),
         copies_(std::move(copies)),
         layouts_(std::move(layouts)),
         outputs_(layouts_.size()),
@@ -62,23 +83,31 @@ class TorchRecording final : public backend::Recording {
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
-      const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(device_);
+      const c10::cuda::CUDAGuard device_guard(device_);
+      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_).stream();
+      // The common case without the dispatcher: contiguous inputs of the recorded dtype are
+      // copied by one kernel for up to kernels::max_copies of them; the rest by copy_.
+      kernels::CopyBatch batch;
       for (const CopiedInput& copy : copies_) {
         const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
-        if (copy.memcpy_ok && source.is_contiguous() && source.scalar_type() == copy.slot.scalar_type()) {
-          // The common case without the dispatcher: one asynchronous copy on the replay's stream.
-          const cudaError_t status = cudaMemcpyAsync(copy.slot.data_ptr(), source.data_ptr(), copy.bytes,
-                                                     cudaMemcpyDeviceToDevice, stream.stream());
-          if (status != cudaSuccess) {
-            return fail(Errc::backend_error,
-                        std::string("copying an input into its slot: ") + cudaGetErrorString(status));
-          }
-        } else {
+        if (!copy.memcpy_ok || !source.is_contiguous() || source.scalar_type() != copy.slot.scalar_type()) {
           copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
+          continue;
+        }
+        batch.jobs[batch.count++] = {.source = source.data_ptr(), .target = copy.slot.data_ptr(), .bytes = copy.bytes};
+        if (batch.count == kernels::max_copies) {
+          if (auto copied = launched(kernels::copy_inputs(batch, stream), "copying inputs into their slots"); !copied)
+            return copied;
+          batch.count = 0;
         }
       }
-      graph_->replay();
-      return {};
+      if (auto copied = launched(kernels::copy_inputs(batch, stream), "copying inputs into their slots"); !copied)
+        return copied;
+      if (exec_ == nullptr) {
+        graph_->replay();  // draws random numbers: CUDAGraph advances the generator's offset
+        return {};
+      }
+      return launched(cudaGraphLaunch(exec_, stream), "launching a graph");
     });
   }
 
@@ -108,6 +137,7 @@ class TorchRecording final : public backend::Recording {
   }
 
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
+  cudaGraphExec_t exec_;  // owned by graph_
   std::vector<CopiedInput> copies_;
   std::vector<OutputLayout> layouts_;
   std::vector<at::Tensor> outputs_;  // handed out on replay; never resized (their addresses are registered)
@@ -231,13 +261,17 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
     c10::cuda::CUDAGuard device_guard(state.index);
     std::vector<CopiedInput> copies = describe_copies(slots, state.index);
+    const std::uint64_t offset_before = philox_offset(state.index);
     graph->replay();  // capture ran nothing: this run produces the first outputs
+    // A graph that left the default generator's offset alone draws no random numbers: its
+    // replays launch it directly, without CUDAGraph::replay's generator bookkeeping.
+    cudaGraphExec_t exec = philox_offset(state.index) == offset_before ? graph->raw_cuda_graph_exec() : nullptr;
     c10::cuda::device_synchronize();
     inputs.tensors.clear();  // the slots' memory is free for the pool again (outputs may keep some)
     slots.clear();
     backend::Recorded recorded;
     recorded.first_outputs = describe_outputs(state, std::move(*outputs), true);
-    recorded.recording = std::make_unique<TorchRecording>(std::move(graph), std::move(copies),
+    recorded.recording = std::make_unique<TorchRecording>(std::move(graph), exec, std::move(copies),
                                                           describe_layouts(recorded.first_outputs), state.index);
     return recorded;
   });

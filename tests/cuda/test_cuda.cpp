@@ -133,6 +133,49 @@ TEST_CASE("cuda/a copied input with another layout than recorded fails cleanly",
   CHECK(H::read(must(must(f({square})).get(0)).get()).data[5] == 6);
 }
 
+// Replays copy inputs into their slots by one kernel per eight inputs: ten inputs of different
+// sizes take two launches, and every element of every input must arrive.
+TEST_CASE("cuda/ten copied inputs of different sizes all reach the graph on every replay", "[gpu]") {
+  REQUIRE_GPU();
+  constexpr int count = 10;
+  auto pool = must(H::make_pool({}));
+  auto total = must(pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        // out[e] = the sum over inputs i of in[i][e % numel(i)], by sum_inputs over rotating views
+        const std::int64_t n = 1024;
+        cgt::cuda::Buffer acc = ctx.allocate(cgt::ElementType::f32, {n});
+        (void)cudaMemsetAsync(acc.data(), 0, n * sizeof(float), ctx.stream());
+        for (std::size_t i = 0; i < in.size(); ++i) {
+          const std::int64_t size = static_cast<std::int64_t>(in[i].numel());
+          for (std::int64_t start = 0; start < n; start += size) {
+            (void)cgt_test::sum_inputs(acc.as<float>() + start, in[i].as<float>(), nullptr, nullptr,
+                                       acc.as<float>() + start, std::min(size, n - start), ctx.stream());
+          }
+        }
+        return cgt::cuda::Values{acc};
+      },
+      {.name = "total"}));
+  for (int step = 0; step < 4; ++step) {
+    std::vector<scenario::HostTensor> hosts;
+    std::vector<H::Value> inputs;
+    for (int i = 0; i < count; ++i) {
+      scenario::HostTensor t = scenario::HostTensor::iota({std::int64_t{8} << (i % 8)});  // 8 .. 1024 floats
+      for (double& x : t.data) x = x * (i + 1) + step;
+      hosts.push_back(t);
+      inputs.push_back(H::make(t));
+    }
+    const std::vector<cgt::Arg<cgt::cuda::Backend>> args(inputs.begin(), inputs.end());
+    pool.mark_step_begin();
+    const auto out = H::read(must(must(total(args)).get(0)).get());
+    for (std::size_t e = 0; e < out.data.size(); ++e) {
+      double expected = 0;
+      for (const auto& t : hosts) expected += t.data[e % t.data.size()];
+      REQUIRE(out.data[e] == expected);
+    }
+  }
+  CHECK(pool.stats().replays >= 2);
+}
+
 TEST_CASE("cuda/work that cannot be captured fails the recording, and the pool stays usable", "[gpu]") {
   REQUIRE_GPU();
   auto pool = must(H::make_pool({.skip_warmup = true}));
