@@ -2,9 +2,8 @@
 // the tests leak:
 //  * libtorch keeps its cuBLAS handles for the life of the process (a deliberately leaked
 //    singleton in its handle pool), and cuBLAS allocates device memory for them. main() creates
-//    the handle first, in one place, so that those allocations always carry the same backtrace;
-//    `--only-create-cublas-handle` stops there, and scripts/gpu-test.sh saves that run's leak
-//    report as the suppression file of the full run.
+//    the handle first, in one place, so that those allocations carry one backtrace, through
+//    libcublas, that scripts/memcheck-report.py tells apart from the tests' own.
 //  * After the tests, cached device and pinned host memory is handed back.
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -12,8 +11,6 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <catch2/catch_session.hpp>
-
-#include <cstring>
 
 namespace {
 
@@ -35,10 +32,6 @@ void hand_back_cached_memory() {
 int main(int argc, char* argv[]) {
   const bool has_device = c10::cuda::device_count() > 0;
   if (has_device) create_cublas_handle();
-  if (argc > 1 && std::strcmp(argv[1], "--only-create-cublas-handle") == 0) {
-    if (has_device) hand_back_cached_memory();
-    return 0;
-  }
   const int result = Catch::Session().run(argc, argv);
   if (has_device) hand_back_cached_memory();
   return result;
