@@ -393,7 +393,10 @@ void scaling() {
   }
 }
 
+// Time to warm up and record the first calls, and to re-record after a static input moved (the
+// median of `moves` moves, each to a new address), for K kernels.
 void capture() {
+  constexpr int moves = 8;
   const auto options = at::TensorOptions().device(at::kCUDA, 0);
   auto timed_ms = [](const std::function<void()>& work) {
     check(cudaDeviceSynchronize(), "sync");
@@ -402,42 +405,59 @@ void capture() {
     check(cudaDeviceSynchronize(), "sync");
     return seconds_since(start) * 1e3;
   };
-  {
-    auto pool = must(cgt::torch::make_pool({.device = 0}));
-    const at::Tensor x = at::rand({elements}, options), w1 = at::rand({elements}, options),
-                     w2 = at::rand({elements}, options);
-    auto f =
-        must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{torch_work({in[0], in[1]}, 10)}; },
-                               {.name = "f", .static_inputs = {1}}));
-    const double first = timed_ms([&] {
-      (void)must(f({x, w1}));
-      pool.mark_step_begin();
-      (void)must(f({x, w1}));
-    });
-    pool.mark_step_begin();
-    const double moved = timed_ms([&] { (void)must(f({x, w2})); });
-    std::printf("capture,K=10,cgt.torch,%.3f,%.3f\n", first, moved);
-  }
-  {
-    auto pool = must(cgt::cuda::make_pool({.device = 0}));
-    auto w1 = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
-    auto w2 = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
-    auto x = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
-    auto f = must(pool.add_function(
-        [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
-          cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
-          raw_work({in[0].as<float>(), in[1].as<float>()}, out.as<float>(), 10, ctx.stream());
-          return cgt::cuda::Values{out};
-        },
-        {.name = "f", .static_inputs = {1}}));
-    const double first = timed_ms([&] {
-      (void)must(f({x, w1}));
-      pool.mark_step_begin();
-      (void)must(f({x, w1}));
-    });
-    pool.mark_step_begin();
-    const double moved = timed_ms([&] { (void)must(f({x, w2})); });
-    std::printf("capture,K=10,cgt.cuda,%.3f,%.3f\n", first, moved);
+  auto report = [](int kernels, const char* method, double first, std::vector<double> moved) {
+    std::ranges::sort(moved);
+    std::printf("capture,K=%d,%s,%.3f,%.3f\n", kernels, method, first, moved[moved.size() / 2]);
+    std::fflush(stdout);
+  };
+  for (const int kernels : {10, 100}) {
+    {
+      auto pool = must(cgt::torch::make_pool({.device = 0}));
+      const at::Tensor x = at::rand({elements}, options);
+      std::vector<at::Tensor> weights;
+      for (int i = 0; i <= moves; ++i) weights.push_back(at::rand({elements}, options));
+      auto f = must(pool.add_function(
+          [kernels](cgt::torch::Inputs in) { return cgt::torch::Values{torch_work({in[0], in[1]}, kernels)}; },
+          {.name = "f", .static_inputs = {1}}));
+      const double first = timed_ms([&] {
+        (void)must(f({x, weights[0]}));
+        pool.mark_step_begin();
+        (void)must(f({x, weights[0]}));
+      });
+      std::vector<double> moved;
+      for (int i = 1; i <= moves; ++i) {
+        pool.mark_step_begin();
+        moved.push_back(timed_ms([&] { (void)must(f({x, weights[static_cast<std::size_t>(i)]})); }));
+      }
+      report(kernels, "cgt.torch", first, moved);
+    }
+    for (const bool in_place : {true, false}) {
+      auto pool = must(cgt::cuda::make_pool({.device = 0, .update_graphs_in_place = in_place}));
+      auto x = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements}));
+      std::vector<cgt::cuda::Buffer> weights;
+      for (int i = 0; i <= moves; ++i)
+        weights.push_back(must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {elements})));
+      auto f = must(pool.add_function(
+          [kernels](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+            cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
+            raw_work({in[0].as<float>(), in[1].as<float>()}, out.as<float>(), kernels, ctx.stream());
+            return cgt::cuda::Values{out};
+          },
+          {.name = "f", .static_inputs = {1}}));
+      const double first = timed_ms([&] {
+        (void)must(f({x, weights[0]}));
+        pool.mark_step_begin();
+        (void)must(f({x, weights[0]}));
+      });
+      std::vector<double> moved;
+      for (int i = 1; i <= moves; ++i) {
+        pool.mark_step_begin();
+        moved.push_back(timed_ms([&] { (void)must(f({x, weights[static_cast<std::size_t>(i)]})); }));
+      }
+      if (in_place && pool.device().graph_counts().updated_in_place != moves)
+        std::fprintf(stderr, "cgt.cuda did not update its graph in place\n");
+      report(kernels, in_place ? "cgt.cuda (update in place)" : "cgt.cuda (instantiate anew)", first, moved);
+    }
   }
 }
 

@@ -118,21 +118,28 @@ def memory():
     print(f"memory,decode loop batch 1 and 8,PyTorch trees (Python),{reserved},{peak}", flush=True)
 
 
-def capture():
-    cudagraph_trees.reset_cudagraph_trees()
+def capture(moves=8):
+    """Warm-up + recording of the first calls, and the median re-recording after a static input
+    moved to a new address, for K kernels."""
     torch._dynamo.config.inline_inbuilt_nn_modules = True  # re-record when a static input moves
-    x, w1, w2 = (torch.rand(ELEMENTS, device="cuda") for _ in range(3))
-    torch.cuda.synchronize()
-    start = time.perf_counter_ns()
-    fn = tree_function(lambda xs: torch_work(xs, 10), [x, w1], [1])  # the first call: a warm-up
-    fn([x, w1])  # the recording
-    torch.cuda.synchronize()
-    first = (time.perf_counter_ns() - start) / 1e6
-    start = time.perf_counter_ns()
-    fn([x, w2])
-    torch.cuda.synchronize()
-    moved = (time.perf_counter_ns() - start) / 1e6
-    print(f"capture,K=10,PyTorch trees (Python),{first:.3f},{moved:.3f}", flush=True)
+    for kernels in (10, 100):
+        cudagraph_trees.reset_cudagraph_trees()
+        x = torch.rand(ELEMENTS, device="cuda")
+        weights = [torch.rand(ELEMENTS, device="cuda") for _ in range(moves + 1)]
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        fn = tree_function(lambda xs, k=kernels: torch_work(xs, k), [x, weights[0]], [1])  # the first call: a warm-up
+        fn([x, weights[0]])  # the recording
+        torch.cuda.synchronize()
+        first = (time.perf_counter_ns() - start) / 1e6
+        moved = []
+        for w in weights[1:]:
+            start = time.perf_counter_ns()
+            fn([x, w])
+            torch.cuda.synchronize()
+            moved.append((time.perf_counter_ns() - start) / 1e6)
+        moved.sort()
+        print(f"capture,K={kernels},PyTorch trees (Python),{first:.3f},{moved[len(moved) // 2]:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -50,10 +50,14 @@ def main(path, out_dir, commit, gpu):
             table.append(f"| {dim} | {size} | {us:.2f} |\n")
     files["scaling.md"] = "".join(table)
 
-    capture = [header, "| K=10 kernels | warm-up + recording of the first calls (ms) | re-recording after a static input moved (ms) |\n|---|---|---|\n"]
+    capture = [header, "Wall time, ms. Re-recording: the median of 8 moves of a static input to a new address; "
+               "cgt.cuda updates the first graph's executable in place (cudaGraphExecUpdate) or, with that "
+               "option off, instantiates a new one.\n\n",
+               "| work | method | warm-up + recording of the first calls | re-recording after a static input moved |\n"
+               "|---|---|---|---|\n"]
     for row in rows:
         if row[0] == "capture":
-            capture.append(f"| {row[2]} | {float(row[3]):.2f} | {float(row[4]):.2f} |\n")
+            capture.append(f"| {row[1]} | {row[2]} | {float(row[3]):.3f} | {float(row[4]):.3f} |\n")
     files["capture.md"] = "".join(capture)
 
     for name, text in files.items():

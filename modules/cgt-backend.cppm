@@ -105,6 +105,10 @@ class Recording {
 /// What `Device::record` needs to know: which inputs are copied into pool slots.
 struct RecordPlan {
   std::span<const bool> copy_input;  ///< per input: copy into a pool slot (else pass as is)
+  /// When re-recording because a static input moved: the recording made for the old address
+  /// (same function, same place in the tree). It stays in the tree and may replay again, but
+  /// the backend may share its instantiated graph when the new one has the same topology.
+  Recording* replaces = nullptr;
 };
 
 /// A recording and the outputs of its first run.

@@ -150,6 +150,17 @@ struct PoolOptions {
   /// the pool's work. false makes it non-blocking, which launches faster (see bench/results),
   /// and then you order inputs with the pool's work yourself (`pool.device().stream()`, events).
   bool blocking_stream = true;
+  /// A re-recording because a static input moved, with the same graph topology as the recording
+  /// it redoes, updates that one's executable (cudaGraphExecUpdate) instead of instantiating its
+  /// own; the two then share it, and a replay of the one not loaded loads its graph back first.
+  bool update_graphs_in_place = true;
+};
+
+/// How a pool's graphs came to be: for tests, benchmarks and tuning.
+struct GraphCounts {
+  std::uint64_t instantiated = 0;      ///< executables instantiated (cudaGraphInstantiate)
+  std::uint64_t updated_in_place = 0;  ///< re-recordings that updated an earlier recording's executable
+  std::uint64_t switched = 0;          ///< replays that loaded their graph back into a shared executable
 };
 
 /// Number of usable CUDA devices (0 without a driver). Never throws.
@@ -158,7 +169,8 @@ struct PoolOptions {
 /// The CUDA device of one pool: its arena and its stream. Reach it with `pool.device()`.
 class Device final : public backend::Device {
  public:
-  Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory);
+  Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
+         bool update_graphs_in_place = true);
   ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -167,6 +179,7 @@ class Device final : public backend::Device {
   [[nodiscard]] Arena& arena() noexcept { return *arena_; }
   /// Waits for the pool's stream.
   [[nodiscard]] Result<void> synchronize() const;
+  [[nodiscard]] const GraphCounts& graph_counts() const noexcept { return counts_; }
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
@@ -197,6 +210,8 @@ class Device final : public backend::Device {
   cudaStream_t stream_;
   std::unique_ptr<Arena> arena_;
   bool poison_;
+  bool update_in_place_;
+  GraphCounts counts_;
 };
 
 /// The cuda backend, as `cgt::Pool` and friends need it.

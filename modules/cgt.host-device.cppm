@@ -130,6 +130,9 @@ class Device final : public backend::Device {
 
   [[nodiscard]] Arena& arena() noexcept { return *arena_; }
   [[nodiscard]] Stream& stream() noexcept { return stream_; }
+  /// Recordings for which the engine named the recording they redo because a static input moved
+  /// (the host backend has no graph to share with it; cgt.cuda updates that one's in place).
+  [[nodiscard]] std::size_t recordings_redoing_another() const noexcept { return redoing_another_; }
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
@@ -159,6 +162,7 @@ class Device final : public backend::Device {
   std::unique_ptr<Arena> arena_;
   Stream stream_;
   bool poison_;
+  std::size_t redoing_another_ = 0;
 };
 
 /// The host backend, as `cgt::Pool` and friends need it.

@@ -15,7 +15,7 @@ if [ ! -x "$build/bench/gpu_bench" ]; then
   cmake --build "$build" -j "$jobs" --target gpu_bench >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit="${CGT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"  # the device copy has no .git
 "$build/bench/gpu_bench" all "$calls" | tee "$out/results.csv"
 PYTHONUNBUFFERED=1 python3 bench/pytorch_trees.py all "$calls" 2>"$out/pytorch.log" | tee -a "$out/results.csv"
 python3 bench/report.py "$out/results.csv" "$out" "$commit" "$gpu"

@@ -172,6 +172,7 @@ enum class PathState : std::uint8_t { none, warmup, recording, execution };
 struct Match {
   Node* node = nullptr;
   bool static_moved = false;  ///< with `node`: matched, but a static input moved (error mode)
+  Node* moved_from = nullptr;  ///< rerecord mode: a child that matched but for a moved static input
   bool managed_moved = false;
   bool liveness_differs = false;
   std::int32_t moved_input = -1;
@@ -183,6 +184,9 @@ struct CallFrame {
   std::span<const backend::ArgDesc> descs;
   FunctionRecord* function = nullptr;
   Variant* variant = nullptr;
+  /// Recording because a static input moved: the node recorded at the old address, whose graph
+  /// the backend may update for the new one instead of instantiating another.
+  Node* rerecording_of = nullptr;
 };
 
 class Engine {

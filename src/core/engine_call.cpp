@@ -328,12 +328,14 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
       }
     }
     ++stats.failed_matches;
-    if (match.static_moved)
+    if (match.static_moved) {
       reason = NodeReason::static_input_moved;
-    else if (match.managed_moved)
+      frame.rerecording_of = match.moved_from;
+    } else if (match.managed_moved) {
       reason = NodeReason::managed_input_moved;
-    else if (match.liveness_differs)
+    } else if (match.liveness_differs) {
       reason = NodeReason::new_liveness_pattern;
+    }
 
     try_end_execution();
     if (current != nullptr) {

@@ -92,6 +92,7 @@ Match Engine::find_replayable_child(CallFrame& frame) {
     if (moved_static >= 0 && options.on_static_input_moved == OnStaticInputMoved::rerecord) {
       match.static_moved = true;
       match.moved_input = moved_static;
+      if (match.moved_from == nullptr) match.moved_from = &child;
       continue;
     }
     if (!liveness_allows(child, frame)) {

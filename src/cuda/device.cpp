@@ -81,7 +81,28 @@ Result<Values> invoke(backend::Invoker& invoker, Context& context, const Inputs&
   return outputs;
 }
 
-// A captured graph, instantiated and uploaded, with its input slots and outputs.
+// An instantiated graph, shared by the recordings of one function at one place in the tree that
+// differ only in where their static inputs were (a re-recording of the same topology updates it
+// with cudaGraphExecUpdate instead of instantiating its own). It runs one recording's graph at a
+// time; a replay of another loads that one's graph back first.
+struct SharedExec {
+  SharedExec(cudaGraph_t graph, cudaGraphExec_t instantiated, std::vector<kernels::CopyNode> copy_nodes)
+      : origin(graph), exec(instantiated), nodes(std::move(copy_nodes)) {}
+  SharedExec(const SharedExec&) = delete;
+  SharedExec& operator=(const SharedExec&) = delete;
+  ~SharedExec() {
+    (void)cudaGraphExecDestroy(exec);
+    (void)cudaGraphDestroy(origin);
+  }
+  cudaGraph_t origin;  // instantiated from: its copy nodes address the executable's
+  cudaGraphExec_t exec;
+  std::vector<kernels::CopyNode> nodes;  // origin's copy nodes, and what they copy now
+  const void* loaded = nullptr;          // the recording whose graph the executable runs now
+};
+
+// A captured graph, instantiated (or sharing an executable) and uploaded, with its input slots
+// and outputs. The graph begins with the copy nodes of the copied inputs (kernels::max_copies
+// inputs each, in input order), which each replay points at the call's inputs.
 class CudaRecording final : public backend::Recording {
  public:
   struct Copy {
@@ -90,44 +111,90 @@ class CudaRecording final : public backend::Recording {
     std::size_t bytes = 0;  // the span the layout covers, from its first element
   };
 
-  CudaRecording(cudaGraphExec_t exec, cudaStream_t stream, std::vector<Copy> copies, Values outputs)
-      : exec_(exec), stream_(stream), copies_(std::move(copies)), outputs_(std::move(outputs)) {}
+  // `graph` is null when it is `exec`'s origin (owned there), else owned here.
+  CudaRecording(std::shared_ptr<SharedExec> exec, cudaGraph_t graph, std::vector<kernels::CopyBatch> captured,
+                cudaStream_t stream, std::vector<Copy> copies, Values outputs, GraphCounts& counts)
+      : exec_(std::move(exec)),
+        graph_(graph),
+        captured_(std::move(captured)),
+        stream_(stream),
+        copies_(std::move(copies)),
+        outputs_(std::move(outputs)),
+        counts_(counts) {
+    exec_->loaded = this;
+  }
   CudaRecording(const CudaRecording&) = delete;
   CudaRecording& operator=(const CudaRecording&) = delete;
-  ~CudaRecording() override { (void)cudaGraphExecDestroy(exec_); }
+  ~CudaRecording() override {
+    if (exec_->loaded == this) exec_->loaded = nullptr;
+    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
+  }
+
+  [[nodiscard]] const std::shared_ptr<SharedExec>& shared_exec() const noexcept { return exec_; }
+  [[nodiscard]] const std::vector<kernels::CopyBatch>& captured() const noexcept { return captured_; }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
-    // Equal layouts: the covered span is copied as it is (a broadcast dimension once), by one
-    // kernel for up to kernels::max_copies inputs instead of one cudaMemcpyAsync each.
-    kernels::CopyBatch batch;
-    for (const Copy& copy : copies_) {
-      const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
-      if (source.type() != copy.slot.type() || !std::ranges::equal(source.strides(), copy.slot.strides())) {
-        return fail(Errc::wrong_shape, "input " + std::to_string(copy.input) +
-                                           " has another layout than when its graph was recorded; pass it with the "
-                                           "recorded strides (a contiguous buffer keeps them)");
+    if (exec_->loaded != this) {
+      if (auto loaded = load(); !loaded) return loaded;
+    }
+    // Equal layouts: the covered span is copied as it is (a broadcast dimension once).
+    for (std::size_t first = 0; first < copies_.size(); first += kernels::max_copies) {
+      kernels::CopyNode& node = exec_->nodes[first / kernels::max_copies];
+      kernels::CopyBatch batch = node.batch;
+      for (int job = 0; job < batch.count; ++job) {
+        const Copy& copy = copies_[first + static_cast<std::size_t>(job)];
+        const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
+        if (source.type() != copy.slot.type() || !std::ranges::equal(source.strides(), copy.slot.strides())) {
+          return fail(Errc::wrong_shape, "input " + std::to_string(copy.input) +
+                                             " has another layout than when its graph was recorded; pass it with the "
+                                             "recorded strides (a contiguous buffer keeps them)");
+        }
+        batch.jobs[job].source = source.data();  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
       }
-      batch.jobs[batch.count++] = {.source = source.data(), .target = copy.slot.data(), .bytes = copy.bytes};
-      if (batch.count == kernels::max_copies) {
-        if (auto copied = checked(kernels::copy_inputs(batch, stream_), "copying inputs into their slots"); !copied)
-          return copied;
-        batch.count = 0;
+      if (auto pointed = checked(kernels::retarget_copy(exec_->exec, node, batch), "pointing a graph at its inputs");
+          !pointed) {
+        return pointed;
       }
     }
-    if (auto copied = checked(kernels::copy_inputs(batch, stream_), "copying inputs into their slots"); !copied)
-      return copied;
-    return checked(cudaGraphLaunch(exec_, stream_), "launching a graph");
+    return checked(cudaGraphLaunch(exec_->exec, stream_), "launching a graph");
   }
   // Outputs are plain device addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
 
  private:
-  cudaGraphExec_t exec_;
+  // Loads this recording's graph into the shared executable (its copy nodes then copy what they
+  // were captured with, until the next retarget).
+  Result<void> load() {
+    cudaGraphExecUpdateResultInfo info{};
+    if (auto updated = checked(cudaGraphExecUpdate(exec_->exec, graph_ != nullptr ? graph_ : exec_->origin, &info),
+                               "loading a graph into its shared executable");
+        !updated) {
+      return updated;
+    }
+    for (std::size_t n = 0; n < captured_.size(); ++n) exec_->nodes[n].batch = captured_[n];
+    exec_->loaded = this;
+    ++counts_.switched;
+    return {};
+  }
+
+  std::shared_ptr<SharedExec> exec_;
+  cudaGraph_t graph_;                         // this recording's own graph, or null: exec_'s origin
+  std::vector<kernels::CopyBatch> captured_;  // what its copy nodes copy as captured
   cudaStream_t stream_;
   std::vector<Copy> copies_;
   Values outputs_;
+  GraphCounts& counts_;
 };
+
+// Whether a graph captured with `batches` can share `exec` (copy nodes of the same shape).
+bool same_copy_nodes(const SharedExec& exec, const std::vector<kernels::CopyNode>& nodes) {
+  if (exec.nodes.size() != nodes.size()) return false;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    if (exec.nodes[n].blocks != nodes[n].blocks || exec.nodes[n].batch.count != nodes[n].batch.count) return false;
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -153,8 +220,9 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
   return device_.allocate_in_pool(*this, type, sizes);
 }
 
-Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory)
-    : device_(device), stream_(stream), poison_(poison_dead_memory) {
+Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
+               bool update_graphs_in_place)
+    : device_(device), stream_(stream), poison_(poison_dead_memory), update_in_place_(update_graphs_in_place) {
   ArenaOptions options = arena;
   options.source.obtain = [device](std::size_t bytes, std::size_t /*alignment*/) -> std::byte* {
     void* memory = nullptr;  // cudaMalloc aligns to at least 256 bytes
@@ -240,8 +308,9 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   if (auto set = checked(cudaSetDevice(device_), "selecting the device"); !set) return std::unexpected(set.error());
   CallInputs inputs(args);
   Context context(*this, Context::Target::pool, true);
-  // Copied inputs get a slot of the same layout in the pool; replays copy the covered span.
+  // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span.
   std::vector<CudaRecording::Copy> copies;
+  std::vector<const std::byte*> sources;
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!plan.copy_input[i]) continue;
     const Buffer& source = inputs.buffers[i];
@@ -254,13 +323,8 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     }
     context.allocations_.push_back(address_of(*memory));
     const Buffer slot = source.on_storage(*memory, bytes).with_layout(layout);
-    if (auto copied = checked(cudaMemcpyAsync(slot.data(), source.data(), bytes, cudaMemcpyDeviceToDevice, stream_),
-                              "copying an input into its slot");
-        !copied) {
-      free_unreturned(context, {});
-      return std::unexpected(copied.error());
-    }
     copies.push_back({i, slot, bytes});
+    sources.push_back(source.data());
     inputs.buffers[i] = slot;
   }
 
@@ -269,7 +333,19 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     free_unreturned(context, {});
     return std::unexpected(began.error());
   }
-  auto outputs = invoke(fn, context, inputs.view());
+  std::vector<kernels::CopyNode> nodes;
+  cudaError_t copy_captured = cudaSuccess;
+  for (std::size_t first = 0; first < copies.size() && copy_captured == cudaSuccess; first += kernels::max_copies) {
+    kernels::CopyBatch batch;
+    for (std::size_t k = first; k < copies.size() && batch.count < kernels::max_copies; ++k) {
+      batch.jobs[batch.count++] = {.source = sources[k], .target = copies[k].slot.data(), .bytes = copies[k].bytes};
+    }
+    copy_captured = kernels::capture_copy(batch, stream_, nodes.emplace_back());
+  }
+  auto outputs = copy_captured == cudaSuccess
+                     ? invoke(fn, context, inputs.view())
+                     : Result<Values>(fail(Errc::backend_error, std::string("capturing the input copies failed: ") +
+                                                                    cudaGetErrorString(copy_captured)));
   cudaGraph_t graph = nullptr;
   const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);  // always: the stream must leave capture
   if (!outputs || ended != cudaSuccess) {
@@ -281,15 +357,40 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
                 std::string("the function's work cannot be captured into a graph: ") + cudaGetErrorString(ended));
   }
   free_unreturned(context, *outputs);  // slots and temporaries the outputs do not view
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
-  (void)cudaGraphDestroy(graph);
-  if (auto ok = checked(instantiated, "instantiating a graph"); !ok) return std::unexpected(ok.error());
-  auto recording = std::make_unique<CudaRecording>(exec, stream_, std::move(copies), *outputs);
-  if (auto uploaded = checked(cudaGraphUpload(exec, stream_), "uploading a graph"); !uploaded) {
-    return std::unexpected(uploaded.error());
+  std::vector<kernels::CopyBatch> captured;
+  for (const kernels::CopyNode& node : nodes) captured.push_back(node.batch);
+  // A re-recording because a static input moved: update the old recording's executable when the
+  // topology is the same, instead of instantiating another.
+  std::unique_ptr<CudaRecording> recording;
+  if (auto* previous = static_cast<CudaRecording*>(plan.replaces);
+      previous != nullptr && update_in_place_ && same_copy_nodes(*previous->shared_exec(), nodes)) {
+    const std::shared_ptr<SharedExec>& shared = previous->shared_exec();
+    cudaGraphExecUpdateResultInfo info{};
+    if (cudaGraphExecUpdate(shared->exec, graph, &info) == cudaSuccess) {
+      for (std::size_t n = 0; n < nodes.size(); ++n) shared->nodes[n].batch = captured[n];
+      recording = std::make_unique<CudaRecording>(shared, graph, std::move(captured), stream_, std::move(copies),
+                                                  *outputs, counts_);
+      ++counts_.updated_in_place;
+    } else {
+      (void)cudaGetLastError();  // another topology: instantiate below
+    }
   }
-  // Capture ran nothing: this launch produces the first outputs.
+  if (recording == nullptr) {
+    cudaGraphExec_t exec = nullptr;
+    if (auto ok = checked(cudaGraphInstantiate(&exec, graph, 0), "instantiating a graph"); !ok) {
+      (void)cudaGraphDestroy(graph);
+      return std::unexpected(ok.error());
+    }
+    ++counts_.instantiated;
+    auto shared = std::make_shared<SharedExec>(graph, exec, std::move(nodes));
+    recording = std::make_unique<CudaRecording>(std::move(shared), nullptr, std::move(captured), stream_,
+                                                std::move(copies), *outputs, counts_);
+    if (auto uploaded = checked(cudaGraphUpload(exec, stream_), "uploading a graph"); !uploaded) {
+      return std::unexpected(uploaded.error());
+    }
+  }
+  const cudaGraphExec_t exec = recording->shared_exec()->exec;
+  // Capture ran nothing: this launch copies the inputs and produces the first outputs.
   if (auto launched = checked(cudaGraphLaunch(exec, stream_), "launching a new graph"); !launched) {
     return std::unexpected(launched.error());
   }
@@ -395,7 +496,8 @@ Result<Pool> make_pool(PoolOptions options) {
   if (auto created = checked(cudaStreamCreateWithFlags(&stream, flags), "creating the pool's stream"); !created) {
     return std::unexpected(created.error());
   }
-  auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory);
+  auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory,
+                                         options.update_graphs_in_place);
   return Pool::adopt(detail::make_engine(std::move(device), std::move(options.tree)));
 }
 

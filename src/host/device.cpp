@@ -199,6 +199,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
 
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                          const backend::RecordPlan& plan) {
+  if (plan.replaces != nullptr) ++redoing_another_;
   CallInputs inputs(args);
   Context context(*this, Context::Target::pool);
   // Copied inputs get a slot in the pool with the same layout; replays copy into it.

@@ -1,10 +1,12 @@
-// The batched input copy of input_copy.hpp.
+// The captured input copies of input_copy.hpp.
 #include "input_copy.hpp"
 
 #include <cstdint>
 
 namespace cgt::kernels {
 namespace {
+
+constexpr unsigned threads = 256;
 
 // blockIdx.y picks the job; the blocks along x stride over its bytes, 16 at a time when the
 // job is aligned for it (tensors' storages are), else one at a time.
@@ -25,20 +27,56 @@ __global__ void copy_kernel(CopyBatch batch) {
   for (; i < job.bytes; i += stride) to[i] = from[i];
 }
 
+bool same_jobs(const CopyBatch& a, const CopyBatch& b) {
+  if (a.count != b.count) return false;
+  for (int j = 0; j < a.count; ++j) {
+    if (a.jobs[j].source != b.jobs[j].source || a.jobs[j].target != b.jobs[j].target ||
+        a.jobs[j].bytes != b.jobs[j].bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
-cudaError_t copy_inputs(const CopyBatch& batch, cudaStream_t stream) {
-  if (batch.count <= 0) return cudaSuccess;
+cudaError_t capture_copy(const CopyBatch& batch, cudaStream_t stream, CopyNode& node) {
   std::size_t largest = 0;
   for (int j = 0; j < batch.count; ++j) largest = batch.jobs[j].bytes > largest ? batch.jobs[j].bytes : largest;
-  // Enough blocks for one 16-byte unit per thread of the largest job, capped at a few waves of
-  // an H100/H200 (132 SMs); larger jobs loop.
-  constexpr unsigned threads = 256;
+  // One 16-byte unit per thread of the largest job, up to a few waves of an H100/H200 (132
+  // SMs); larger jobs loop.
   constexpr std::size_t max_blocks = 1024;
   const std::size_t wanted = (largest / 16 + threads - 1) / threads;
-  const auto blocks = static_cast<unsigned>(wanted == 0 ? 1 : (wanted < max_blocks ? wanted : max_blocks));
-  copy_kernel<<<dim3(blocks, static_cast<unsigned>(batch.count)), threads, 0, stream>>>(batch);
-  return cudaGetLastError();
+  node.blocks = static_cast<unsigned>(wanted == 0 ? 1 : (wanted < max_blocks ? wanted : max_blocks));
+  node.batch = batch;
+  copy_kernel<<<dim3(node.blocks, static_cast<unsigned>(batch.count)), threads, 0, stream>>>(batch);
+  if (const cudaError_t launched = cudaGetLastError(); launched != cudaSuccess) return launched;
+  // Right after the launch, the capture's only dependency is the node it added.
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaGraphNode_t* dependencies = nullptr;
+  std::size_t count = 0;
+  const cudaError_t queried =
+      cudaStreamGetCaptureInfo(stream, &status, nullptr, nullptr, &dependencies, nullptr, &count);
+  if (queried != cudaSuccess) return queried;
+  if (status != cudaStreamCaptureStatusActive || count != 1) return cudaErrorIllegalState;
+  node.node = dependencies[0];
+  return cudaSuccess;
+}
+
+cudaError_t retarget_copy(cudaGraphExec_t exec, CopyNode& node, const CopyBatch& batch) {
+  if (same_jobs(node.batch, batch)) return cudaSuccess;
+  CopyBatch argument = batch;
+  void* arguments[] = {&argument};
+  cudaKernelNodeParams params{};
+  params.func = reinterpret_cast<void*>(&copy_kernel);
+  params.gridDim = dim3(node.blocks, static_cast<unsigned>(batch.count));
+  params.blockDim = dim3(threads);
+  params.sharedMemBytes = 0;
+  params.kernelParams = arguments;
+  params.extra = nullptr;
+  const cudaError_t set = cudaGraphExecKernelNodeSetParams(exec, node.node, &params);
+  if (set == cudaSuccess) node.batch = batch;
+  return set;
 }
 
 }  // namespace cgt::kernels

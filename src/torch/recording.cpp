@@ -46,8 +46,10 @@ std::uint64_t philox_offset(c10::DeviceIndex index) {
 struct CopiedInput {
   std::size_t index = 0;
   at::Tensor slot;         // the slot without broadcast dimensions, over memory the pool owns
-  bool memcpy_ok = false;  // contiguous, not broadcast: a plain memcpy will do
+  bool memcpy_ok = false;  // contiguous, not broadcast: the graph's copy nodes copy it
   std::size_t bytes = 0;
+  std::size_t node = 0;  // memcpy_ok: the copy node, and the job in it
+  int job = 0;
 };
 
 // How to rebuild an output over a storage on replay.
@@ -60,15 +62,19 @@ struct OutputLayout {
   at::Tensor recorded;  // outputs that are not pool memory (parameters, constants) are returned as recorded
 };
 
+// A recorded graph that begins with the copy nodes of its contiguous copied inputs; each replay
+// points them at the call's inputs.
 class TorchRecording final : public backend::Recording {
  public:
-  // `exec` is the graph's executable to launch directly, or null when replays must go through
-  // CUDAGraph::replay (the graph draws random numbers).
-  TorchRecording(std::unique_ptr<at::cuda::CUDAGraph> graph, cudaGraphExec_t exec, std::vector<CopiedInput> copies,
-                 std::vector<OutputLayout> layouts, c10::DeviceIndex device)
+  // `direct_launch`: replays launch the graph's executable themselves, skipping CUDAGraph::replay
+  // (which the graph needs only when it draws random numbers).
+  TorchRecording(std::unique_ptr<at::cuda::CUDAGraph> graph, bool direct_launch, std::vector<CopiedInput> copies,
+                 std::vector<kernels::CopyNode> nodes, std::vector<OutputLayout> layouts, c10::DeviceIndex device)
       : graph_(std::move(graph)),
-        exec_(exec),
+        exec_(graph_->raw_cuda_graph_exec()),
+        direct_launch_(direct_launch),
         copies_(std::move(copies)),
+        nodes_(std::move(nodes)),
         layouts_(std::move(layouts)),
         outputs_(layouts_.size()),
         bound_(layouts_.size()),
@@ -77,37 +83,41 @@ class TorchRecording final : public backend::Recording {
   TorchRecording& operator=(const TorchRecording&) = delete;
   ~TorchRecording() override {
     for (std::size_t i = 0; i < bound_.size(); ++i) {
-      if (bound_[i]) bound_[i]->remove_view(&outputs_[i]);
+      unbind(i);
     }
   }
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
       const c10::cuda::CUDAGuard device_guard(device_);
-      const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device_).stream();
-      // The common case without the dispatcher: contiguous inputs of the recorded dtype are
-      // copied by one kernel for up to kernels::max_copies of them; the rest by copy_.
-      kernels::CopyBatch batch;
+      // Contiguous inputs of the recorded dtype are copied by the graph's copy nodes, without the
+      // dispatcher; the rest by copy_ (and their job in a copy node is emptied).
+      std::vector<kernels::CopyBatch> batches;
+      batches.reserve(nodes_.size());
+      for (const kernels::CopyNode& node : nodes_) batches.push_back(node.batch);
       for (const CopiedInput& copy : copies_) {
         const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
-        if (!copy.memcpy_ok || !source.is_contiguous() || source.scalar_type() != copy.slot.scalar_type()) {
-          copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
-          continue;
-        }
-        batch.jobs[batch.count++] = {.source = source.data_ptr(), .target = copy.slot.data_ptr(), .bytes = copy.bytes};
-        if (batch.count == kernels::max_copies) {
-          if (auto copied = launched(kernels::copy_inputs(batch, stream), "copying inputs into their slots"); !copied)
-            return copied;
-          batch.count = 0;
+        const bool by_node =
+            copy.memcpy_ok && source.is_contiguous() && source.scalar_type() == copy.slot.scalar_type();
+        if (!by_node) copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
+        if (!copy.memcpy_ok) continue;
+        kernels::CopyJob& job =
+            batches[copy.node].jobs[copy.job];  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
+        job.source = by_node ? source.data_ptr() : nullptr;
+        job.bytes = by_node ? copy.bytes : 0;
+      }
+      for (std::size_t n = 0; n < nodes_.size(); ++n) {
+        if (auto pointed =
+                launched(kernels::retarget_copy(exec_, nodes_[n], batches[n]), "pointing a graph at its inputs");
+            !pointed) {
+          return pointed;
         }
       }
-      if (auto copied = launched(kernels::copy_inputs(batch, stream), "copying inputs into their slots"); !copied)
-        return copied;
-      if (exec_ == nullptr) {
+      if (!direct_launch_) {
         graph_->replay();  // draws random numbers: CUDAGraph advances the generator's offset
         return {};
       }
-      return launched(cudaGraphLaunch(exec_, stream), "launching a graph");
+      return launched(cudaGraphLaunch(exec_, c10::cuda::getCurrentCUDAStream(device_).stream()), "launching a graph");
     });
   }
 
@@ -136,9 +146,11 @@ class TorchRecording final : public backend::Recording {
     bound_[i].reset();
   }
 
-  std::unique_ptr<at::cuda::CUDAGraph> graph_;
-  cudaGraphExec_t exec_;  // owned by graph_
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;  // keeps its graph: the copy nodes are its nodes
+  cudaGraphExec_t exec_;                        // owned by graph_
+  bool direct_launch_;
   std::vector<CopiedInput> copies_;
+  std::vector<kernels::CopyNode> nodes_;
   std::vector<OutputLayout> layouts_;
   std::vector<at::Tensor> outputs_;  // handed out on replay; never resized (their addresses are registered)
   std::vector<std::shared_ptr<TorchStorage>> bound_;
@@ -184,6 +196,7 @@ std::vector<at::Tensor> make_slots(Device::State& state, CallInputs& inputs, con
 // recording, like any memory the graph used (later graphs may reuse it between replays).
 std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, c10::DeviceIndex device) {
   std::vector<CopiedInput> copies;
+  std::size_t nodes = 0;  // copies by node so far
   for (std::size_t i = 0; i < slots.size(); ++i) {
     if (!slots[i].defined()) continue;
     const at::Tensor& slot = slots[i];
@@ -195,9 +208,34 @@ std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, c
     copy.memcpy_ok = slot.is_contiguous();
     copy.slot = without_broadcast(view);
     copy.bytes = static_cast<std::size_t>(slot.numel()) * slot.element_size();
+    if (copy.memcpy_ok) {
+      copy.node = nodes / kernels::max_copies;
+      copy.job = static_cast<int>(nodes % kernels::max_copies);
+      ++nodes;
+    }
     copies.push_back(std::move(copy));
   }
   return copies;
+}
+
+// Captures the copy nodes of the contiguous copied inputs, from the recording's inputs.
+cudaError_t capture_copies(const std::vector<CopiedInput>& copies, std::span<const backend::ArgSlot> args,
+                           cudaStream_t stream, std::vector<kernels::CopyNode>& nodes) {
+  std::vector<kernels::CopyBatch> batches;
+  for (const CopiedInput& copy : copies) {
+    if (!copy.memcpy_ok) continue;
+    if (copy.node == batches.size()) batches.emplace_back();
+    const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
+    kernels::CopyBatch& batch = batches[copy.node];
+    batch.jobs[batch.count++] = {.source = source.data_ptr(), .target = copy.slot.data_ptr(), .bytes = copy.bytes};
+  }
+  for (const kernels::CopyBatch& batch : batches) {
+    if (const cudaError_t captured = kernels::capture_copy(batch, stream, nodes.emplace_back());
+        captured != cudaSuccess) {
+      return captured;
+    }
+  }
+  return cudaSuccess;
 }
 
 std::vector<OutputLayout> describe_layouts(const backend::RunResult& first) {
@@ -226,19 +264,29 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   State& state = *state_;
   CallInputs inputs(args);
   std::vector<at::Tensor> slots;
-  auto graph = std::make_unique<at::cuda::CUDAGraph>();
+  std::vector<CopiedInput> copies;
+  std::vector<kernels::CopyNode> nodes;
+  // The graph is kept after instantiation: the copy nodes are updated through its nodes.
+  auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
   Result<Values> outputs = std::unexpected(Error{});
   auto captured = guarded("recording", [&]() -> Result<void> {
     c10::cuda::CUDAGuard device_guard(state.index);
     c10::cuda::device_synchronize();
     slots = make_slots(state, inputs, plan);
+    copies = describe_copies(slots, state.index);
     c10::cuda::device_synchronize();
     const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
     // cuBLAS keeps workspaces between calls; cleared around the capture, the graph's workspace
     // is allocated in the pool and accounted for there.
     at::cuda::clearCublasWorkspaces();
     graph->capture_begin(state.pool, cudaStreamCaptureModeThreadLocal);
-    outputs = invoke(fn, inputs);
+    if (const cudaError_t copied = capture_copies(copies, args, state.stream.stream(), nodes); copied != cudaSuccess) {
+      (void)cudaGetLastError();
+      outputs =
+          fail(Errc::backend_error, std::string("capturing the input copies failed: ") + cudaGetErrorString(copied));
+    } else {
+      outputs = invoke(fn, inputs);
+    }
     if (!outputs) {
       end_failed_capture(*graph, state);
       at::cuda::clearCublasWorkspaces();
@@ -252,6 +300,13 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
       outputs = fail(Errc::function_failed, std::string("the captured work cannot be graphed: ") + error.what());
       return {};
     }
+    try {
+      graph->instantiate();
+    } catch (const std::exception& error) {  // the capture ended: the graph's destructor gives its pool use back
+      at::cuda::clearCublasWorkspaces();
+      outputs = fail(Errc::function_failed, std::string("the captured graph cannot be instantiated: ") + error.what());
+      return {};
+    }
     at::cuda::clearCublasWorkspaces();
     return {};
   });
@@ -260,19 +315,19 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
 
   return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
     c10::cuda::CUDAGuard device_guard(state.index);
-    std::vector<CopiedInput> copies = describe_copies(slots, state.index);
     const std::uint64_t offset_before = philox_offset(state.index);
-    graph->replay();  // capture ran nothing: this run produces the first outputs
+    graph->replay();  // capture ran nothing: this run copies the inputs and produces the first outputs
     // A graph that left the default generator's offset alone draws no random numbers: its
     // replays launch it directly, without CUDAGraph::replay's generator bookkeeping.
-    cudaGraphExec_t exec = philox_offset(state.index) == offset_before ? graph->raw_cuda_graph_exec() : nullptr;
+    const bool direct_launch = philox_offset(state.index) == offset_before;
     c10::cuda::device_synchronize();
     inputs.tensors.clear();  // the slots' memory is free for the pool again (outputs may keep some)
     slots.clear();
     backend::Recorded recorded;
     recorded.first_outputs = describe_outputs(state, std::move(*outputs), true);
-    recorded.recording = std::make_unique<TorchRecording>(std::move(graph), exec, std::move(copies),
-                                                          describe_layouts(recorded.first_outputs), state.index);
+    recorded.recording =
+        std::make_unique<TorchRecording>(std::move(graph), direct_launch, std::move(copies), std::move(nodes),
+                                         describe_layouts(recorded.first_outputs), state.index);
     return recorded;
   });
 }

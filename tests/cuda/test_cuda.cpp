@@ -176,6 +176,42 @@ TEST_CASE("cuda/ten copied inputs of different sizes all reach the graph on ever
   CHECK(pool.stats().replays >= 2);
 }
 
+// A static input that moves is re-recorded as a sibling (PyTorch's rule), and the re-recording,
+// of the same topology, updates the first graph's executable instead of instantiating another.
+// Both addresses keep replaying correctly, each loading its graph back when the other ran last.
+TEST_CASE("cuda/a moved static input updates the recorded graph in place, and every address still replays", "[gpu]") {
+  REQUIRE_GPU();
+  for (const bool in_place : {true, false}) {
+    INFO("update_graphs_in_place = " << in_place);
+    cgt::cuda::PoolOptions options;
+    options.update_graphs_in_place = in_place;
+    options.poison_dead_memory = true;
+    auto pool = must(cgt::cuda::make_pool(std::move(options)));
+    auto scale = must(H::add(
+        pool, scenario::FnSpec{
+                  "scale", {scenario::map(scenario::in(0) * scenario::in(1))}, {scenario::temp_out(0)}, {}, {1}, {}}));
+    std::vector<H::Value> weights;
+    for (int w = 0; w < 3; ++w) weights.push_back(H::make(scenario::HostTensor::full({4}, w + 2)));
+    // weight 0: warm-up, then the first recording; weights 1 and 2: re-recordings; then replays
+    // that alternate between the three graphs.
+    const std::vector<int> order{0, 0, 1, 2, 0, 1, 2, 1, 0};
+    for (std::size_t step = 0; step < order.size(); ++step) {
+      const auto w = static_cast<std::size_t>(order[step]);
+      const auto x = static_cast<double>(step + 1);
+      pool.mark_step_begin();
+      auto out = must(scale({H::make(scenario::HostTensor::full({4}, x)), weights[w]}));
+      CHECK(H::read(must(out.get(0)).get()).data[3] == x * static_cast<double>(w + 2));
+      CHECK(out.kind() ==
+            (step == 0 ? cgt::CallKind::warmup : (step < 4 ? cgt::CallKind::recording : cgt::CallKind::replay)));
+    }
+    CHECK(pool.stats().rerecords == 2);
+    const cgt::cuda::GraphCounts& counts = pool.device().graph_counts();
+    CHECK(counts.instantiated == (in_place ? 1U : 3U));
+    CHECK(counts.updated_in_place == (in_place ? 2U : 0U));
+    CHECK(counts.switched == (in_place ? 5U : 0U));
+  }
+}
+
 TEST_CASE("cuda/work that cannot be captured fails the recording, and the pool stays usable", "[gpu]") {
   REQUIRE_GPU();
   auto pool = must(H::make_pool({.skip_warmup = true}));

@@ -283,6 +283,36 @@ TEST_CASE("torch/shutdown with outputs still leased", "[gpu]") {
   held.clear();  // dropping leases after shutdown frees nothing twice
 }
 
+// Replays copy contiguous inputs by the graph's copy nodes (eight inputs each) and the rest by
+// copy_: ten inputs take two nodes, and a replay that passes a strided view for one of them
+// must still compute with the values it passed, then with the next call's.
+TEST_CASE("torch/ten copied inputs, some passed as strided views, reach every replay", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = new_pool();
+  auto total = must(pool.add_function(
+      [](cgt::torch::Inputs in) {
+        at::Tensor sum = in[0] * 1;
+        for (std::size_t i = 1; i < in.size(); ++i) sum = sum + in[i] * static_cast<double>(i + 1);
+        return cgt::torch::Values{sum};
+      },
+      {.name = "total"}));
+  for (int step = 0; step < 6; ++step) {
+    std::vector<at::Tensor> inputs;
+    for (int i = 0; i < 10; ++i) inputs.push_back(at::randn({16, 16}, cuda()));
+    if (step == 3) inputs[9] = inputs[9].t().contiguous().t();                // same values, transposed strides
+    if (step == 4) inputs[2] = at::randn({16, 32}, cuda()).narrow(1, 8, 16);  // rows 32 apart: copy_
+    if (step == 5) inputs[7] = at::randn({32, 16}, cuda()).narrow(0, 8, 16);  // contiguous at an offset
+    at::Tensor expected = inputs[0] * 1;
+    for (std::size_t i = 1; i < inputs.size(); ++i) expected = expected + inputs[i] * static_cast<double>(i + 1);
+    const std::vector<cgt::torch::Arg> args(inputs.begin(), inputs.end());
+    pool.mark_step_begin();
+    auto out = must(total(args));
+    INFO("step " << step);
+    CHECK(at::allclose(must(out.get(0)).get(), expected, 1e-4, 1e-4));
+  }
+  CHECK(pool.stats().replays == 4);
+}
+
 TEST_CASE("torch/an input on the CPU runs eagerly", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
