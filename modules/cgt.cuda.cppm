@@ -3,8 +3,11 @@
 // The pool's memory is the checkpointable arena (cgt::Arena) over segments from cudaMalloc. A pool
 // function receives a `Context`: it allocates pool buffers with `ctx.allocate` and launches its
 // kernels on `ctx.stream()`. Warm-ups run them; recordings capture them (cudaStreamBeginCapture in
-// thread-local mode), instantiate the graph and upload it; replays copy the copied inputs into
-// their slots and launch the graph (cudaGraphLaunch) on the pool's stream. Inputs and outputs are
+// thread-local mode) after a copy node per eight copied inputs, instantiate the graph and upload
+// it; replays point the copy nodes at the call's inputs (cudaGraphExecKernelNodeSetParams, no
+// extra launch) and launch the graph (cudaGraphLaunch) on the pool's stream. A re-recording
+// because a static input moved updates the earlier graph's executable in place when the topology
+// is the same (cudaGraphExecUpdate; `PoolOptions::update_graphs_in_place`). Inputs and outputs are
 // typed device buffer views (`Buffer`: pointer, bytes, element type, shape). Every CUDA status is
 // checked and becomes a `cgt::Error`.
 //
@@ -15,11 +18,11 @@
 //     return cgt::cuda::Values{y};
 //   }, {.name = "scale"});
 //   auto out = (*scale)({x});                       // x: a cgt::cuda::Buffer on device 0
-//   std::vector<double> values = *(*out->get(0)).get().read();   // waits for the pool's stream
+//   std::vector<double> values = *(*out->get(0)).get().read();   // waits for the device
 //
-// The pool's stream is a blocking stream: work on the legacy default stream (cudaMemcpy, say)
-// waits for it. Copied inputs must keep the layout they were recorded with (a contiguous buffer
-// always does).
+// The pool's stream is a blocking stream by default: work on the legacy default stream
+// (cudaMemcpy, say) and the pool's work are ordered (`PoolOptions::blocking_stream`). Copied
+// inputs must keep the layout they were recorded with (a contiguous buffer always does).
 module;
 export module cgt.cuda;
 export import cgt;
