@@ -13,9 +13,10 @@ import cgt;
 
 export namespace cgt::host {
 
-using cgt::element_size;
+// Re-exported for users of cgt.host.
+using cgt::element_size;  // NOLINT(misc-unused-using-decls)
 using cgt::ElementType;
-using cgt::max_rank;
+using cgt::max_rank;  // NOLINT(misc-unused-using-decls)
 
 /// A typed, strided view of host memory, like a tensor: a storage (the memory block) and a
 /// `Layout` (sizes and strides in elements, the offset of the first element). Copying a buffer

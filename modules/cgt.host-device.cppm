@@ -20,7 +20,7 @@ import :buffer;
 export namespace cgt::host {
 
 using cgt::Arena;
-using cgt::ArenaCheckpoint;
+using cgt::ArenaCheckpoint;  // NOLINT(misc-unused-using-decls): re-exported for users
 using cgt::ArenaOptions;
 
 /// A unit of host work: a closure over buffers. Replays run it again on the same buffers.

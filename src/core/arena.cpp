@@ -26,7 +26,7 @@ void Arena::SegmentRelease::operator()(std::byte* memory) const noexcept {
   }
 }
 
-Arena::Arena(ArenaOptions options) : options_(options) {
+Arena::Arena(ArenaOptions options) : options_(std::move(options)) {
   if (options_.alignment == 0 || (options_.alignment & (options_.alignment - 1)) != 0) options_.alignment = 256;
   if (options_.segment_bytes == 0) options_.segment_bytes = options_.alignment;
 }

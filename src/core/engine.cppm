@@ -171,7 +171,7 @@ enum class PathState : std::uint8_t { none, warmup, recording, execution };
 /// What a search among the children of a node found.
 struct Match {
   Node* node = nullptr;
-  bool static_moved = false;  ///< with `node`: matched, but a static input moved (error mode)
+  bool static_moved = false;   ///< with `node`: matched, but a static input moved (error mode)
   Node* moved_from = nullptr;  ///< rerecord mode: a child that matched but for a moved static input
   bool managed_moved = false;
   bool liveness_differs = false;

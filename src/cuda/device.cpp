@@ -358,40 +358,40 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   }
   free_unreturned(context, *outputs);  // slots and temporaries the outputs do not view
   std::vector<kernels::CopyBatch> captured;
+  captured.reserve(nodes.size());
   for (const kernels::CopyNode& node : nodes) captured.push_back(node.batch);
   // A re-recording because a static input moved: update the old recording's executable when the
   // topology is the same, instead of instantiating another.
-  std::unique_ptr<CudaRecording> recording;
+  std::shared_ptr<SharedExec> shared;
   if (auto* previous = static_cast<CudaRecording*>(plan.replaces);
       previous != nullptr && update_in_place_ && same_copy_nodes(*previous->shared_exec(), nodes)) {
-    const std::shared_ptr<SharedExec>& shared = previous->shared_exec();
     cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(shared->exec, graph, &info) == cudaSuccess) {
+    if (cudaGraphExecUpdate(previous->shared_exec()->exec, graph, &info) == cudaSuccess) {
+      shared = previous->shared_exec();
       for (std::size_t n = 0; n < nodes.size(); ++n) shared->nodes[n].batch = captured[n];
-      recording = std::make_unique<CudaRecording>(shared, graph, std::move(captured), stream_, std::move(copies),
-                                                  *outputs, counts_);
       ++counts_.updated_in_place;
     } else {
       (void)cudaGetLastError();  // another topology: instantiate below
     }
   }
-  if (recording == nullptr) {
+  cudaGraph_t own_graph = graph;  // the recording owns its graph unless the new executable does
+  if (shared == nullptr) {
     cudaGraphExec_t exec = nullptr;
     if (auto ok = checked(cudaGraphInstantiate(&exec, graph, 0), "instantiating a graph"); !ok) {
       (void)cudaGraphDestroy(graph);
       return std::unexpected(ok.error());
     }
     ++counts_.instantiated;
-    auto shared = std::make_shared<SharedExec>(graph, exec, std::move(nodes));
-    recording = std::make_unique<CudaRecording>(std::move(shared), nullptr, std::move(captured), stream_,
-                                                std::move(copies), *outputs, counts_);
+    shared = std::make_shared<SharedExec>(graph, exec, std::move(nodes));
+    own_graph = nullptr;
     if (auto uploaded = checked(cudaGraphUpload(exec, stream_), "uploading a graph"); !uploaded) {
       return std::unexpected(uploaded.error());
     }
   }
-  const cudaGraphExec_t exec = recording->shared_exec()->exec;
+  auto recording = std::make_unique<CudaRecording>(shared, own_graph, std::move(captured), stream_, std::move(copies),
+                                                   *outputs, counts_);
   // Capture ran nothing: this launch copies the inputs and produces the first outputs.
-  if (auto launched = checked(cudaGraphLaunch(exec, stream_), "launching a new graph"); !launched) {
+  if (auto launched = checked(cudaGraphLaunch(shared->exec, stream_), "launching a new graph"); !launched) {
     return std::unexpected(launched.error());
   }
   backend::Recorded recorded;

@@ -141,7 +141,7 @@ bool Context::is_capturing() const noexcept {
 }
 
 Device::Device(ArenaOptions arena, bool poison_dead_memory)
-    : arena_(std::make_unique<Arena>(arena)), poison_(poison_dead_memory) {}
+    : arena_(std::make_unique<Arena>(std::move(arena))), poison_(poison_dead_memory) {}
 
 Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
   std::size_t count = 1;

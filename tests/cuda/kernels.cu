@@ -27,9 +27,18 @@ __global__ void evaluate_kernel(Program program) {
         break;
       }
       case 1: stack[top++] = instr.value; break;
-      case 2: --top; stack[top - 1] += stack[top]; break;
-      case 3: --top; stack[top - 1] -= stack[top]; break;
-      default: --top; stack[top - 1] *= stack[top]; break;
+      case 2:
+        --top;
+        stack[top - 1] += stack[top];
+        break;
+      case 3:
+        --top;
+        stack[top - 1] -= stack[top];
+        break;
+      default:
+        --top;
+        stack[top - 1] *= stack[top];
+        break;
     }
   }
   program.out.data[offset_of(program.out, program.sizes, program.rank, i)] = static_cast<float>(stack[0]);
@@ -61,7 +70,9 @@ __global__ void sum_kernel(const float* a, const float* b, const float* c, const
   out[i] = sum;
 }
 
-unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+unsigned blocks_for(std::int64_t n) {
+  return static_cast<unsigned>((n + 255) / 256);
+}
 
 }  // namespace
 

@@ -8,9 +8,15 @@
 // Printable cgt values, for test messages (libtorch's headers print any std::vector with <<, so
 // its elements must be printable too).
 namespace cgt {
-inline std::ostream& operator<<(std::ostream& out, CallKind kind) { return out << to_string(kind); }
-inline std::ostream& operator<<(std::ostream& out, NodeReason reason) { return out << to_string(reason); }
-inline std::ostream& operator<<(std::ostream& out, Reason reason) { return out << to_string(reason); }
+inline std::ostream& operator<<(std::ostream& out, CallKind kind) {
+  return out << to_string(kind);
+}
+inline std::ostream& operator<<(std::ostream& out, NodeReason reason) {
+  return out << to_string(reason);
+}
+inline std::ostream& operator<<(std::ostream& out, Reason reason) {
+  return out << to_string(reason);
+}
 inline std::ostream& operator<<(std::ostream& out, const PathIndex& index) {
   return out << "(" << index.depth << ", " << index.output << ")";
 }
