@@ -29,6 +29,11 @@ enum class ElementType : std::uint8_t { f32 = 1, f64, i32, i64, u8 };
 /// The name of an element type, e.g. "f32".
 [[nodiscard]] std::string_view to_string(ElementType type) noexcept;
 
+/// The element of `type` at `at` (host memory), as a double.
+[[nodiscard]] double load_element(ElementType type, const std::byte* at) noexcept;
+/// Stores `value` at `at` (host memory) as an element of `type` (converted as static_cast does).
+void store_element(ElementType type, std::byte* at, double value) noexcept;
+
 /// Most dimensions a buffer can have.
 inline constexpr std::size_t max_rank = 6;
 

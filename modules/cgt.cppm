@@ -49,11 +49,12 @@
 module;
 export module cgt;
 
-export import :error;    // Errc, Error, Result<T>
-export import :options;  // Options, FunctionOptions, Reason, Event, LogSink
-export import :info;     // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason
-export import :layout;   // ElementType, Layout: strided views, for the backends' buffers
-export import :arena;    // Arena: the checkpointable best-fit allocator of the host and cuda pools
-export import :handles;  // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Node
-export import :backend;  // for backend authors: Device, Recording, Checkpoint, ArgDesc, ...
-export import :detail;   // plumbing of the handle templates; not for direct use
+export import :error;          // Errc, Error, Result<T>
+export import :options;        // Options, FunctionOptions, Reason, Event, LogSink
+export import :info;           // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason
+export import :layout;         // ElementType, Layout: strided views, for the backends' buffers
+export import :arena;          // Arena: the checkpointable best-fit allocator of the host and cuda pools
+export import :handles;        // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Node
+export import :backend;        // for backend authors: Device, Recording, Checkpoint, ArgDesc, ...
+export import :arena_backend;  // for backend authors over an Arena: free_unreturned, describe_outputs
+export import :detail;         // plumbing of the handle templates; not for direct use

@@ -4,12 +4,50 @@ module;
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string_view>
 
 module cgt;
 
 namespace cgt {
+namespace {
+
+template <class T>
+double load(const std::byte* at) noexcept {
+  T value;
+  std::memcpy(&value, at, sizeof(T));
+  return static_cast<double>(value);
+}
+
+template <class T>
+void store(std::byte* at, double value) noexcept {
+  const T typed = static_cast<T>(value);
+  std::memcpy(at, &typed, sizeof(T));
+}
+
+}  // namespace
+
+double load_element(ElementType type, const std::byte* at) noexcept {
+  switch (type) {
+    case ElementType::f32: return load<float>(at);
+    case ElementType::f64: return load<double>(at);
+    case ElementType::i32: return load<std::int32_t>(at);
+    case ElementType::i64: return load<std::int64_t>(at);
+    case ElementType::u8: return load<std::uint8_t>(at);
+  }
+  return 0;
+}
+
+void store_element(ElementType type, std::byte* at, double value) noexcept {
+  switch (type) {
+    case ElementType::f32: store<float>(at, value); break;
+    case ElementType::f64: store<double>(at, value); break;
+    case ElementType::i32: store<std::int32_t>(at, value); break;
+    case ElementType::i64: store<std::int64_t>(at, value); break;
+    case ElementType::u8: store<std::uint8_t>(at, value); break;
+  }
+}
 
 std::string_view to_string(ElementType type) noexcept {
   switch (type) {

@@ -13,51 +13,9 @@ module;
 #include <vector>
 
 module cgt.cuda;
+import :internal;
 
 namespace cgt::cuda {
-namespace {
-
-Result<void> checked(cudaError_t status, const char* doing) {
-  if (status == cudaSuccess) return {};
-  (void)cudaGetLastError();
-  return fail(Errc::backend_error, std::string(doing) + ": " + cudaGetErrorString(status));
-}
-
-template <class T>
-double load(const std::byte* at) noexcept {
-  T value;
-  std::memcpy(&value, at, sizeof(T));
-  return static_cast<double>(value);
-}
-
-template <class T>
-void store(std::byte* at, double value) noexcept {
-  const T typed = static_cast<T>(value);
-  std::memcpy(at, &typed, sizeof(T));
-}
-
-double load_element(ElementType type, const std::byte* at) noexcept {
-  switch (type) {
-    case ElementType::f32: return load<float>(at);
-    case ElementType::f64: return load<double>(at);
-    case ElementType::i32: return load<std::int32_t>(at);
-    case ElementType::i64: return load<std::int64_t>(at);
-    case ElementType::u8: return load<std::uint8_t>(at);
-  }
-  return 0;
-}
-
-void store_element(ElementType type, std::byte* at, double value) noexcept {
-  switch (type) {
-    case ElementType::f32: store<float>(at, value); break;
-    case ElementType::f64: store<double>(at, value); break;
-    case ElementType::i32: store<std::int32_t>(at, value); break;
-    case ElementType::i64: store<std::int64_t>(at, value); break;
-    case ElementType::u8: store<std::uint8_t>(at, value); break;
-  }
-}
-
-}  // namespace
 
 Result<Buffer> Buffer::make(ElementType type, std::span<const std::int64_t> sizes, int device) {
   std::size_t count = 1;

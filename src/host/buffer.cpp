@@ -6,26 +6,11 @@ module;
 #include <cstring>
 #include <memory>
 #include <span>
+#include <utility>
 
 module cgt.host;
 
 namespace cgt::host {
-namespace {
-
-template <class T>
-double load(const std::byte* at) noexcept {
-  T value;
-  std::memcpy(&value, at, sizeof(T));
-  return static_cast<double>(value);
-}
-
-template <class T>
-void store(std::byte* at, double value) noexcept {
-  const T typed = static_cast<T>(value);
-  std::memcpy(at, &typed, sizeof(T));
-}
-
-}  // namespace
 
 Buffer Buffer::make(ElementType type, std::span<const std::int64_t> sizes) {
   std::size_t count = 1;
@@ -46,26 +31,13 @@ Buffer Buffer::view_of(std::byte* storage, std::size_t bytes, ElementType type, 
 }
 
 double Buffer::get(std::size_t flat) const noexcept {
-  const std::byte* at = storage_ + (layout_.element_offset(flat) * static_cast<std::int64_t>(element_size(type())));
-  switch (type()) {
-    case ElementType::f32: return load<float>(at);
-    case ElementType::f64: return load<double>(at);
-    case ElementType::i32: return load<std::int32_t>(at);
-    case ElementType::i64: return load<std::int64_t>(at);
-    case ElementType::u8: return load<std::uint8_t>(at);
-  }
-  return 0;
+  return load_element(type(),
+                      storage_ + (layout_.element_offset(flat) * static_cast<std::int64_t>(element_size(type()))));
 }
 
 void Buffer::set(std::size_t flat, double value) const noexcept {
-  std::byte* at = storage_ + (layout_.element_offset(flat) * static_cast<std::int64_t>(element_size(type())));
-  switch (type()) {
-    case ElementType::f32: store<float>(at, value); break;
-    case ElementType::f64: store<double>(at, value); break;
-    case ElementType::i32: store<std::int32_t>(at, value); break;
-    case ElementType::i64: store<std::int64_t>(at, value); break;
-    case ElementType::u8: store<std::uint8_t>(at, value); break;
-  }
+  store_element(type(), storage_ + (layout_.element_offset(flat) * static_cast<std::int64_t>(element_size(type()))),
+                value);
 }
 
 void Buffer::fill(double value) const noexcept {

@@ -24,11 +24,6 @@ struct HostInvoker final : backend::Invoker {
   Callable fn;
 };
 
-struct HostCheckpoint final : backend::Checkpoint {
-  explicit HostCheckpoint(ArenaCheckpoint arena_state) : state(std::move(arena_state)) {}
-  ArenaCheckpoint state;
-};
-
 std::uintptr_t address_of(const std::byte* pointer) noexcept {
   return reinterpret_cast<std::uintptr_t>(pointer);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
 }
@@ -155,33 +150,11 @@ Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<co
 
 void Device::free_unreturned(Context& context, const Values& outputs) {
   // Temporaries die with the call, as a tensor does when its last reference goes.
-  for (const std::uintptr_t address : context.allocations_) {
-    const bool returned =
-        std::ranges::any_of(outputs, [address](const Buffer& out) { return address_of(out.storage()) == address; });
-    if (!returned) (void)arena_->free(address);  // NOLINT(bugprone-unused-return-value): fails only if already free
-  }
-  context.allocations_.clear();
+  backend::free_unreturned(*arena_, context.allocations_, std::span<const Buffer>(outputs));
 }
 
 backend::RunResult Device::describe_outputs(Values&& outputs) const {
-  backend::RunResult result;
-  auto owned = std::make_shared<Values>(std::move(outputs));
-  result.outputs.reserve(owned->size());
-  result.values.reserve(owned->size());
-  for (const Buffer& out : *owned) {
-    backend::OutputDesc desc;
-    if (out.empty()) {
-      desc.kind = backend::OutputKind::none;
-    } else {
-      desc.storage = address_of(out.storage());
-      desc.storage_bytes = out.storage_bytes();
-      desc.in_pool = arena_->contains(desc.storage);
-    }
-    result.outputs.push_back(desc);
-    result.values.push_back(&out);
-  }
-  result.owner = std::move(owned);
-  return result;
+  return backend::describe_outputs(*arena_, std::move(outputs));
 }
 
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -243,23 +216,12 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
 }
 
 Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
-  return std::make_unique<HostCheckpoint>(arena_->checkpoint());
+  return backend::checkpoint_arena(*arena_);
 }
 
 Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
                              std::span<const std::uintptr_t> dead) {
-  arena_->restore(static_cast<const HostCheckpoint&>(checkpoint).state);
-  for (const backend::StorageHandle* storage : live) {
-    if (!arena_->is_allocated(storage->address)) {
-      return fail(Errc::invariant_violation, "a live output's block is not allocated in the restored checkpoint");
-    }
-  }
-  for (const std::uintptr_t address : dead) {
-    if (auto freed = arena_->free(address); !freed) {
-      return fail(Errc::invariant_violation, "a dead output's block is not allocated in the restored checkpoint");
-    }
-  }
-  return {};
+  return backend::restore_arena(*arena_, checkpoint, live, dead);
 }
 
 void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {

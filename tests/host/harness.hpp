@@ -115,17 +115,9 @@ struct HostHarness {
         });
         if (step.kind == Kind::map) temps.push_back(target);
       }
-      cgt::host::Values outputs;
-      for (const scenario::Output& out : spec.outputs) {
-        using From = scenario::Output::From;
-        switch (out.from) {
-          case From::temp: outputs.push_back(view_of(temps[out.index], out.view)); break;
-          case From::input: outputs.push_back(view_of(inputs[out.index], out.view)); break;
-          case From::constant: outputs.push_back(view_of(constants[out.index], out.view)); break;
-          case From::none: outputs.emplace_back(); break;
-        }
-      }
-      return outputs;
+      return scenario::select_outputs<cgt::host::Values>(
+          spec, temps, inputs, constants,
+          [](const Value& source, const scenario::View& view) { return view_of(source, view); });
     };
     return pool.add_function(
         std::move(body),

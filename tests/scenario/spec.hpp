@@ -164,6 +164,24 @@ struct FnSpec {
   std::vector<std::size_t> mutated_inputs;
 };
 
+/// The outputs a function of `spec` returns: views (made by `view_of`) of its temporaries, inputs
+/// or constants, or empty values. Every backend's harness builds them this way.
+template <class Values, class Temps, class Inputs, class Constants, class ViewOf>
+Values select_outputs(const FnSpec& spec, const Temps& temps, const Inputs& inputs, const Constants& constants,
+                      ViewOf view_of) {
+  Values outputs;
+  for (const Output& out : spec.outputs) {
+    const auto i = static_cast<std::size_t>(out.index);
+    switch (out.from) {
+      case Output::From::temp: outputs.push_back(view_of(temps[i], out.view)); break;
+      case Output::From::input: outputs.push_back(view_of(inputs[i], out.view)); break;
+      case Output::From::constant: outputs.push_back(view_of(constants[i], out.view)); break;
+      case Output::From::none: outputs.emplace_back(); break;
+    }
+  }
+  return outputs;
+}
+
 // Builders that keep scenario code short.
 inline Step map(Expr expr, int shape_input = 0) {
   return {Step::Kind::map, std::move(expr), shape_input, 0, false};
