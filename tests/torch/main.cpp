@@ -15,6 +15,14 @@
 
 namespace {
 
+// Initialises libtorch's CUDA state (allocator, cuBLAS handle) before any test, so that handing
+// memory back at exit is valid even when no test ran (--list-tests, as ctest's discovery does).
+void initialise_cuda_state() {
+  const at::Tensor a = at::ones({8, 8}, at::TensorOptions().device(at::kCUDA, 0));
+  (void)at::matmul(a, a);
+  c10::cuda::device_synchronize();
+}
+
 // cublasDestroy_v2 of the libcublas libtorch loaded (linking one here could load another copy).
 void destroy_cublas_handle() {
   using Destroy = int (*)(cublasHandle_t);
@@ -35,6 +43,7 @@ void hand_back_cached_memory() {
 
 int main(int argc, char* argv[]) {
   const bool has_device = c10::cuda::device_count() > 0;
+  if (has_device) initialise_cuda_state();
   const int result = Catch::Session().run(argc, argv);
   if (has_device) hand_back_cached_memory();
   return result;
