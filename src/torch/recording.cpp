@@ -315,6 +315,10 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
 
   return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
     c10::cuda::CUDAGuard device_guard(state.index);
+    // capture_begin reset the generator's graph state (seed and offset tensors) with kernels on
+    // the pool's stream, which is not ordered with the replay's: the replay's own reset must come
+    // after them, or a loaded GPU can run the graph with offset 0 (seen as a repeated draw).
+    c10::cuda::device_synchronize();
     const std::uint64_t offset_before = philox_offset(state.index);
     graph->replay();  // capture ran nothing: this run copies the inputs and produces the first outputs
     // A graph that left the default generator's offset alone draws no random numbers: its
