@@ -34,7 +34,8 @@ if [ -n "$torch_prefix" ]; then
 else
   configure_args+=(-DCGT_WITH_TORCH=OFF)
 fi
-cmake -S . -B build "${configure_args[@]}" | tee build/configure.log 2>/dev/null || cmake -S . -B build "${configure_args[@]}"
+mkdir -p build
+cmake -S . -B build "${configure_args[@]}" | tee build/configure.log
 backends=$(grep -E "cgt backend" build/configure.log 2>/dev/null || true)
 
 phase "build"
