@@ -152,8 +152,8 @@ TEST_CASE("torch/check_rng", "[gpu]") {
   for (int i = 0; i < 3; ++i) {
     const at::Tensor eager = at::rand({20}, cuda());
     INFO("draw " << i << ": eager " << eager[0].item<float>() << ", first pass "
-                  << first[static_cast<std::size_t>(i)][0].item<float>() << ", second pass "
-                  << second[static_cast<std::size_t>(i)][0].item<float>());
+                 << first[static_cast<std::size_t>(i)][0].item<float>() << ", second pass "
+                 << second[static_cast<std::size_t>(i)][0].item<float>());
     CHECK(at::equal(first[static_cast<std::size_t>(i)], eager));
     CHECK(at::equal(second[static_cast<std::size_t>(i)], eager));
   }
