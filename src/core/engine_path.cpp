@@ -23,23 +23,6 @@ CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::ui
   return CellRef(cell);
 }
 
-LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
-                     std::uint32_t function, std::uint32_t output) {
-  LeaseCore lease;
-  lease.engine = EngineRef(&engine);
-  if (cell != nullptr) {
-    ++cell->refs;
-    ++cell->leases;
-    cell->step = engine.step;
-    lease.cell = cell;
-  }
-  lease.value = value;
-  lease.owner = std::move(owner);
-  lease.function = function;
-  lease.output = output;
-  return lease;
-}
-
 void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
               std::uint32_t output) noexcept {
   lease.engine = EngineRef(&engine);
@@ -52,6 +35,14 @@ void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, s
   lease.value = value;
   lease.function = function;
   lease.output = output;
+}
+
+LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
+                     std::uint32_t function, std::uint32_t output) {
+  LeaseCore lease;
+  lease_to(lease, engine, cell, value, function, output);
+  lease.owner = std::move(owner);
+  return lease;
 }
 
 std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
