@@ -68,6 +68,13 @@ struct Stats {
   }
 };
 
+/// How a pool's CUDA graphs came to be (cgt.cuda and cgt.torch): for tests, benchmarks and tuning.
+struct GraphCounts {
+  std::uint64_t instantiated = 0;      ///< executables instantiated (cudaGraphInstantiate)
+  std::uint64_t updated_in_place = 0;  ///< re-recordings that updated an earlier recording's executable
+  std::uint64_t switched = 0;          ///< replays that loaded their graph back into a shared executable
+};
+
 /// One allocated block of the pool.
 struct Block {
   std::uintptr_t address = 0;

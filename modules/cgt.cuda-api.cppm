@@ -156,12 +156,8 @@ struct PoolOptions {
   bool update_graphs_in_place = true;
 };
 
-/// How a pool's graphs came to be: for tests, benchmarks and tuning.
-struct GraphCounts {
-  std::uint64_t instantiated = 0;      ///< executables instantiated (cudaGraphInstantiate)
-  std::uint64_t updated_in_place = 0;  ///< re-recordings that updated an earlier recording's executable
-  std::uint64_t switched = 0;          ///< replays that loaded their graph back into a shared executable
-};
+/// How a pool's graphs came to be (`cgt::GraphCounts`).
+using GraphCounts = cgt::GraphCounts;
 
 /// Number of usable CUDA devices (0 without a driver). Never throws.
 [[nodiscard]] int device_count() noexcept;

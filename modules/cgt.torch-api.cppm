@@ -42,6 +42,11 @@ using Callable = std::move_only_function<Values(Inputs)>;
 struct PoolOptions {
   cgt::Options tree;        ///< the tree's behaviour
   std::int16_t device = 0;  ///< CUDA device index
+  /// A re-recording because a static input moved, with the same graph topology as the recording
+  /// it redoes, updates that one's executable (cudaGraphExecUpdate) instead of instantiating its
+  /// own; the two then share it, and a replay of the one not loaded loads its graph back first.
+  /// Only graphs that draw no random numbers share (those replay through `CUDAGraph::replay`).
+  bool update_graphs_in_place = true;
 };
 
 /// Number of usable CUDA devices; 0 without a GPU or driver. Never throws.
@@ -55,7 +60,7 @@ struct PoolOptions {
 /// run on. Reach it with `pool.device()`.
 class Device final : public backend::Device {
  public:
-  explicit Device(std::int16_t device);
+  explicit Device(std::int16_t device, bool update_graphs_in_place = true);
   ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -63,6 +68,8 @@ class Device final : public backend::Device {
   [[nodiscard]] std::int16_t index() const noexcept;
   /// Is `address` inside a segment of this pool's private memory pool?
   [[nodiscard]] bool contains(std::uintptr_t address) const;
+  /// How this pool's graphs came to be: instantiated, updated in place, switched.
+  [[nodiscard]] const GraphCounts& graph_counts() const noexcept;
 
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;

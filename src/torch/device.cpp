@@ -63,7 +63,7 @@ int device_count() noexcept {
   return c10::cuda::device_count();
 }
 
-Device::Device(std::int16_t device) {
+Device::Device(std::int16_t device, bool update_graphs_in_place) {
   const auto index = static_cast<c10::DeviceIndex>(device);
   c10::cuda::CUDAGuard device_guard(index);
   // The caching allocator must be initialised before its pool functions are used.
@@ -71,6 +71,7 @@ Device::Device(std::int16_t device) {
   // One stream for every warm-up and recording: the allocator binds segments to streams, and
   // graphs recorded on different streams would not reuse each other's memory.
   state_ = std::make_unique<State>(index, c10::cuda::getStreamFromPool(false, index), at::cuda::graph_pool_handle());
+  state_->update_graphs_in_place = update_graphs_in_place;
   // Keeps the private pool alive between graphs (PyTorch keeps an empty graph for this).
   allocator::createOrIncrefPool(index, state_->pool);
 }
@@ -81,6 +82,10 @@ Device::~Device() {
 
 std::int16_t Device::index() const noexcept {
   return state_->index;
+}
+
+const GraphCounts& Device::graph_counts() const noexcept {
+  return state_->graph_counts;
 }
 
 bool Device::contains(std::uintptr_t address) const {
@@ -242,12 +247,14 @@ Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc)
     return fail(Errc::output_overwritten,
                 std::string("the tensor's memory was reclaimed: ") + error.what_without_backtrace());
   }
+  const c10::IntArrayRef sizes = tensor.sizes();
+  const c10::IntArrayRef strides = tensor.strides();
   desc.kind = backend::ArgKind::value;
-  desc.sizes = tensor.sizes().data();
-  desc.rank = static_cast<std::uint8_t>(tensor.dim());
+  desc.sizes = sizes.data();
+  desc.rank = static_cast<std::uint8_t>(sizes.size());
   desc.expanded = 0;
-  for (std::int64_t d = 0; d < tensor.dim() && d < 32; ++d) {
-    if (tensor.stride(d) == 0 && tensor.size(d) > 1) desc.expanded |= 1U << d;
+  for (std::size_t d = 0; d < sizes.size() && d < 32; ++d) {
+    if (strides[d] == 0 && sizes[d] > 1) desc.expanded |= 1U << d;
   }
   desc.dtype = static_cast<std::uint16_t>(tensor.scalar_type());
   desc.device = tensor.is_cuda() ? tensor.get_device() : -1;
@@ -268,8 +275,9 @@ Result<Pool> make_pool(PoolOptions options) {
     return fail(Errc::backend_error, "no usable CUDA device " + std::to_string(options.device) + " (this machine has " +
                                          std::to_string(device_count()) + ")");
   }
-  auto device = guarded("making the pool",
-                        [&]() -> Result<std::unique_ptr<Device>> { return std::make_unique<Device>(options.device); });
+  auto device = guarded("making the pool", [&]() -> Result<std::unique_ptr<Device>> {
+    return std::make_unique<Device>(options.device, options.update_graphs_in_place);
+  });
   if (!device) return std::unexpected(std::move(device.error()));
   return Pool::adopt(detail::make_engine(std::move(*device), std::move(options.tree)));
 }

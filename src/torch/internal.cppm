@@ -69,6 +69,8 @@ struct Device::State {
   c10::cuda::CUDAStream stream;
   c10::MempoolId_t pool;
   bool shut_down = false;
+  bool update_graphs_in_place = true;
+  GraphCounts graph_counts;
   std::size_t peak_allocated = 0;
   /// One record per StorageImpl, so that outputs of several graphs viewing one storage share it.
   std::unordered_map<const c10::StorageImpl*, std::weak_ptr<TorchStorage>> records;

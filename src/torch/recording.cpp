@@ -62,62 +62,77 @@ struct OutputLayout {
   at::Tensor recorded;  // outputs that are not pool memory (parameters, constants) are returned as recorded
 };
 
+// An instantiated graph, shared by the recordings of one function at one place in the tree that
+// differ only in where their static inputs were: a re-recording of the same topology updates it
+// (cudaGraphExecUpdate) instead of instantiating its own. It runs one recording's graph at a time;
+// a replay of another loads that one's graph back first. Graphs that draw random numbers are
+// never shared: they replay through their own CUDAGraph::replay, which advances the generator.
+struct SharedExec {
+  SharedExec(std::unique_ptr<at::cuda::CUDAGraph> instantiated, std::vector<kernels::CopyNode> copy_nodes)
+      : owner(std::move(instantiated)), exec(owner->raw_cuda_graph_exec()), nodes(std::move(copy_nodes)) {}
+  std::unique_ptr<at::cuda::CUDAGraph> owner;  // owns the executable, and the graph it came from
+  cudaGraphExec_t exec;
+  std::vector<kernels::CopyNode> nodes;  // the owner's graph's copy nodes, and what they copy now
+  const void* loaded = nullptr;          // the recording whose graph the executable runs now
+};
+
 // A recorded graph that begins with the copy nodes of its contiguous copied inputs; each replay
 // points them at the call's inputs.
 class TorchRecording final : public backend::Recording {
  public:
-  // `direct_launch`: replays launch the graph's executable themselves, skipping CUDAGraph::replay
-  // (which the graph needs only when it draws random numbers).
-  TorchRecording(std::unique_ptr<at::cuda::CUDAGraph> graph, bool direct_launch, std::vector<CopiedInput> copies,
-                 std::vector<kernels::CopyNode> nodes, std::vector<OutputLayout> layouts, c10::DeviceIndex device)
-      : graph_(std::move(graph)),
-        exec_(graph_->raw_cuda_graph_exec()),
+  // `own_graph`: a re-recording's graph, captured but not instantiated (it runs in `exec`); null
+  // for the recording that instantiated `exec`. `direct_launch`: replays launch the executable
+  // themselves, skipping CUDAGraph::replay (which the graph needs only when it draws random numbers).
+  TorchRecording(std::shared_ptr<SharedExec> exec, std::unique_ptr<at::cuda::CUDAGraph> own_graph,
+                 std::vector<kernels::CopyBatch> captured, bool direct_launch, std::vector<CopiedInput> copies,
+                 std::vector<OutputLayout> layouts, Device::State& state)
+      : exec_(std::move(exec)),
+        own_graph_(std::move(own_graph)),
+        graph_(own_graph_ ? own_graph_->raw_cuda_graph() : exec_->owner->raw_cuda_graph()),
+        captured_(std::move(captured)),
         direct_launch_(direct_launch),
         copies_(std::move(copies)),
-        nodes_(std::move(nodes)),
         layouts_(std::move(layouts)),
         outputs_(layouts_.size()),
         bound_(layouts_.size()),
-        device_(device) {}
+        device_(state.index),
+        counts_(state.graph_counts) {
+    exec_->loaded = this;
+  }
   TorchRecording(const TorchRecording&) = delete;
   TorchRecording& operator=(const TorchRecording&) = delete;
   ~TorchRecording() override {
+    if (exec_->loaded == this) exec_->loaded = nullptr;
     for (std::size_t i = 0; i < bound_.size(); ++i) {
       unbind(i);
     }
   }
 
+  // A re-recording with copy nodes `nodes` may update this recording's executable: it draws no
+  // random numbers, and its copy nodes have the same shape.
+  [[nodiscard]] std::shared_ptr<SharedExec> shareable_with(const std::vector<kernels::CopyNode>& nodes) const {
+    if (!direct_launch_ || exec_->nodes.size() != nodes.size()) return nullptr;
+    for (std::size_t n = 0; n < nodes.size(); ++n) {
+      if (exec_->nodes[n].blocks != nodes[n].blocks || exec_->nodes[n].batch.count != nodes[n].batch.count) {
+        return nullptr;
+      }
+    }
+    return exec_;
+  }
+
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
       const c10::cuda::CUDAGuard device_guard(device_);
-      // Contiguous inputs of the recorded dtype are copied by the graph's copy nodes, without the
-      // dispatcher; the rest by copy_ (and their job in a copy node is emptied).
-      std::vector<kernels::CopyBatch> batches;
-      batches.reserve(nodes_.size());
-      for (const kernels::CopyNode& node : nodes_) batches.push_back(node.batch);
-      for (const CopiedInput& copy : copies_) {
-        const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
-        const bool by_node =
-            copy.memcpy_ok && source.is_contiguous() && source.scalar_type() == copy.slot.scalar_type();
-        if (!by_node) copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
-        if (!copy.memcpy_ok) continue;
-        kernels::CopyJob& job =
-            batches[copy.node].jobs[copy.job];  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
-        job.source = by_node ? source.data_ptr() : nullptr;
-        job.bytes = by_node ? copy.bytes : 0;
+      if (exec_->loaded != this) {
+        if (auto loaded = load(); !loaded) return loaded;
       }
-      for (std::size_t n = 0; n < nodes_.size(); ++n) {
-        if (auto pointed =
-                launched(kernels::retarget_copy(exec_, nodes_[n], batches[n]), "pointing a graph at its inputs");
-            !pointed) {
-          return pointed;
-        }
-      }
+      if (auto pointed = point_copies_at(args); !pointed) return pointed;
       if (!direct_launch_) {
-        graph_->replay();  // draws random numbers: CUDAGraph advances the generator's offset
+        exec_->owner->replay();  // draws random numbers: CUDAGraph advances the generator's offset
         return {};
       }
-      return launched(cudaGraphLaunch(exec_, c10::cuda::getCurrentCUDAStream(device_).stream()), "launching a graph");
+      return launched(cudaGraphLaunch(exec_->exec, c10::cuda::getCurrentCUDAStream(device_).stream()),
+                      "launching a graph");
     });
   }
 
@@ -141,20 +156,65 @@ class TorchRecording final : public backend::Recording {
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
 
  private:
+  // Contiguous inputs of the recorded dtype are copied by the graph's copy nodes, without the
+  // dispatcher; the rest by copy_ (and their job in a copy node is emptied). Copies are in node
+  // order, and every node has at least one job.
+  Result<void> point_copies_at(std::span<const backend::ArgSlot> args) {
+    std::vector<kernels::CopyNode>& nodes = exec_->nodes;
+    std::size_t node = 0;
+    kernels::CopyBatch batch = nodes.empty() ? kernels::CopyBatch{} : nodes.front().batch;
+    for (const CopiedInput& copy : copies_) {
+      const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
+      const bool by_node = copy.memcpy_ok && source.is_contiguous() && source.scalar_type() == copy.slot.scalar_type();
+      if (!by_node) copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
+      if (!copy.memcpy_ok) continue;
+      if (copy.node != node) {
+        if (auto pointed = retarget(node, batch); !pointed) return pointed;
+        node = copy.node;
+        batch = nodes[node].batch;
+      }
+      kernels::CopyJob& job = batch.jobs[copy.job];  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
+      job.source = by_node ? source.data_ptr() : nullptr;
+      job.bytes = by_node ? copy.bytes : 0;
+    }
+    return nodes.empty() ? Result<void>{} : retarget(node, batch);
+  }
+
+  Result<void> retarget(std::size_t node, const kernels::CopyBatch& batch) {
+    return launched(kernels::retarget_copy(exec_->exec, exec_->nodes[node], batch), "pointing a graph at its inputs");
+  }
+
+  // Loads this recording's graph into the shared executable (its copy nodes then copy what they
+  // were captured with, until the next retarget).
+  Result<void> load() {
+    cudaGraphExecUpdateResultInfo info{};
+    if (auto updated =
+            launched(cudaGraphExecUpdate(exec_->exec, graph_, &info), "loading a graph into its shared executable");
+        !updated) {
+      return updated;
+    }
+    for (std::size_t n = 0; n < captured_.size(); ++n) exec_->nodes[n].batch = captured_[n];
+    exec_->loaded = this;
+    ++counts_.switched;
+    return {};
+  }
+
   void unbind(std::size_t i) {
     if (bound_[i]) bound_[i]->remove_view(&outputs_[i]);
     bound_[i].reset();
   }
 
-  std::unique_ptr<at::cuda::CUDAGraph> graph_;  // keeps its graph: the copy nodes are its nodes
-  cudaGraphExec_t exec_;                        // owned by graph_
+  std::shared_ptr<SharedExec> exec_;
+  std::unique_ptr<at::cuda::CUDAGraph> own_graph_;  // a re-recording's graph, or null: exec_'s owner's
+  cudaGraph_t graph_;                               // this recording's graph (kept: the copy nodes are its nodes)
+  std::vector<kernels::CopyBatch> captured_;        // what its copy nodes copy as captured
   bool direct_launch_;
   std::vector<CopiedInput> copies_;
-  std::vector<kernels::CopyNode> nodes_;
   std::vector<OutputLayout> layouts_;
   std::vector<at::Tensor> outputs_;  // handed out on replay; never resized (their addresses are registered)
   std::vector<std::shared_ptr<TorchStorage>> bound_;
   c10::DeviceIndex device_;
+  GraphCounts& counts_;
 };
 
 // Ends a capture that failed, leaving the stream and the pool as they were.
@@ -266,7 +326,8 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   std::vector<at::Tensor> slots;
   std::vector<CopiedInput> copies;
   std::vector<kernels::CopyNode> nodes;
-  // The graph is kept after instantiation: the copy nodes are updated through its nodes.
+  // The graph is kept after instantiation: the copy nodes are updated through its nodes, and a
+  // re-recording may load it into an earlier recording's executable instead of instantiating.
   auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
   Result<Values> outputs = std::unexpected(Error{});
   auto captured = guarded("recording", [&]() -> Result<void> {
@@ -300,18 +361,51 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
       outputs = fail(Errc::function_failed, std::string("the captured work cannot be graphed: ") + error.what());
       return {};
     }
-    try {
-      graph->instantiate();
-    } catch (const std::exception& error) {  // the capture ended: the graph's destructor gives its pool use back
-      at::cuda::clearCublasWorkspaces();
-      outputs = fail(Errc::function_failed, std::string("the captured graph cannot be instantiated: ") + error.what());
-      return {};
-    }
     at::cuda::clearCublasWorkspaces();
     return {};
   });
   if (!captured) return std::unexpected(std::move(captured.error()));
   if (!outputs) return std::unexpected(std::move(outputs.error()));
+
+  // A re-recording because a static input moved: update the old recording's executable when the
+  // topology is the same, instead of instantiating another.
+  std::shared_ptr<SharedExec> shared;
+  std::vector<kernels::CopyBatch> captured_batches;
+  captured_batches.reserve(nodes.size());
+  for (const kernels::CopyNode& node : nodes) captured_batches.push_back(node.batch);
+  if (auto* previous = static_cast<TorchRecording*>(plan.replaces);
+      previous != nullptr && state.update_graphs_in_place) {
+    if (auto candidate = previous->shareable_with(nodes)) {
+      auto updated = guarded("updating a graph in place", [&]() -> Result<bool> {
+        const c10::cuda::CUDAGuard device_guard(state.index);
+        cudaGraphExecUpdateResultInfo info{};
+        if (cudaGraphExecUpdate(candidate->exec, graph->raw_cuda_graph(), &info) == cudaSuccess) return true;
+        (void)cudaGetLastError();  // another topology: instantiate below
+        return false;
+      });
+      if (!updated) return std::unexpected(std::move(updated.error()));
+      if (*updated) {
+        shared = std::move(candidate);
+        for (std::size_t n = 0; n < nodes.size(); ++n) shared->nodes[n].batch = captured_batches[n];
+        ++state.graph_counts.updated_in_place;
+      }
+    }
+  }
+  std::unique_ptr<at::cuda::CUDAGraph> own_graph;  // a re-recording's graph, when it shares an executable
+  if (shared != nullptr) {
+    own_graph = std::move(graph);
+  } else {
+    auto instantiated = guarded("instantiating a graph", [&]() -> Result<void> {
+      const c10::cuda::CUDAGuard device_guard(state.index);
+      graph->instantiate();
+      return {};
+    });
+    if (!instantiated) {  // the capture ended: the graph's destructor gives its pool use back
+      return fail(Errc::function_failed, "the captured graph cannot be instantiated: " + instantiated.error().message);
+    }
+    ++state.graph_counts.instantiated;
+    shared = std::make_shared<SharedExec>(std::move(graph), std::move(nodes));
+  }
 
   return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
     c10::cuda::CUDAGuard device_guard(state.index);
@@ -319,19 +413,30 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     // the pool's stream, which is not ordered with the replay's: the replay's own reset must come
     // after them, or a loaded GPU can run the graph with offset 0 (seen as a repeated draw).
     c10::cuda::device_synchronize();
-    const std::uint64_t offset_before = philox_offset(state.index);
-    graph->replay();  // capture ran nothing: this run copies the inputs and produces the first outputs
-    // A graph that left the default generator's offset alone draws no random numbers: its
-    // replays launch it directly, without CUDAGraph::replay's generator bookkeeping.
-    const bool direct_launch = philox_offset(state.index) == offset_before;
+    // Capture ran nothing: this run copies the inputs and produces the first outputs.
+    bool direct_launch = true;
+    if (own_graph != nullptr) {
+      // It shares an executable whose graph draws no random numbers and has its topology: nor does it.
+      if (auto ran = launched(cudaGraphLaunch(shared->exec, c10::cuda::getCurrentCUDAStream(state.index).stream()),
+                              "launching a new graph");
+          !ran) {
+        return std::unexpected(std::move(ran.error()));
+      }
+    } else {
+      const std::uint64_t offset_before = philox_offset(state.index);
+      shared->owner->replay();
+      // A graph that left the default generator's offset alone draws no random numbers: its
+      // replays launch it directly, without CUDAGraph::replay's generator bookkeeping.
+      direct_launch = philox_offset(state.index) == offset_before;
+    }
     c10::cuda::device_synchronize();
     inputs.tensors.clear();  // the slots' memory is free for the pool again (outputs may keep some)
     slots.clear();
     backend::Recorded recorded;
     recorded.first_outputs = describe_outputs(state, std::move(*outputs), true);
-    recorded.recording =
-        std::make_unique<TorchRecording>(std::move(graph), direct_launch, std::move(copies), std::move(nodes),
-                                         describe_layouts(recorded.first_outputs), state.index);
+    recorded.recording = std::make_unique<TorchRecording>(std::move(shared), std::move(own_graph),
+                                                          std::move(captured_batches), direct_launch, std::move(copies),
+                                                          describe_layouts(recorded.first_outputs), state);
     return recorded;
   });
 }

@@ -206,6 +206,60 @@ TEST_CASE("torch/nn::Linear parameters as static inputs, and as constants", "[gp
   CHECK(pool.stats().replays >= 4);
 }
 
+// A static input that moves is re-recorded as a sibling (PyTorch's rule), and the re-recording,
+// of the same topology, updates the first graph's executable instead of instantiating another.
+// Both addresses keep replaying correctly, each loading its graph back when the other ran last.
+TEST_CASE("torch/a moved static input updates the recorded graph in place, and every address still replays", "[gpu]") {
+  REQUIRE_GPU();
+  for (const bool in_place : {true, false}) {
+    INFO("update_graphs_in_place = " << in_place);
+    auto pool = must(cgt::torch::make_pool({.tree = {.debug_checks = true}, .update_graphs_in_place = in_place}));
+    auto scale = must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] * in[1] + 1}; },
+                                        {.name = "scale", .static_inputs = {1}}));
+    std::vector<at::Tensor> weights;
+    for (int w = 0; w < 3; ++w) weights.push_back(at::full({4}, w + 2, cuda()));
+    // weight 0: warm-up, then the first recording; weights 1 and 2: re-recordings; then replays
+    // that alternate between the three graphs.
+    const std::vector<int> order{0, 0, 1, 2, 0, 1, 2, 1, 0};
+    for (std::size_t step = 0; step < order.size(); ++step) {
+      const auto w = static_cast<std::size_t>(order[step]);
+      const auto x = static_cast<float>(step + 1);
+      pool.mark_step_begin();
+      auto out = must(scale({at::full({4}, x, cuda()), weights[w]}));
+      CHECK(must(out.get(0)).get()[3].item<float>() == x * static_cast<float>(w + 2) + 1);
+      CHECK(out.kind() ==
+            (step == 0 ? cgt::CallKind::warmup : (step < 4 ? cgt::CallKind::recording : cgt::CallKind::replay)));
+    }
+    CHECK(pool.stats().rerecords == 2);
+    const cgt::GraphCounts& counts = pool.device().graph_counts();
+    CHECK(counts.instantiated == (in_place ? 1U : 3U));
+    CHECK(counts.updated_in_place == (in_place ? 2U : 0U));
+    CHECK(counts.switched == (in_place ? 5U : 0U));
+    must(pool.check_memory());
+  }
+}
+
+// A graph that draws random numbers replays through CUDAGraph::replay, which advances the
+// generator; it never shares an executable, and each re-recording draws fresh numbers.
+TEST_CASE("torch/a graph that draws random numbers is re-recorded, not updated in place", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(cgt::torch::make_pool({}));
+  auto noisy =
+      must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] + at::rand({16}, cuda())}; },
+                             {.name = "noisy", .static_inputs = {0}}));
+  const at::Tensor a = at::zeros({16}, cuda());
+  const at::Tensor b = at::zeros({16}, cuda());
+  std::vector<at::Tensor> draws;
+  for (const at::Tensor* base : {&a, &a, &b, &b, &a}) {
+    pool.mark_step_begin();
+    draws.push_back(must(must(noisy({*base})).take(0)));
+  }
+  const cgt::GraphCounts& counts = pool.device().graph_counts();
+  CHECK(counts.instantiated == 2);
+  CHECK(counts.updated_in_place == 0);
+  for (std::size_t i = 1; i < draws.size(); ++i) CHECK(!at::equal(draws[i], draws[i - 1]));
+}
+
 TEST_CASE("torch/an escaped tensor is poisoned when its memory is reclaimed", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool({.debug_checks = true});
