@@ -40,6 +40,9 @@ import cgt.torch;
 namespace {
 
 constexpr std::int64_t elements = 256;  // tiny kernels: the benchmark is about launch cost
+// CPU times are taken with the GPU's queue kept short: a synchronisation (not timed) every so
+// many calls, so that no launch waits for room in the queue.
+constexpr int drain_every = 16;
 
 void check(cudaError_t status, const char* what) {
   if (status != cudaSuccess) {
@@ -75,7 +78,7 @@ Timing measure(const std::function<void()>& call, int calls) {
     const auto start = std::chrono::steady_clock::now();
     call();
     cpu.push_back(seconds_since(start) * 1e6);
-    if (i % 64 == 63) check(cudaDeviceSynchronize(), "draining");  // not timed: keeps the queue short
+    if (i % drain_every == drain_every - 1) check(cudaDeviceSynchronize(), "draining");  // not timed
   }
   std::ranges::sort(cpu);
   check(cudaDeviceSynchronize(), "draining");
@@ -107,6 +110,73 @@ void raw_work(const std::vector<const float*>& inputs, float* out, int kernels, 
   if (kernels > 1) check(cgt_test::add_repeatedly(out, elements, 1.0F, kernels - 1, stream), "add");
 }
 
+// One way of making the call, for the overhead table.
+struct Method {
+  std::string name;
+  std::function<void()> call;
+};
+
+// Measures the methods of one work interleaved: `rounds` rounds, each timing every method in turn,
+// so that a drift of the machine (clocks, other load) during the run reaches every method alike.
+std::vector<Timing> measure_interleaved(const std::vector<Method>& methods, int calls) {
+  constexpr int rounds = 10;
+  const int per_round = std::max(1, calls / rounds);
+  std::vector<std::vector<double>> cpu(methods.size());
+  std::vector<double> wall_us(methods.size(), 0);
+  for (const Method& method : methods) {
+    for (int i = 0; i < 20; ++i) method.call();
+  }
+  check(cudaDeviceSynchronize(), "warming up");
+  for (int round = 0; round < rounds; ++round) {
+    for (std::size_t m = 0; m < methods.size(); ++m) {
+      for (int i = 0; i < per_round; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        methods[m].call();
+        cpu[m].push_back(seconds_since(start) * 1e6);
+        if (i % drain_every == drain_every - 1) check(cudaDeviceSynchronize(), "draining");  // not timed
+      }
+      check(cudaDeviceSynchronize(), "draining");
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < per_round; ++i) methods[m].call();
+      check(cudaDeviceSynchronize(), "draining");
+      wall_us[m] += seconds_since(start) * 1e6;
+    }
+  }
+  std::vector<Timing> timings;
+  for (std::size_t m = 0; m < methods.size(); ++m) {
+    std::ranges::sort(cpu[m]);
+    timings.push_back({cpu[m][cpu[m].size() / 2], wall_us[m] / (per_round * rounds)});
+  }
+  return timings;
+}
+
+// A graph captured from raw CUDA work on `stream`, instantiated and uploaded.
+class RawGraph {
+ public:
+  RawGraph(cudaStream_t stream, const std::function<void()>& work) {
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+    work();
+    check(cudaStreamEndCapture(stream, &graph_), "capture");
+    check(cudaGraphInstantiate(&exec_, graph_, 0), "instantiate");
+    check(cudaGraphUpload(exec_, stream), "upload");
+  }
+  RawGraph(const RawGraph&) = delete;
+  RawGraph& operator=(const RawGraph&) = delete;
+  ~RawGraph() {
+    (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGraphDestroy(graph_);
+  }
+  [[nodiscard]] cudaGraphExec_t exec() const noexcept { return exec_; }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+// The overhead table: every way of making the call, on the same work (K tiny kernels over 1 or 4
+// inputs, static or copied). The raw kernels (cgt.cuda's work) and the libtorch ops (eager,
+// CUDAGraph and cgt.torch's work) make different graphs when there are 4 inputs (one summing
+// kernel against three adds), so each has its own raw cudaGraphLaunch baseline.
 void overhead(int calls) {
   const auto options = at::TensorOptions().device(at::kCUDA, 0);
   for (int kernels : {1, 10, 100}) {
@@ -125,107 +195,98 @@ void overhead(int calls) {
         // blocking stream costs more per launch); cgt.cuda uses its pool's stream, of either kind.
         const c10::cuda::CUDAStreamGuard side_stream(c10::cuda::getStreamFromPool(false, 0));
         c10::cuda::device_synchronize();  // the inputs were made on the default stream
+        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+        std::vector<Method> methods;
 
         // Eager libtorch: every op launched by the CPU.
-        print("overhead", config, "eager libtorch", measure([&] { (void)torch_work(inputs, kernels); }, calls));
+        methods.push_back({"eager libtorch", [&] { (void)torch_work(inputs, kernels); }});
 
-        // Raw cudaGraphLaunch of the raw kernels (copied inputs: cudaMemcpyAsync into slots first).
-        {
-          cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
-          std::vector<at::Tensor> slots;
-          std::vector<const float*> reads;
-          for (const auto& input : inputs) {
-            slots.push_back(copied ? at::empty_like(input) : input);
-            reads.push_back(slots.back().data_ptr<float>());
+        // Copied inputs, done by hand: cudaMemcpyAsync into the slots the graph reads.
+        std::vector<at::Tensor> slots;
+        for (const auto& input : inputs) slots.push_back(copied ? input.clone() : input);
+        auto copy_inputs = [&] {
+          if (!copied) return;
+          for (std::size_t i = 0; i < count; ++i) {
+            check(cudaMemcpyAsync(slots[i].data_ptr(), inputs[i].data_ptr(), elements * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, stream),
+                  "copy");
           }
-          at::Tensor out = at::empty({elements}, options);
-          cudaGraph_t graph = nullptr;
-          cudaGraphExec_t exec = nullptr;
-          check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
-          raw_work(reads, out.data_ptr<float>(), kernels, stream);
-          check(cudaStreamEndCapture(stream, &graph), "capture");
-          check(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-          check(cudaGraphUpload(exec, stream), "upload");
-          print("overhead", config, "raw cudaGraphLaunch",
-                measure(
-                    [&] {
-                      if (copied) {
-                        for (std::size_t i = 0; i < count; ++i) {
-                          check(cudaMemcpyAsync(slots[i].data_ptr(), inputs[i].data_ptr(), elements * sizeof(float),
-                                                cudaMemcpyDeviceToDevice, stream),
-                                "copy");
-                        }
-                      }
-                      check(cudaGraphLaunch(exec, stream), "launch");
-                    },
-                    calls));
-          check(cudaGraphExecDestroy(exec), "destroy");
-          check(cudaGraphDestroy(graph), "destroy");
-        }
+        };
 
-        // libtorch's CUDAGraph of the libtorch ops (copied inputs: copy_ into the captured inputs).
-        {
-          std::vector<at::Tensor> slots;
-          for (const auto& input : inputs) slots.push_back(copied ? input.clone() : input);
-          at::cuda::CUDAGraph graph;
-          at::Tensor out;
-          {
-            (void)torch_work(slots, kernels);  // warm up on the side stream, as PyTorch recommends
-            graph.capture_begin();
-            out = torch_work(slots, kernels);
-            graph.capture_end();
-          }
-          print("overhead", config, "raw CUDAGraph::replay",
-                measure(
-                    [&] {
-                      if (copied) {
-                        for (std::size_t i = 0; i < count; ++i) slots[i].copy_(inputs[i], true);
-                      }
-                      graph.replay();
-                    },
-                    calls));
-        }
+        // Raw cudaGraphLaunch of the raw kernels.
+        std::vector<const float*> reads;
+        for (const auto& slot : slots) reads.push_back(slot.data_ptr<float>());
+        const at::Tensor raw_out = at::empty({elements}, options);
+        const RawGraph raw(stream, [&] { raw_work(reads, raw_out.data_ptr<float>(), kernels, stream); });
+        methods.push_back({"raw cudaGraphLaunch", [&] {
+                             copy_inputs();
+                             check(cudaGraphLaunch(raw.exec(), stream), "launch");
+                           }});
+
+        // libtorch's CUDAGraph of the libtorch ops: replayed by CUDAGraph::replay (copied inputs:
+        // copy_ into the captured inputs), and its executable launched raw.
+        at::cuda::CUDAGraph torch_graph;
+        (void)torch_work(slots, kernels);  // warm up on the side stream, as PyTorch recommends
+        torch_graph.capture_begin();
+        const at::Tensor torch_out = torch_work(slots, kernels);
+        torch_graph.capture_end();
+        methods.push_back({"raw CUDAGraph::replay", [&] {
+                             if (copied) {
+                               for (std::size_t i = 0; i < count; ++i) slots[i].copy_(inputs[i], true);
+                             }
+                             torch_graph.replay();
+                           }});
+        methods.push_back({"raw cudaGraphLaunch (libtorch graph)", [&] {
+                             copy_inputs();
+                             check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), stream), "launch");
+                           }});
 
         // cgt.cuda: the raw kernels through a pool, on its own blocking (default) or non-blocking stream.
+        std::vector<cgt::cuda::Buffer> buffers;
+        for (const auto& input : inputs) {
+          buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()),
+                                                       elements * sizeof(float), cgt::ElementType::f32, {&elements, 1},
+                                                       0));
+        }
+        const std::vector<cgt::cuda::Arg> cuda_args(buffers.begin(), buffers.end());
+        std::vector<cgt::cuda::Pool> cuda_pools;
+        std::vector<cgt::cuda::Function> cuda_functions;
         for (const bool blocking : {true, false}) {
-          auto pool = must(cgt::cuda::make_pool({.device = 0, .blocking_stream = blocking}));
-          std::vector<cgt::cuda::Buffer> buffers;
-          for (const auto& input : inputs) {
-            buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()),
-                                                         elements * sizeof(float), cgt::ElementType::f32,
-                                                         {&elements, 1}, 0));
-          }
-          auto function = must(pool.add_function(
+          cuda_pools.push_back(must(cgt::cuda::make_pool({.device = 0, .blocking_stream = blocking})));
+          cuda_functions.push_back(must(cuda_pools.back().add_function(
               [kernels](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
-                std::vector<const float*> reads;
-                for (std::size_t i = 0; i < in.size(); ++i) reads.push_back(in[i].as<float>());
+                std::vector<const float*> from;
+                for (std::size_t i = 0; i < in.size(); ++i) from.push_back(in[i].as<float>());
                 cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
-                raw_work(reads, out.as<float>(), kernels, ctx.stream());
+                raw_work(from, out.as<float>(), kernels, ctx.stream());
                 return cgt::cuda::Values{out};
               },
-              {.name = "work", .static_inputs = statics}));
-          std::vector<cgt::cuda::Arg> args(buffers.begin(), buffers.end());
-          print("overhead", config, blocking ? "cgt.cuda" : "cgt.cuda non-blocking",
-                measure([&] { (void)function(std::span<const cgt::cuda::Arg>(args)); }, calls));
-          if (pool.stats().replays < static_cast<std::uint64_t>(calls))
-            std::fprintf(stderr, "cgt.cuda did not replay\n");
+              {.name = "work", .static_inputs = statics})));
+        }
+        for (std::size_t b = 0; b < cuda_functions.size(); ++b) {
+          methods.push_back({b == 0 ? "cgt.cuda" : "cgt.cuda non-blocking",
+                             [&, b] { (void)cuda_functions[b](std::span<const cgt::cuda::Arg>(cuda_args)); }});
         }
 
         // cgt.torch: the libtorch ops through a pool.
-        {
-          auto pool = must(cgt::torch::make_pool({.device = 0}));
-          auto function = must(pool.add_function(
-              [kernels](cgt::torch::Inputs in) {
-                std::vector<at::Tensor> tensors = in;
-                return cgt::torch::Values{torch_work(tensors, kernels)};
-              },
-              {.name = "work", .static_inputs = statics}));
-          std::vector<cgt::torch::Arg> args(inputs.begin(), inputs.end());
-          print("overhead", config, "cgt.torch",
-                measure([&] { (void)function(std::span<const cgt::torch::Arg>(args)); }, calls));
+        auto torch_pool = must(cgt::torch::make_pool({.device = 0}));
+        auto torch_function = must(torch_pool.add_function(
+            [kernels](cgt::torch::Inputs in) {
+              std::vector<at::Tensor> tensors = in;
+              return cgt::torch::Values{torch_work(tensors, kernels)};
+            },
+            {.name = "work", .static_inputs = statics}));
+        const std::vector<cgt::torch::Arg> torch_args(inputs.begin(), inputs.end());
+        methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
+
+        const std::vector<Timing> timings = measure_interleaved(methods, calls);
+        for (std::size_t m = 0; m < methods.size(); ++m) print("overhead", config, methods[m].name, timings[m]);
+        for (const auto& pool : cuda_pools) {
           if (pool.stats().replays < static_cast<std::uint64_t>(calls))
-            std::fprintf(stderr, "cgt.torch did not replay\n");
+            std::fprintf(stderr, "cgt.cuda did not replay\n");
         }
+        if (torch_pool.stats().replays < static_cast<std::uint64_t>(calls))
+          std::fprintf(stderr, "cgt.torch did not replay\n");
       }
     }
   }
@@ -355,7 +416,7 @@ void scaling() {
       const auto start = std::chrono::steady_clock::now();
       auto c = must(children[0]({*r.get(0)}));
       cpu.push_back(seconds_since(start) * 1e6);
-      if (i % 64 == 63) check(cudaDeviceSynchronize(), "draining");
+      if (i % drain_every == drain_every - 1) check(cudaDeviceSynchronize(), "draining");
     }
     std::ranges::sort(cpu);
     std::printf("scaling,siblings,%d,%.3f\n", siblings, cpu[cpu.size() / 2]);
@@ -411,8 +472,8 @@ void capture() {
     std::fflush(stdout);
   };
   for (const int kernels : {10, 100}) {
-    {
-      auto pool = must(cgt::torch::make_pool({.device = 0}));
+    for (const bool in_place : {true, false}) {
+      auto pool = must(cgt::torch::make_pool({.device = 0, .update_graphs_in_place = in_place}));
       const at::Tensor x = at::rand({elements}, options);
       std::vector<at::Tensor> weights;
       for (int i = 0; i <= moves; ++i) weights.push_back(at::rand({elements}, options));
@@ -429,7 +490,9 @@ void capture() {
         pool.mark_step_begin();
         moved.push_back(timed_ms([&] { (void)must(f({x, weights[static_cast<std::size_t>(i)]})); }));
       }
-      report(kernels, "cgt.torch", first, moved);
+      if (in_place && pool.device().graph_counts().updated_in_place != moves)
+        std::fprintf(stderr, "cgt.torch did not update its graph in place\n");
+      report(kernels, in_place ? "cgt.torch (update in place)" : "cgt.torch (instantiate anew)", first, moved);
     }
     for (const bool in_place : {true, false}) {
       auto pool = must(cgt::cuda::make_pool({.device = 0, .update_graphs_in_place = in_place}));
