@@ -177,117 +177,121 @@ class RawGraph {
 // inputs, static or copied). The raw kernels (cgt.cuda's work) and the libtorch ops (eager,
 // CUDAGraph and cgt.torch's work) make different graphs when there are 4 inputs (one summing
 // kernel against three adds), so each has its own raw cudaGraphLaunch baseline.
-void overhead(int calls) {
+void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool report) {
   const auto options = at::TensorOptions().device(at::kCUDA, 0);
+  const std::string config =
+      "K=" + std::to_string(kernels) + " inputs=" + std::to_string(count) + " " + (copied ? "copied" : "static");
+  std::vector<at::Tensor> inputs;
+  for (std::size_t i = 0; i < count; ++i) inputs.push_back(at::rand({elements}, options));
+  std::vector<std::size_t> statics;
+  if (!copied) {
+    for (std::size_t i = 0; i < count; ++i) statics.push_back(i);
+  }
+
+  // Everything but cgt.cuda runs on one non-blocking side stream, as the raw launch does (a
+  // blocking stream costs more per launch); cgt.cuda uses its pool's stream, of either kind.
+  const c10::cuda::CUDAStreamGuard side_stream(c10::cuda::getStreamFromPool(false, 0));
+  c10::cuda::device_synchronize();  // the inputs were made on the default stream
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+  std::vector<Method> methods;
+
+  // Eager libtorch: every op launched by the CPU.
+  methods.push_back({"eager libtorch", [&] { (void)torch_work(inputs, kernels); }});
+
+  // Copied inputs, done by hand: cudaMemcpyAsync into the slots the graph reads.
+  std::vector<at::Tensor> slots;
+  for (const auto& input : inputs) slots.push_back(copied ? input.clone() : input);
+  auto copy_inputs = [&] {
+    if (!copied) return;
+    for (std::size_t i = 0; i < count; ++i) {
+      check(cudaMemcpyAsync(slots[i].data_ptr(), inputs[i].data_ptr(), elements * sizeof(float),
+                            cudaMemcpyDeviceToDevice, stream),
+            "copy");
+    }
+  };
+
+  // Raw cudaGraphLaunch of the raw kernels.
+  std::vector<const float*> reads;
+  for (const auto& slot : slots) reads.push_back(slot.data_ptr<float>());
+  const at::Tensor raw_out = at::empty({elements}, options);
+  const RawGraph raw(stream, [&] { raw_work(reads, raw_out.data_ptr<float>(), kernels, stream); });
+  methods.push_back({"raw cudaGraphLaunch", [&] {
+                       copy_inputs();
+                       check(cudaGraphLaunch(raw.exec(), stream), "launch");
+                     }});
+
+  // libtorch's CUDAGraph of the libtorch ops: replayed by CUDAGraph::replay (copied inputs:
+  // copy_ into the captured inputs), and its executable launched raw.
+  at::cuda::CUDAGraph torch_graph;
+  (void)torch_work(slots, kernels);  // warm up on the side stream, as PyTorch recommends
+  torch_graph.capture_begin();
+  const at::Tensor torch_out = torch_work(slots, kernels);
+  torch_graph.capture_end();
+  methods.push_back({"raw CUDAGraph::replay", [&] {
+                       if (copied) {
+                         for (std::size_t i = 0; i < count; ++i) slots[i].copy_(inputs[i], true);
+                       }
+                       torch_graph.replay();
+                     }});
+  methods.push_back({"raw cudaGraphLaunch (libtorch graph)", [&] {
+                       copy_inputs();
+                       check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), stream), "launch");
+                     }});
+
+  // cgt.cuda: the raw kernels through a pool, on its own blocking (default) or non-blocking stream.
+  std::vector<cgt::cuda::Buffer> buffers;
+  for (const auto& input : inputs) {
+    buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()), elements * sizeof(float),
+                                                 cgt::ElementType::f32, {&elements, 1}, 0));
+  }
+  const std::vector<cgt::cuda::Arg> cuda_args(buffers.begin(), buffers.end());
+  std::vector<cgt::cuda::Pool> cuda_pools;
+  std::vector<cgt::cuda::Function> cuda_functions;
+  for (const bool blocking : {true, false}) {
+    cuda_pools.push_back(must(cgt::cuda::make_pool({.device = 0, .blocking_stream = blocking})));
+    cuda_functions.push_back(must(cuda_pools.back().add_function(
+        [kernels](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+          std::vector<const float*> from;
+          for (std::size_t i = 0; i < in.size(); ++i) from.push_back(in[i].as<float>());
+          cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
+          raw_work(from, out.as<float>(), kernels, ctx.stream());
+          return cgt::cuda::Values{out};
+        },
+        {.name = "work", .static_inputs = statics})));
+  }
+  for (std::size_t b = 0; b < cuda_functions.size(); ++b) {
+    methods.push_back({b == 0 ? "cgt.cuda" : "cgt.cuda non-blocking",
+                       [&, b] { (void)cuda_functions[b](std::span<const cgt::cuda::Arg>(cuda_args)); }});
+  }
+
+  // cgt.torch: the libtorch ops through a pool.
+  auto torch_pool = must(cgt::torch::make_pool({.device = 0}));
+  auto torch_function = must(torch_pool.add_function(
+      [kernels](cgt::torch::Inputs in) {
+        std::vector<at::Tensor> tensors = in;
+        return cgt::torch::Values{torch_work(tensors, kernels)};
+      },
+      {.name = "work", .static_inputs = statics}));
+  const std::vector<cgt::torch::Arg> torch_args(inputs.begin(), inputs.end());
+  methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
+
+  const std::vector<Timing> timings = measure_interleaved(methods, calls);
+  if (!report) return;
+  for (std::size_t m = 0; m < methods.size(); ++m) print("overhead", config, methods[m].name, timings[m]);
+  for (const auto& pool : cuda_pools) {
+    if (pool.stats().replays < static_cast<std::uint64_t>(calls)) std::fprintf(stderr, "cgt.cuda did not replay\n");
+  }
+  if (torch_pool.stats().replays < static_cast<std::uint64_t>(calls))
+    std::fprintf(stderr, "cgt.torch did not replay\n");
+}
+
+void overhead(int calls) {
+  // The first work measured in a process runs colder than the rest (about 0.4 us more per raw
+  // launch, seen on an H200): it is measured once unreported, to warm the process up.
+  overhead_of(1, 1, false, calls, false);
   for (int kernels : {1, 10, 100}) {
     for (std::size_t count : {std::size_t{1}, std::size_t{4}}) {
-      for (bool copied : {false, true}) {
-        const std::string config =
-            "K=" + std::to_string(kernels) + " inputs=" + std::to_string(count) + " " + (copied ? "copied" : "static");
-        std::vector<at::Tensor> inputs;
-        for (std::size_t i = 0; i < count; ++i) inputs.push_back(at::rand({elements}, options));
-        std::vector<std::size_t> statics;
-        if (!copied) {
-          for (std::size_t i = 0; i < count; ++i) statics.push_back(i);
-        }
-
-        // Everything but cgt.cuda runs on one non-blocking side stream, as the raw launch does (a
-        // blocking stream costs more per launch); cgt.cuda uses its pool's stream, of either kind.
-        const c10::cuda::CUDAStreamGuard side_stream(c10::cuda::getStreamFromPool(false, 0));
-        c10::cuda::device_synchronize();  // the inputs were made on the default stream
-        cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
-        std::vector<Method> methods;
-
-        // Eager libtorch: every op launched by the CPU.
-        methods.push_back({"eager libtorch", [&] { (void)torch_work(inputs, kernels); }});
-
-        // Copied inputs, done by hand: cudaMemcpyAsync into the slots the graph reads.
-        std::vector<at::Tensor> slots;
-        for (const auto& input : inputs) slots.push_back(copied ? input.clone() : input);
-        auto copy_inputs = [&] {
-          if (!copied) return;
-          for (std::size_t i = 0; i < count; ++i) {
-            check(cudaMemcpyAsync(slots[i].data_ptr(), inputs[i].data_ptr(), elements * sizeof(float),
-                                  cudaMemcpyDeviceToDevice, stream),
-                  "copy");
-          }
-        };
-
-        // Raw cudaGraphLaunch of the raw kernels.
-        std::vector<const float*> reads;
-        for (const auto& slot : slots) reads.push_back(slot.data_ptr<float>());
-        const at::Tensor raw_out = at::empty({elements}, options);
-        const RawGraph raw(stream, [&] { raw_work(reads, raw_out.data_ptr<float>(), kernels, stream); });
-        methods.push_back({"raw cudaGraphLaunch", [&] {
-                             copy_inputs();
-                             check(cudaGraphLaunch(raw.exec(), stream), "launch");
-                           }});
-
-        // libtorch's CUDAGraph of the libtorch ops: replayed by CUDAGraph::replay (copied inputs:
-        // copy_ into the captured inputs), and its executable launched raw.
-        at::cuda::CUDAGraph torch_graph;
-        (void)torch_work(slots, kernels);  // warm up on the side stream, as PyTorch recommends
-        torch_graph.capture_begin();
-        const at::Tensor torch_out = torch_work(slots, kernels);
-        torch_graph.capture_end();
-        methods.push_back({"raw CUDAGraph::replay", [&] {
-                             if (copied) {
-                               for (std::size_t i = 0; i < count; ++i) slots[i].copy_(inputs[i], true);
-                             }
-                             torch_graph.replay();
-                           }});
-        methods.push_back({"raw cudaGraphLaunch (libtorch graph)", [&] {
-                             copy_inputs();
-                             check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), stream), "launch");
-                           }});
-
-        // cgt.cuda: the raw kernels through a pool, on its own blocking (default) or non-blocking stream.
-        std::vector<cgt::cuda::Buffer> buffers;
-        for (const auto& input : inputs) {
-          buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()),
-                                                       elements * sizeof(float), cgt::ElementType::f32, {&elements, 1},
-                                                       0));
-        }
-        const std::vector<cgt::cuda::Arg> cuda_args(buffers.begin(), buffers.end());
-        std::vector<cgt::cuda::Pool> cuda_pools;
-        std::vector<cgt::cuda::Function> cuda_functions;
-        for (const bool blocking : {true, false}) {
-          cuda_pools.push_back(must(cgt::cuda::make_pool({.device = 0, .blocking_stream = blocking})));
-          cuda_functions.push_back(must(cuda_pools.back().add_function(
-              [kernels](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
-                std::vector<const float*> from;
-                for (std::size_t i = 0; i < in.size(); ++i) from.push_back(in[i].as<float>());
-                cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
-                raw_work(from, out.as<float>(), kernels, ctx.stream());
-                return cgt::cuda::Values{out};
-              },
-              {.name = "work", .static_inputs = statics})));
-        }
-        for (std::size_t b = 0; b < cuda_functions.size(); ++b) {
-          methods.push_back({b == 0 ? "cgt.cuda" : "cgt.cuda non-blocking",
-                             [&, b] { (void)cuda_functions[b](std::span<const cgt::cuda::Arg>(cuda_args)); }});
-        }
-
-        // cgt.torch: the libtorch ops through a pool.
-        auto torch_pool = must(cgt::torch::make_pool({.device = 0}));
-        auto torch_function = must(torch_pool.add_function(
-            [kernels](cgt::torch::Inputs in) {
-              std::vector<at::Tensor> tensors = in;
-              return cgt::torch::Values{torch_work(tensors, kernels)};
-            },
-            {.name = "work", .static_inputs = statics}));
-        const std::vector<cgt::torch::Arg> torch_args(inputs.begin(), inputs.end());
-        methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
-
-        const std::vector<Timing> timings = measure_interleaved(methods, calls);
-        for (std::size_t m = 0; m < methods.size(); ++m) print("overhead", config, methods[m].name, timings[m]);
-        for (const auto& pool : cuda_pools) {
-          if (pool.stats().replays < static_cast<std::uint64_t>(calls))
-            std::fprintf(stderr, "cgt.cuda did not replay\n");
-        }
-        if (torch_pool.stats().replays < static_cast<std::uint64_t>(calls))
-          std::fprintf(stderr, "cgt.torch did not replay\n");
-      }
+      for (bool copied : {false, true}) overhead_of(kernels, count, copied, calls, true);
     }
   }
 }
