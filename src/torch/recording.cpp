@@ -42,6 +42,30 @@ std::uint64_t philox_offset(c10::DeviceIndex index) {
   return generator.get<at::CUDAGeneratorImpl>()->philox_offset_per_thread();
 }
 
+// Makes a device current for a replay and puts the previous one back after. When it already is
+// current (the usual case) that costs one cudaGetDevice: c10's CUDAGuard also asks the driver, on
+// every destruction, whether the previous device has a primary context.
+class ReplayDevice {
+ public:
+  ReplayDevice() = default;
+  ReplayDevice(const ReplayDevice&) = delete;
+  ReplayDevice& operator=(const ReplayDevice&) = delete;
+  ~ReplayDevice() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  Result<void> enter(int device) {
+    if (auto got = launched(cudaGetDevice(&previous_), "reading the current device"); !got) return got;
+    if (previous_ == device) return {};
+    if (auto set = launched(cudaSetDevice(device), "selecting the pool's device"); !set) return set;
+    switched_ = true;
+    return {};
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
 // An input copied into a pool slot on every replay.
 struct CopiedInput {
   std::size_t index = 0;
@@ -122,7 +146,8 @@ class TorchRecording final : public backend::Recording {
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
-      const c10::cuda::CUDAGuard device_guard(device_);
+      ReplayDevice device;
+      if (auto entered = device.enter(device_); !entered) return entered;
       if (exec_->loaded != this) {
         if (auto loaded = load(); !loaded) return loaded;
       }
