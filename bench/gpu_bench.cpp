@@ -285,10 +285,21 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
     std::fprintf(stderr, "cgt.torch did not replay\n");
 }
 
+// Keeps the GPU busy with launches for `seconds` before anything is measured: a GPU that was idle
+// comes back slowly (clocks, its PCIe link), and on an H200 the works measured first ran up to
+// 0.6 us slower per raw launch than the same works later in the run.
+void warm_up(double seconds) {
+  const at::Tensor x = at::zeros({elements}, at::TensorOptions().device(at::kCUDA, 0));
+  const auto start = std::chrono::steady_clock::now();
+  while (seconds_since(start) < seconds) {
+    for (int i = 0; i < drain_every; ++i) x.add_(1);
+    check(cudaDeviceSynchronize(), "warming up");
+  }
+}
+
 void overhead(int calls) {
-  // The first work measured in a process runs colder than the rest (about 0.4 us more per raw
-  // launch, seen on an H200): it is measured once unreported, to warm the process up.
-  overhead_of(1, 1, false, calls, false);
+  warm_up(5.0);
+  overhead_of(1, 1, false, calls, false);  // and once through every method, unreported
   for (int kernels : {1, 10, 100}) {
     for (std::size_t count : {std::size_t{1}, std::size_t{4}}) {
       for (bool copied : {false, true}) overhead_of(kernels, count, copied, calls, true);

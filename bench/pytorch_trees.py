@@ -75,8 +75,20 @@ def overhead_of(kernels, count, copied, calls, report=True):
         print(f"overhead,{config},PyTorch trees (Python),{cpu:.3f},{wall:.3f}", flush=True)
 
 
+def warm_up(seconds):
+    """Keeps the GPU busy for a few seconds before measuring, as gpu_bench does (an idle GPU comes
+    back slowly)."""
+    x = torch.zeros(ELEMENTS, device="cuda")
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(16):
+            x.add_(1)
+        torch.cuda.synchronize()
+
+
 def overhead(calls):
-    overhead_of(1, 1, False, calls, report=False)  # the first work of a process runs cold: unreported, as gpu_bench
+    warm_up(5.0)
+    overhead_of(1, 1, False, calls, report=False)  # and once through the trees, unreported, as gpu_bench
     for kernels in (1, 10, 100):
         for count in (1, 4):
             for copied in (False, True):
