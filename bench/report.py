@@ -1,6 +1,7 @@
 """Turns the CSV lines of gpu_bench and pytorch_trees.py into the tables (and the scaling plot)
 of bench/results/. Usage: python3 bench/report.py results.csv out_dir "<commit>" "<gpu>"."""
 import collections
+import statistics
 import sys
 
 
@@ -14,14 +15,20 @@ BASELINE = {m: RAW for m in (RAW, "cgt.cuda", "cgt.cuda non-blocking")}
 TARGET_STATIC, TARGET_COPIED, TARGET_TREES = 1.5, 2.0, 10.0
 
 
+def median_round(values):
+    """The median over rounds of (CPU, wall) per call, each taken on its own."""
+    return tuple(statistics.median(v[i] for v in values) for i in range(2))
+
+
 def overhead_tables(overhead):
     """The CPU and wall tables, then the targets of issue 4 cell by cell."""
     nan = (float("nan"), float("nan"))
     lines = ["CPU time per call (median, us) and, in brackets, its ratio to the raw cudaGraphLaunch of the same "
              "graph: the raw kernels' graph for raw launch and cgt.cuda, the libtorch ops' graph for the others "
              "(with 4 inputs the libtorch ops are 4 kernels where the raw work sums in one). Methods are measured "
-             "interleaved, in 10 rounds, with the GPU's queue drained every 16 calls (not timed); wall time per "
-             "call (us) in the second table. All but cgt.cuda and PyTorch trees launch on one non-blocking side "
+             "interleaved, in 10 rounds, with the GPU's queue drained every 16 calls (not timed), after 5 s of "
+             "launches; the C++ and Python processes take turns 3 times, and each cell is the median of its 3 "
+             "values. Wall time per call (us) in the second table. All but cgt.cuda and PyTorch trees launch on one non-blocking side "
              "stream; cgt.cuda uses its pool's stream, blocking (the default) or not; PyTorch trees run on "
              "PyTorch's default stream, in their own process, as torch.compile users do.\n\n",
              "| work | " + " | ".join(METHODS) + " |\n", "|---" * (len(METHODS) + 1) + "|\n"]
@@ -58,10 +65,12 @@ def main(path, out_dir, commit, gpu):
     header = f"Measured on {gpu}, commit {commit}, by scripts/gpu-bench.sh.\n\n"
     files = {}
 
-    overhead = collections.OrderedDict()
+    rounds = collections.OrderedDict()  # scripts/gpu-bench.sh measures the overhead in rounds
     for row in rows:
         if row[0] == "overhead":
-            overhead.setdefault(row[1], {})[row[2]] = (float(row[3]), float(row[4]))
+            rounds.setdefault(row[1], {}).setdefault(row[2], []).append((float(row[3]), float(row[4])))
+    overhead = collections.OrderedDict(
+        (config, {m: median_round(values) for m, values in methods.items()}) for config, methods in rounds.items())
     files["overhead.md"] = header + overhead_tables(overhead)
 
     memory = [header, "| work | method | pool bytes reserved | peak allocated |\n|---|---|---|---|\n"]

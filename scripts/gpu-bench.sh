@@ -9,6 +9,7 @@ cd "$root"
 out="${OUT:-$root/build-gpu/bench-results}"
 mkdir -p "$out"
 calls="${1:-3000}"
+rounds=3
 build=build-gpu
 if [ ! -x "$build/bench/gpu_bench" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON >"$out/configure.log" 2>&1
@@ -16,6 +17,18 @@ if [ ! -x "$build/bench/gpu_bench" ]; then
 fi
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 commit="${CGT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"  # the device copy has no .git
-"$build/bench/gpu_bench" all "$calls" | tee "$out/results.csv"
-PYTHONUNBUFFERED=1 python3 bench/pytorch_trees.py all "$calls" 2>"$out/pytorch.log" | tee -a "$out/results.csv"
+: >"$out/results.csv"
+trees() { PYTHONUNBUFFERED=1 python3 bench/pytorch_trees.py "$@" 2>>"$out/pytorch.log" | tee -a "$out/results.csv"; }
+# The overhead table compares two processes (C++ and Python), and the machine's speed drifts over
+# tens of seconds: they take turns, in rounds, and the report keeps each cell's median round.
+for round in $(seq "$rounds"); do
+  echo "# overhead, round $round of $rounds"
+  "$build/bench/gpu_bench" overhead $((calls / rounds)) | tee -a "$out/results.csv" || exit 1
+  trees overhead $((calls / rounds)) || exit 1
+done
+for what in memory scaling capture; do
+  "$build/bench/gpu_bench" "$what" "$calls" | tee -a "$out/results.csv" || exit 1
+done
+trees memory || exit 1
+trees capture || exit 1
 python3 bench/report.py "$out/results.csv" "$out" "$commit" "$gpu"
