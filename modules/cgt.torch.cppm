@@ -24,7 +24,9 @@
 // that are not outputs of an earlier graph of the pool and not declared static are copied into
 // pool slots on every replay. A tensor copied out of a lease (an escaped `at::Tensor`, or a view
 // of one) is poisoned when the lease's memory is reclaimed: using it raises a `c10::Error` naming
-// the function, instead of reading overwritten memory.
+// the function, instead of reading overwritten memory. A static input that moved is re-recorded;
+// when the new graph has the old one's topology it updates the old executable in place
+// (`PoolOptions::update_graphs_in_place`, counted in `pool.device().graph_counts()`).
 module;
 export module cgt.torch;
 export import cgt;
