@@ -147,13 +147,12 @@ class CudaRecording final : public backend::Recording {
   // Loads this recording's graph into the shared executable (its copy nodes then copy what they
   // were captured with, until the next retarget).
   Result<void> load() {
-    cudaGraphExecUpdateResultInfo info{};
-    if (auto updated = checked(cudaGraphExecUpdate(exec_->exec, graph_ != nullptr ? graph_ : exec_->origin, &info),
-                               "loading a graph into its shared executable");
-        !updated) {
-      return updated;
+    if (auto loaded = checked(
+            kernels::load_graph(exec_->exec, graph_ != nullptr ? graph_ : exec_->origin, exec_->nodes, captured_),
+            "loading a graph into its shared executable");
+        !loaded) {
+      return loaded;
     }
-    for (std::size_t n = 0; n < captured_.size(); ++n) exec_->nodes[n].batch = captured_[n];
     exec_->loaded = this;
     ++counts_.switched;
     return {};
@@ -167,15 +166,6 @@ class CudaRecording final : public backend::Recording {
   Values outputs_;
   GraphCounts& counts_;
 };
-
-// Whether a graph captured with `batches` can share `exec` (copy nodes of the same shape).
-bool same_copy_nodes(const SharedExec& exec, const std::vector<kernels::CopyNode>& nodes) {
-  if (exec.nodes.size() != nodes.size()) return false;
-  for (std::size_t n = 0; n < nodes.size(); ++n) {
-    if (exec.nodes[n].blocks != nodes[n].blocks || exec.nodes[n].batch.count != nodes[n].batch.count) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -323,7 +313,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   // topology is the same, instead of instantiating another.
   std::shared_ptr<SharedExec> shared;
   if (auto* previous = static_cast<CudaRecording*>(plan.replaces);
-      previous != nullptr && update_in_place_ && same_copy_nodes(*previous->shared_exec(), nodes)) {
+      previous != nullptr && update_in_place_ && kernels::same_copy_shape(previous->shared_exec()->nodes, nodes)) {
     cudaGraphExecUpdateResultInfo info{};
     if (cudaGraphExecUpdate(previous->shared_exec()->exec, graph, &info) == cudaSuccess) {
       shared = previous->shared_exec();

@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <vector>
 
 namespace cgt::kernels {
 
@@ -42,5 +43,26 @@ cudaError_t capture_copy(const CopyBatch& batch, cudaStream_t stream, CopyNode& 
 /// has the node's count and targets and, job by job, the same or zero bytes. Does nothing when
 /// the node already copies `batch`.
 cudaError_t retarget_copy(cudaGraphExec_t exec, CopyNode& node, const CopyBatch& batch);
+
+/// Whether graphs with copy nodes `a` and `b` have them in the same shape (count, jobs, grid),
+/// so that one's executable may be updated to run the other (cudaGraphExecUpdate).
+inline bool same_copy_shape(const std::vector<CopyNode>& a, const std::vector<CopyNode>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t n = 0; n < a.size(); ++n) {
+    if (a[n].blocks != b[n].blocks || a[n].batch.count != b[n].batch.count) return false;
+  }
+  return true;
+}
+
+/// Loads `graph` into `exec`, an executable shared by graphs of one topology, whose copy nodes
+/// are `nodes` (of the graph it was instantiated from): they then copy `captured`, what the copy
+/// nodes of `graph` were captured with, until the next retarget.
+inline cudaError_t load_graph(cudaGraphExec_t exec, cudaGraph_t graph, std::vector<CopyNode>& nodes,
+                              const std::vector<CopyBatch>& captured) {
+  cudaGraphExecUpdateResultInfo info{};
+  if (const cudaError_t updated = cudaGraphExecUpdate(exec, graph, &info); updated != cudaSuccess) return updated;
+  for (std::size_t n = 0; n < captured.size() && n < nodes.size(); ++n) nodes[n].batch = captured[n];
+  return cudaSuccess;
+}
 
 }  // namespace cgt::kernels

@@ -135,13 +135,7 @@ class TorchRecording final : public backend::Recording {
   // A re-recording with copy nodes `nodes` may update this recording's executable: it draws no
   // random numbers, and its copy nodes have the same shape.
   [[nodiscard]] std::shared_ptr<SharedExec> shareable_with(const std::vector<kernels::CopyNode>& nodes) const {
-    if (!direct_launch_ || exec_->nodes.size() != nodes.size()) return nullptr;
-    for (std::size_t n = 0; n < nodes.size(); ++n) {
-      if (exec_->nodes[n].blocks != nodes[n].blocks || exec_->nodes[n].batch.count != nodes[n].batch.count) {
-        return nullptr;
-      }
-    }
-    return exec_;
+    return direct_launch_ && kernels::same_copy_shape(exec_->nodes, nodes) ? exec_ : nullptr;
   }
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
@@ -212,13 +206,11 @@ class TorchRecording final : public backend::Recording {
   // Loads this recording's graph into the shared executable (its copy nodes then copy what they
   // were captured with, until the next retarget).
   Result<void> load() {
-    cudaGraphExecUpdateResultInfo info{};
-    if (auto updated =
-            launched(cudaGraphExecUpdate(exec_->exec, graph_, &info), "loading a graph into its shared executable");
-        !updated) {
-      return updated;
+    if (auto loaded = launched(kernels::load_graph(exec_->exec, graph_, exec_->nodes, captured_),
+                               "loading a graph into its shared executable");
+        !loaded) {
+      return loaded;
     }
-    for (std::size_t n = 0; n < captured_.size(); ++n) exec_->nodes[n].batch = captured_[n];
     exec_->loaded = this;
     ++counts_.switched;
     return {};
