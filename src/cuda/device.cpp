@@ -306,21 +306,15 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
                 std::string("the function's work cannot be captured into a graph: ") + cudaGetErrorString(ended));
   }
   free_unreturned(context, *outputs);  // slots and temporaries the outputs do not view
-  std::vector<kernels::CopyBatch> captured;
-  captured.reserve(nodes.size());
-  for (const kernels::CopyNode& node : nodes) captured.push_back(node.batch);
+  std::vector<kernels::CopyBatch> captured = kernels::batches_of(nodes);
   // A re-recording because a static input moved: update the old recording's executable when the
   // topology is the same, instead of instantiating another.
   std::shared_ptr<SharedExec> shared;
-  if (auto* previous = static_cast<CudaRecording*>(plan.replaces);
-      previous != nullptr && update_in_place_ && kernels::same_copy_shape(previous->shared_exec()->nodes, nodes)) {
-    cudaGraphExecUpdateResultInfo info{};
-    if (cudaGraphExecUpdate(previous->shared_exec()->exec, graph, &info) == cudaSuccess) {
+  if (auto* previous = static_cast<CudaRecording*>(plan.replaces); previous != nullptr && update_in_place_) {
+    if (SharedExec& candidate = *previous->shared_exec();
+        kernels::load_if_same_topology(candidate.exec, candidate.nodes, graph, nodes)) {
       shared = previous->shared_exec();
-      for (std::size_t n = 0; n < nodes.size(); ++n) shared->nodes[n].batch = captured[n];
       ++counts_.updated_in_place;
-    } else {
-      (void)cudaGetLastError();  // another topology: instantiate below
     }
   }
   cudaGraph_t own_graph = graph;  // the recording owns its graph unless the new executable does

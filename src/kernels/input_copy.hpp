@@ -44,14 +44,12 @@ cudaError_t capture_copy(const CopyBatch& batch, cudaStream_t stream, CopyNode& 
 /// the node already copies `batch`.
 cudaError_t retarget_copy(cudaGraphExec_t exec, CopyNode& node, const CopyBatch& batch);
 
-/// Whether graphs with copy nodes `a` and `b` have them in the same shape (count, jobs, grid),
-/// so that one's executable may be updated to run the other (cudaGraphExecUpdate).
-inline bool same_copy_shape(const std::vector<CopyNode>& a, const std::vector<CopyNode>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t n = 0; n < a.size(); ++n) {
-    if (a[n].blocks != b[n].blocks || a[n].batch.count != b[n].batch.count) return false;
-  }
-  return true;
+/// What copy nodes copy now (after a capture: what they were captured with).
+inline std::vector<CopyBatch> batches_of(const std::vector<CopyNode>& nodes) {
+  std::vector<CopyBatch> batches;
+  batches.reserve(nodes.size());
+  for (const CopyNode& node : nodes) batches.push_back(node.batch);
+  return batches;
 }
 
 /// Loads `graph` into `exec`, an executable shared by graphs of one topology, whose copy nodes
@@ -63,6 +61,20 @@ inline cudaError_t load_graph(cudaGraphExec_t exec, cudaGraph_t graph, std::vect
   if (const cudaError_t updated = cudaGraphExecUpdate(exec, graph, &info); updated != cudaSuccess) return updated;
   for (std::size_t n = 0; n < captured.size() && n < nodes.size(); ++n) nodes[n].batch = captured[n];
   return cudaSuccess;
+}
+
+/// Loads a newly captured `graph`, whose copy nodes are `graph_nodes`, into `exec` (copy nodes
+/// `nodes`) when it has the topology `exec` runs: copy nodes of the same shape, and a graph
+/// cudaGraphExecUpdate accepts. False, with the runtime's error cleared, when it has another.
+inline bool load_if_same_topology(cudaGraphExec_t exec, std::vector<CopyNode>& nodes, cudaGraph_t graph,
+                                  const std::vector<CopyNode>& graph_nodes) {
+  if (nodes.size() != graph_nodes.size()) return false;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    if (nodes[n].blocks != graph_nodes[n].blocks || nodes[n].batch.count != graph_nodes[n].batch.count) return false;
+  }
+  if (load_graph(exec, graph, nodes, batches_of(graph_nodes)) == cudaSuccess) return true;
+  (void)cudaGetLastError();
+  return false;
 }
 
 }  // namespace cgt::kernels

@@ -132,11 +132,9 @@ class TorchRecording final : public backend::Recording {
     }
   }
 
-  // A re-recording with copy nodes `nodes` may update this recording's executable: it draws no
-  // random numbers, and its copy nodes have the same shape.
-  [[nodiscard]] std::shared_ptr<SharedExec> shareable_with(const std::vector<kernels::CopyNode>& nodes) const {
-    return direct_launch_ && kernels::same_copy_shape(exec_->nodes, nodes) ? exec_ : nullptr;
-  }
+  // The executable a re-recording of the same topology may update: none when the graph draws
+  // random numbers (it replays through its own CUDAGraph::replay).
+  [[nodiscard]] std::shared_ptr<SharedExec> shareable() const { return direct_launch_ ? exec_ : nullptr; }
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
@@ -387,23 +385,17 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   // A re-recording because a static input moved: update the old recording's executable when the
   // topology is the same, instead of instantiating another.
   std::shared_ptr<SharedExec> shared;
-  std::vector<kernels::CopyBatch> captured_batches;
-  captured_batches.reserve(nodes.size());
-  for (const kernels::CopyNode& node : nodes) captured_batches.push_back(node.batch);
+  std::vector<kernels::CopyBatch> captured_batches = kernels::batches_of(nodes);
   if (auto* previous = static_cast<TorchRecording*>(plan.replaces);
       previous != nullptr && state.update_graphs_in_place) {
-    if (auto candidate = previous->shareable_with(nodes)) {
+    if (auto candidate = previous->shareable()) {
       auto updated = guarded("updating a graph in place", [&]() -> Result<bool> {
         const c10::cuda::CUDAGuard device_guard(state.index);
-        cudaGraphExecUpdateResultInfo info{};
-        if (cudaGraphExecUpdate(candidate->exec, graph->raw_cuda_graph(), &info) == cudaSuccess) return true;
-        (void)cudaGetLastError();  // another topology: instantiate below
-        return false;
+        return kernels::load_if_same_topology(candidate->exec, candidate->nodes, graph->raw_cuda_graph(), nodes);
       });
       if (!updated) return std::unexpected(std::move(updated.error()));
       if (*updated) {
         shared = std::move(candidate);
-        for (std::size_t n = 0; n < nodes.size(); ++n) shared->nodes[n].batch = captured_batches[n];
         ++state.graph_counts.updated_in_place;
       }
     }
