@@ -481,10 +481,26 @@ void capture() {
     return seconds_since(start) * 1e3;
   };
   bool reported = false;
-  auto report = [&reported](int kernels, const char* method, double first, std::vector<double> moved) {
+  // Times the first calls of `f` (warm-up + recording) and its re-recordings as its static input 1
+  // moves through `weights`, and reports them as `backend` with the in-place update on or off.
+  auto time_captures = [&](auto& pool, auto& f, const auto& x, const auto& weights, int kernels, const char* backend,
+                           bool in_place) {
+    const double first = timed_ms([&] {
+      (void)must(f({x, weights[0]}));
+      pool.mark_step_begin();
+      (void)must(f({x, weights[0]}));
+    });
+    std::vector<double> moved;
+    for (std::size_t i = 1; i < weights.size(); ++i) {
+      pool.mark_step_begin();
+      moved.push_back(timed_ms([&] { (void)must(f({x, weights[i]})); }));
+    }
+    if (in_place && pool.device().graph_counts().updated_in_place != moved.size())
+      std::fprintf(stderr, "%s did not update its graph in place\n", backend);
     if (!reported) return;
     std::ranges::sort(moved);
-    std::printf("capture,K=%d,%s,%.3f,%.3f\n", kernels, method, first, moved[moved.size() / 2]);
+    std::printf("capture,K=%d,%s (%s),%.3f,%.3f\n", kernels, backend, in_place ? "update in place" : "instantiate anew",
+                first, moved[moved.size() / 2]);
     std::fflush(stdout);
   };
   // The first pass, unreported, pays what the process uses for the first time (libtorch's and the
@@ -498,19 +514,7 @@ void capture() {
       auto f = must(pool.add_function(
           [kernels](cgt::torch::Inputs in) { return cgt::torch::Values{torch_work({in[0], in[1]}, kernels)}; },
           {.name = "f", .static_inputs = {1}}));
-      const double first = timed_ms([&] {
-        (void)must(f({x, weights[0]}));
-        pool.mark_step_begin();
-        (void)must(f({x, weights[0]}));
-      });
-      std::vector<double> moved;
-      for (int i = 1; i <= moves; ++i) {
-        pool.mark_step_begin();
-        moved.push_back(timed_ms([&] { (void)must(f({x, weights[static_cast<std::size_t>(i)]})); }));
-      }
-      if (in_place && pool.device().graph_counts().updated_in_place != moves)
-        std::fprintf(stderr, "cgt.torch did not update its graph in place\n");
-      report(kernels, in_place ? "cgt.torch (update in place)" : "cgt.torch (instantiate anew)", first, moved);
+      time_captures(pool, f, x, weights, kernels, "cgt.torch", in_place);
     }
     for (const bool in_place : {true, false}) {
       auto pool = must(cgt::cuda::make_pool({.device = 0, .update_graphs_in_place = in_place}));
@@ -525,19 +529,7 @@ void capture() {
             return cgt::cuda::Values{out};
           },
           {.name = "f", .static_inputs = {1}}));
-      const double first = timed_ms([&] {
-        (void)must(f({x, weights[0]}));
-        pool.mark_step_begin();
-        (void)must(f({x, weights[0]}));
-      });
-      std::vector<double> moved;
-      for (int i = 1; i <= moves; ++i) {
-        pool.mark_step_begin();
-        moved.push_back(timed_ms([&] { (void)must(f({x, weights[static_cast<std::size_t>(i)]})); }));
-      }
-      if (in_place && pool.device().graph_counts().updated_in_place != moves)
-        std::fprintf(stderr, "cgt.cuda did not update its graph in place\n");
-      report(kernels, in_place ? "cgt.cuda (update in place)" : "cgt.cuda (instantiate anew)", first, moved);
+      time_captures(pool, f, x, weights, kernels, "cgt.cuda", in_place);
     }
     reported = true;
   }
