@@ -89,7 +89,6 @@ class CudaRecording final : public backend::Recording {
   struct Copy {
     std::size_t input = 0;
     Buffer slot;
-    std::size_t bytes = 0;  // the span the layout covers, from its first element
   };
 
   // `graph` is null when it is `exec`'s origin (owned there), else owned here.
@@ -112,7 +111,6 @@ class CudaRecording final : public backend::Recording {
   }
 
   [[nodiscard]] const std::shared_ptr<SharedExec>& shared_exec() const noexcept { return exec_; }
-  [[nodiscard]] const std::vector<kernels::CopyBatch>& captured() const noexcept { return captured_; }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
     if (exec_->loaded != this) {
@@ -259,7 +257,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   Context context(*this, Context::Target::pool, true);
   // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span.
   std::vector<CudaRecording::Copy> copies;
-  std::vector<const std::byte*> sources;
+  std::vector<kernels::CopyJob> jobs;  // the graph's copy nodes copy the covered spans
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!plan.copy_input[i]) continue;
     const Buffer& source = inputs.buffers[i];
@@ -272,8 +270,8 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     }
     context.allocations_.push_back(address_of(*memory));
     const Buffer slot = source.on_storage(*memory, bytes).with_layout(layout);
-    copies.push_back({i, slot, bytes});
-    sources.push_back(source.data());
+    copies.push_back({i, slot});
+    jobs.push_back({.source = source.data(), .target = slot.data(), .bytes = bytes});
     inputs.buffers[i] = slot;
   }
 
@@ -283,14 +281,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     return std::unexpected(began.error());
   }
   std::vector<kernels::CopyNode> nodes;
-  cudaError_t copy_captured = cudaSuccess;
-  for (std::size_t first = 0; first < copies.size() && copy_captured == cudaSuccess; first += kernels::max_copies) {
-    kernels::CopyBatch batch;
-    for (std::size_t k = first; k < copies.size() && batch.count < kernels::max_copies; ++k) {
-      batch.jobs[batch.count++] = {.source = sources[k], .target = copies[k].slot.data(), .bytes = copies[k].bytes};
-    }
-    copy_captured = kernels::capture_copy(batch, stream_, nodes.emplace_back());
-  }
+  const cudaError_t copy_captured = kernels::capture_copies(jobs, stream_, nodes);
   auto outputs = copy_captured == cudaSuccess
                      ? invoke(fn, context, inputs.view())
                      : Result<Values>(fail(Errc::backend_error, std::string("capturing the input copies failed: ") +
@@ -312,7 +303,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   std::shared_ptr<SharedExec> shared;
   if (auto* previous = static_cast<CudaRecording*>(plan.replaces); previous != nullptr && update_in_place_) {
     if (SharedExec& candidate = *previous->shared_exec();
-        kernels::load_if_same_topology(candidate.exec, candidate.nodes, graph, nodes)) {
+        kernels::load_if_same_topology(candidate.exec, candidate.nodes, graph, nodes, captured)) {
       shared = previous->shared_exec();
       ++counts_.updated_in_place;
     }

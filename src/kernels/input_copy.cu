@@ -63,6 +63,17 @@ cudaError_t capture_copy(const CopyBatch& batch, cudaStream_t stream, CopyNode& 
   return cudaSuccess;
 }
 
+cudaError_t capture_copies(const std::vector<CopyJob>& jobs, cudaStream_t stream, std::vector<CopyNode>& nodes) {
+  for (std::size_t first = 0; first < jobs.size(); first += max_copies) {
+    CopyBatch batch;
+    for (std::size_t k = first; k < jobs.size() && batch.count < max_copies; ++k) batch.jobs[batch.count++] = jobs[k];
+    if (const cudaError_t captured = capture_copy(batch, stream, nodes.emplace_back()); captured != cudaSuccess) {
+      return captured;
+    }
+  }
+  return cudaSuccess;
+}
+
 cudaError_t retarget_copy(cudaGraphExec_t exec, CopyNode& node, const CopyBatch& batch) {
   if (same_jobs(node.batch, batch)) return cudaSuccess;
   CopyBatch argument = batch;

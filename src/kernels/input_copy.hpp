@@ -39,6 +39,10 @@ struct CopyNode {
 /// must not overlap.
 cudaError_t capture_copy(const CopyBatch& batch, cudaStream_t stream, CopyNode& node);
 
+/// Launches the copies of `jobs` on `stream`, which must be capturing: `max_copies` jobs to a node,
+/// in order, each node appended to `nodes`. Stops at the first failure.
+cudaError_t capture_copies(const std::vector<CopyJob>& jobs, cudaStream_t stream, std::vector<CopyNode>& nodes);
+
 /// Makes the next launches of `exec` (instantiated from the captured graph) copy `batch`, which
 /// has the node's count and targets and, job by job, the same or zero bytes. Does nothing when
 /// the node already copies `batch`.
@@ -63,16 +67,17 @@ inline cudaError_t load_graph(cudaGraphExec_t exec, cudaGraph_t graph, std::vect
   return cudaSuccess;
 }
 
-/// Loads a newly captured `graph`, whose copy nodes are `graph_nodes`, into `exec` (copy nodes
-/// `nodes`) when it has the topology `exec` runs: copy nodes of the same shape, and a graph
-/// cudaGraphExecUpdate accepts. False, with the runtime's error cleared, when it has another.
+/// Loads a newly captured `graph`, whose copy nodes are `graph_nodes` (which copy `captured`),
+/// into `exec` (copy nodes `nodes`) when it has the topology `exec` runs: copy nodes of the same
+/// shape, and a graph cudaGraphExecUpdate accepts. False, with the runtime's error cleared, when
+/// it has another.
 inline bool load_if_same_topology(cudaGraphExec_t exec, std::vector<CopyNode>& nodes, cudaGraph_t graph,
-                                  const std::vector<CopyNode>& graph_nodes) {
+                                  const std::vector<CopyNode>& graph_nodes, const std::vector<CopyBatch>& captured) {
   if (nodes.size() != graph_nodes.size()) return false;
   for (std::size_t n = 0; n < nodes.size(); ++n) {
     if (nodes[n].blocks != graph_nodes[n].blocks || nodes[n].batch.count != graph_nodes[n].batch.count) return false;
   }
-  if (load_graph(exec, graph, nodes, batches_of(graph_nodes)) == cudaSuccess) return true;
+  if (load_graph(exec, graph, nodes, captured) == cudaSuccess) return true;
   (void)cudaGetLastError();
   return false;
 }

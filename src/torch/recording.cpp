@@ -296,21 +296,13 @@ std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, c
 // Captures the copy nodes of the contiguous copied inputs, from the recording's inputs.
 cudaError_t capture_copies(const std::vector<CopiedInput>& copies, std::span<const backend::ArgSlot> args,
                            cudaStream_t stream, std::vector<kernels::CopyNode>& nodes) {
-  std::vector<kernels::CopyBatch> batches;
+  std::vector<kernels::CopyJob> jobs;
   for (const CopiedInput& copy : copies) {
     if (!copy.memcpy_ok) continue;
-    if (copy.node == batches.size()) batches.emplace_back();
     const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
-    kernels::CopyBatch& batch = batches[copy.node];
-    batch.jobs[batch.count++] = {.source = source.data_ptr(), .target = copy.slot.data_ptr(), .bytes = copy.bytes};
+    jobs.push_back({.source = source.data_ptr(), .target = copy.slot.data_ptr(), .bytes = copy.bytes});
   }
-  for (const kernels::CopyBatch& batch : batches) {
-    if (const cudaError_t captured = kernels::capture_copy(batch, stream, nodes.emplace_back());
-        captured != cudaSuccess) {
-      return captured;
-    }
-  }
-  return cudaSuccess;
+  return kernels::capture_copies(jobs, stream, nodes);
 }
 
 std::vector<OutputLayout> describe_layouts(const backend::RunResult& first) {
@@ -391,7 +383,8 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     if (auto candidate = previous->shareable()) {
       auto updated = guarded("updating a graph in place", [&]() -> Result<bool> {
         const c10::cuda::CUDAGuard device_guard(state.index);
-        return kernels::load_if_same_topology(candidate->exec, candidate->nodes, graph->raw_cuda_graph(), nodes);
+        return kernels::load_if_same_topology(candidate->exec, candidate->nodes, graph->raw_cuda_graph(), nodes,
+                                              captured_batches);
       });
       if (!updated) return std::unexpected(std::move(updated.error()));
       if (*updated) {
