@@ -116,14 +116,15 @@ class CudaRecording final : public backend::Recording {
     if (exec_->loaded != this) {
       if (auto loaded = load(); !loaded) return loaded;
     }
-    // Equal layouts: the covered span is copied as it is (a broadcast dimension once).
+    // Equal layouts: the covered span is copied as it is (a broadcast dimension once). Element
+    // types are equal: the engine checks every call's against the first call's.
     for (std::size_t first = 0; first < copies_.size(); first += kernels::max_copies) {
       kernels::CopyNode& node = exec_->nodes[first / kernels::max_copies];
       kernels::CopyBatch batch = node.batch;
       for (int job = 0; job < batch.count; ++job) {
         const Copy& copy = copies_[first + static_cast<std::size_t>(job)];
         const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
-        if (source.type() != copy.slot.type() || !std::ranges::equal(source.strides(), copy.slot.strides())) {
+        if (!std::ranges::equal(source.strides(), copy.slot.strides())) {
           return fail(Errc::wrong_shape, "input " + std::to_string(copy.input) +
                                              " has another layout than when its graph was recorded; pass it with the "
                                              "recorded strides (a contiguous buffer keeps them)");

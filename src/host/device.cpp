@@ -88,8 +88,9 @@ class HostRecording final : public backend::Recording {
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
     for (const Copy& copy : copies_) {
       const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
-      // Same sizes (the shape key says so); with the slot's strides and type, one memcpy will do.
-      if (copy.dense && source.type() == copy.slot.type() && same_strides(source, copy.slot)) {
+      // Same sizes (the shape key says so) and type (the engine checks every call's element types
+      // against the first call's); with the slot's strides, one memcpy will do.
+      if (copy.dense && same_strides(source, copy.slot)) {
         std::memcpy(copy.slot.data(), source.data(), copy.bytes);
       } else {
         host::copy(source, copy.slot);

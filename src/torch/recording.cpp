@@ -173,16 +173,17 @@ class TorchRecording final : public backend::Recording {
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
 
  private:
-  // Contiguous inputs of the recorded dtype are copied by the graph's copy nodes, without the
-  // dispatcher; the rest by copy_ (and their job in a copy node is emptied). Copies are in node
-  // order, and every node has at least one job.
+  // Contiguous inputs are copied by the graph's copy nodes, without the dispatcher; the rest by
+  // copy_ (and their job in a copy node is emptied). Their dtype is the recorded one: the engine
+  // checks every call's against the first call's. Copies are in node order, and every node has
+  // at least one job.
   Result<void> point_copies_at(std::span<const backend::ArgSlot> args) {
     std::vector<kernels::CopyNode>& nodes = exec_->nodes;
     std::size_t node = 0;
     kernels::CopyBatch batch = nodes.empty() ? kernels::CopyBatch{} : nodes.front().batch;
     for (const CopiedInput& copy : copies_) {
       const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
-      const bool by_node = copy.memcpy_ok && source.is_contiguous() && source.scalar_type() == copy.slot.scalar_type();
+      const bool by_node = copy.memcpy_ok && source.is_contiguous();
       if (!by_node) copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
       if (!copy.memcpy_ok) continue;
       if (copy.node != node) {
