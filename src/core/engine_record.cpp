@@ -114,10 +114,9 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
 
   auto before = device->checkpoint();
   if (!before) return std::unexpected(in_call(std::move(before.error()), function, "recording"));
-  const backend::RecordPlan plan{.copy_input = std::span<const bool>(copy_input.get(), inputs),
-                                 .replaces = reason == NodeReason::static_input_moved && frame.rerecording_of != nullptr
-                                                 ? frame.rerecording_of->recording.get()
-                                                 : nullptr};
+  const backend::RecordPlan plan{
+      .copy_input = std::span<const bool>(copy_input.get(), inputs),
+      .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording.get() : nullptr};
   auto recorded = device->record(*function.invoker, frame.args, plan);
   if (!recorded) {
     Error error = in_call(std::move(recorded.error()), function, "recording");
