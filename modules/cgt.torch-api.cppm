@@ -81,6 +81,8 @@ class Device final : public backend::Device {
                                      std::span<const std::uintptr_t> dead) override;
   void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
   [[nodiscard]] std::int32_t device_index() const noexcept override { return index(); }
+  /// `release` acts on a storage's libtorch record only: one with none has nothing to release.
+  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return false; }
   void adopt(backend::StorageHandle& storage) override;
   [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
   [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
