@@ -22,17 +22,12 @@ Result<Buffer> Buffer::make(ElementType type, std::span<const std::int64_t> size
   for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
   const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
   if (auto set = checked(cudaSetDevice(device), "selecting the device"); !set) return std::unexpected(set.error());
-  void* memory = nullptr;
-  if (const cudaError_t status = cudaMalloc(&memory, bytes); status != cudaSuccess) {
-    (void)cudaGetLastError();
-    return fail(status == cudaErrorMemoryAllocation ? Errc::out_of_memory : Errc::backend_error,
-                std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes: " + cudaGetErrorString(status));
-  }
-  std::shared_ptr<void> owner(memory, [](void* pointer) { (void)cudaFree(pointer); });
-  if (auto zeroed = checked(cudaMemset(memory, 0, bytes), "zeroing a new buffer"); !zeroed) {
+  auto memory = device_allocation(bytes, "making a buffer");
+  if (!memory) return std::unexpected(std::move(memory.error()));
+  if (auto zeroed = checked(cudaMemset(memory->get(), 0, bytes), "zeroing a new buffer"); !zeroed) {
     return std::unexpected(zeroed.error());
   }
-  return view_of(static_cast<std::byte*>(memory), bytes, type, sizes, device, std::move(owner));
+  return view_of(static_cast<std::byte*>(memory->get()), bytes, type, sizes, device, std::move(*memory));
 }
 
 Buffer Buffer::view_of(std::byte* storage, std::size_t bytes, ElementType type, std::span<const std::int64_t> sizes,

@@ -353,18 +353,15 @@ void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, 
 void Device::adopt(backend::StorageHandle& /*storage*/) {}
 
 Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
-  void* copy = nullptr;
-  if (auto allocated = checked(cudaMalloc(&copy, storage.bytes), "copying an output out of the pool"); !allocated) {
-    return std::unexpected(allocated.error());
-  }
-  std::shared_ptr<void> owner(copy, [](void* pointer) { (void)cudaFree(pointer); });
-  if (auto copied =
-          checked(cudaMemcpyAsync(copy, pointer_to(storage.address), storage.bytes, cudaMemcpyDeviceToDevice, stream_),
-                  "copying an output out of the pool");
+  auto copy = device_allocation(storage.bytes, "copying an output out of the pool");
+  if (!copy) return copy;
+  if (auto copied = checked(
+          cudaMemcpyAsync(copy->get(), pointer_to(storage.address), storage.bytes, cudaMemcpyDeviceToDevice, stream_),
+          "copying an output out of the pool");
       !copied) {
     return std::unexpected(copied.error());
   }
-  return owner;
+  return copy;
 }
 
 std::shared_ptr<const void> Device::rebase(const void* value, const backend::StorageHandle& from,
@@ -391,17 +388,14 @@ void Device::shutdown() {
 
 Result<Buffer> Backend::take(const Buffer& buffer) {
   if (buffer.empty()) return Buffer{};
-  void* copy = nullptr;
-  if (auto allocated = checked(cudaMalloc(&copy, buffer.storage_bytes()), "copying an output"); !allocated) {
-    return std::unexpected(allocated.error());
-  }
-  std::shared_ptr<void> owner(copy, [](void* pointer) { (void)cudaFree(pointer); });
-  if (auto copied = checked(cudaMemcpy(copy, buffer.storage(), buffer.storage_bytes(), cudaMemcpyDeviceToDevice),
+  auto copy = device_allocation(buffer.storage_bytes(), "copying an output");
+  if (!copy) return std::unexpected(std::move(copy.error()));
+  if (auto copied = checked(cudaMemcpy(copy->get(), buffer.storage(), buffer.storage_bytes(), cudaMemcpyDeviceToDevice),
                             "copying an output");
       !copied) {
     return std::unexpected(copied.error());
   }
-  return buffer.on_storage(static_cast<std::byte*>(copy), buffer.storage_bytes(), std::move(owner));
+  return buffer.on_storage(static_cast<std::byte*>(copy->get()), buffer.storage_bytes(), std::move(*copy));
 }
 
 std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {

@@ -5,6 +5,8 @@ module;
 
 #include <cstddef>
 #include <cstdint>
+#include <expected>
+#include <memory>
 #include <string>
 
 module cgt.cuda:internal;
@@ -18,6 +20,20 @@ inline Result<void> checked(cudaError_t status, const char* doing) {
   if (status == cudaSuccess) return {};
   (void)cudaGetLastError();
   return fail(Errc::backend_error, std::string("CUDA failed while ") + doing + ": " + cudaGetErrorString(status));
+}
+
+/// `bytes` of new memory on the current device, freed (cudaFree) when its last owner lets go.
+/// Fails with out_of_memory when the device has no room, else backend_error, saying what was being
+/// done.
+inline Result<std::shared_ptr<void>> device_allocation(std::size_t bytes, const char* doing) {
+  void* memory = nullptr;
+  if (const cudaError_t status = cudaMalloc(&memory, bytes); status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(status == cudaErrorMemoryAllocation ? Errc::out_of_memory : Errc::backend_error,
+                std::string("cudaMalloc of ") + std::to_string(bytes) + " bytes while " + doing + ": " +
+                    cudaGetErrorString(status));
+  }
+  return std::shared_ptr<void>(memory, [](void* pointer) { (void)cudaFree(pointer); });
 }
 
 inline std::uintptr_t address_of(const void* pointer) noexcept {
