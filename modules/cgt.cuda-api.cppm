@@ -227,7 +227,8 @@ struct Backend {
     desc.device = buffer.device();
     return {};
   }
-  /// A copy in device memory of its own (same layout).
+  /// A copy in device memory of its own (same layout), complete when it returns: it waits for the
+  /// device first, since a pool's stream may be non-blocking (not ordered with the copy).
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);
   [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
 };

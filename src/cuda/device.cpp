@@ -388,6 +388,12 @@ void Device::shutdown() {
 
 Result<Buffer> Backend::take(const Buffer& buffer) {
   if (buffer.empty()) return Buffer{};
+  // The work that wrote the buffer may be on a non-blocking pool stream, which the legacy default
+  // stream of cudaMemcpy does not wait for; and a device-to-device cudaMemcpy may return before
+  // it is done. So: wait, copy, wait.
+  if (auto idle = checked(cudaDeviceSynchronize(), "waiting for the device before copying an output"); !idle) {
+    return std::unexpected(idle.error());
+  }
   auto copy = device_allocation(buffer.storage_bytes(), "copying an output");
   if (!copy) return std::unexpected(std::move(copy.error()));
   if (auto copied = checked(cudaMemcpy(copy->get(), buffer.storage(), buffer.storage_bytes(), cudaMemcpyDeviceToDevice),
@@ -395,6 +401,7 @@ Result<Buffer> Backend::take(const Buffer& buffer) {
       !copied) {
     return std::unexpected(copied.error());
   }
+  if (auto done = checked(cudaDeviceSynchronize(), "copying an output"); !done) return std::unexpected(done.error());
   return buffer.on_storage(static_cast<std::byte*>(copy->get()), buffer.storage_bytes(), std::move(*copy));
 }
 

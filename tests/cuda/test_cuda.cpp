@@ -214,6 +214,38 @@ TEST_CASE("cuda/a moved static input updates the recorded graph in place, and ev
 
 // Tagged [provokes-api-errors]: the CUDA runtime reports the failed capture, and
 // scripts/gpu-test.sh runs it under memcheck apart, with API error reports off.
+// take() copies an output after the work that wrote it, also from a pool whose stream is
+// non-blocking (not ordered with the legacy default stream that cudaMemcpy uses): 2000 kernels
+// that each add 1 run for milliseconds, and the copy must see all of them.
+TEST_CASE("cuda/take copies an output after the pool's work, on a non-blocking stream too", "[gpu]") {
+  REQUIRE_GPU();
+  constexpr std::int64_t n = 1024;
+  constexpr int adds = 2000;
+  auto pool = must(cgt::cuda::make_pool({.device = 0, .blocking_stream = false}));
+  auto slow = must(pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {n});
+        if (cgt_test::sum_inputs(in[0].as<float>(), nullptr, nullptr, nullptr, out.as<float>(), n, ctx.stream()) !=
+                cudaSuccess ||
+            cgt_test::add_repeatedly(out.as<float>(), n, 1.0F, adds, ctx.stream()) != cudaSuccess) {
+          throw std::runtime_error("a launch failed");
+        }
+        return cgt::cuda::Values{out};
+      },
+      {.name = "slow"}));
+  const auto zeros = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {n}));
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // made on the legacy stream: order it yourself
+  for (const cgt::CallKind kind : {cgt::CallKind::warmup, cgt::CallKind::recording, cgt::CallKind::replay}) {
+    pool.mark_step_begin();
+    auto out = must(slow({zeros}));
+    CHECK(out.kind() == kind);
+    const cgt::cuda::Buffer kept = must(out.take(0));
+    const std::vector<double> values = must(kept.read());
+    CHECK(values.front() == adds);
+    CHECK(values.back() == adds);
+  }
+}
+
 TEST_CASE("cuda/work that cannot be captured fails the recording, and the pool stays usable",
           "[gpu][provokes-api-errors]") {
   REQUIRE_GPU();
