@@ -24,8 +24,7 @@ void free_unreturned(Arena& arena, std::vector<std::uintptr_t>& allocations, std
   for (const std::uintptr_t address : allocations) {
     bool returned = false;
     for (const Buffer& out : outputs) {
-      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): addresses identify blocks
-      returned = returned || reinterpret_cast<std::uintptr_t>(out.storage()) == address;
+      returned = returned || address_of(out.storage()) == address;
     }
     if (!returned) (void)arena.free(address);  // NOLINT(bugprone-unused-return-value): fails only if already free
   }
@@ -45,8 +44,7 @@ RunResult describe_outputs(const Arena& arena, std::vector<Buffer>&& outputs) {
     if (out.empty()) {
       desc.kind = OutputKind::none;
     } else {
-      desc.storage =
-          reinterpret_cast<std::uintptr_t>(out.storage());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+      desc.storage = address_of(out.storage());
       desc.storage_bytes = out.storage_bytes();
       desc.in_pool = arena.contains(desc.storage);
     }

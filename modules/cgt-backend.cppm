@@ -8,6 +8,7 @@ module;
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 export module cgt:backend;
@@ -128,6 +129,42 @@ enum class RunMode : std::uint8_t {
   eager,   ///< plain execution outside the pool
   warmup,  ///< execution allocating in the pool, on the pool's stream
 };
+
+/// A backend's callable as the engine holds it (`Backend::make_invoker`).
+template <class Callable>
+struct InvokerOf final : Invoker {
+  explicit InvokerOf(Callable&& callable) : fn(std::move(callable)) {}
+  Callable fn;
+};
+
+/// The arguments of a call as a backend's function sees them: the values (default where the call
+/// passed a scalar) and the scalars (0 where it passed a value). `Inputs` views the two.
+template <class Value, class Inputs>
+struct CallInputs {
+  explicit CallInputs(std::span<const ArgSlot> args) : values(args.size()), scalars(args.size(), 0) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (args[i].kind == ArgKind::scalar) {
+        scalars[i] = args[i].scalar;
+      } else {
+        values[i] = *static_cast<const Value*>(args[i].value);
+      }
+    }
+  }
+  [[nodiscard]] Inputs view() const noexcept { return {values, scalars}; }
+  std::vector<Value> values;
+  std::vector<std::int64_t> scalars;
+};
+
+/// The address of memory, as the engine identifies storages and blocks.
+inline std::uintptr_t address_of(const void* pointer) noexcept {
+  return reinterpret_cast<std::uintptr_t>(pointer);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+}
+
+/// The memory at `address` (the inverse of `address_of`).
+inline std::byte* pointer_to(std::uintptr_t address) noexcept {
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast,performance-no-int-to-ptr): inverse of address_of
+  return reinterpret_cast<std::byte*>(address);
+}
 
 /// A device with a checkpointable memory pool, a stream that runs or captures, and graphs.
 class Device {

@@ -23,25 +23,8 @@ import :internal;
 namespace cgt::cuda {
 namespace {
 
-struct CudaInvoker final : backend::Invoker {
-  explicit CudaInvoker(Callable&& callable) : fn(std::move(callable)) {}
-  Callable fn;
-};
-
-struct CallInputs {
-  explicit CallInputs(std::span<const backend::ArgSlot> args) : buffers(args.size()), scalars(args.size(), 0) {
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      if (args[i].kind == backend::ArgKind::scalar) {
-        scalars[i] = args[i].scalar;
-      } else {
-        buffers[i] = *static_cast<const Buffer*>(args[i].value);
-      }
-    }
-  }
-  [[nodiscard]] Inputs view() const noexcept { return {buffers, scalars}; }
-  std::vector<Buffer> buffers;
-  std::vector<std::int64_t> scalars;
-};
+using CudaInvoker = backend::InvokerOf<Callable>;
+using CallInputs = backend::CallInputs<Buffer, Inputs>;
 
 // Runs the user's function, turning what it throws (and a failed kernel launch) into an error.
 Result<Values> invoke(backend::Invoker& invoker, Context& context, const Inputs& inputs) {
@@ -222,7 +205,7 @@ Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<co
   const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
   auto memory = arena_->allocate(bytes);
   if (!memory) throw OutOfMemory(memory.error().message);
-  context.allocations_.push_back(address_of(*memory));
+  context.allocations_.push_back(backend::address_of(*memory));
   return Buffer::view_of(*memory, bytes, type, sizes, device_);
 }
 
@@ -261,7 +244,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   std::vector<kernels::CopyJob> jobs;  // the graph's copy nodes copy the covered spans
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!plan.copy_input[i]) continue;
-    const Buffer& source = inputs.buffers[i];
+    const Buffer& source = inputs.values[i];
     const Layout layout = source.layout().restrided(0, source.sizes(), source.strides());
     const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
     auto memory = arena_->allocate(bytes);
@@ -269,11 +252,11 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
       free_unreturned(context, {});
       return std::unexpected(std::move(memory.error()));
     }
-    context.allocations_.push_back(address_of(*memory));
+    context.allocations_.push_back(backend::address_of(*memory));
     const Buffer slot = source.on_storage(*memory, bytes).with_layout(layout);
     copies.push_back({i, slot});
     jobs.push_back({.source = source.data(), .target = slot.data(), .bytes = bytes});
-    inputs.buffers[i] = slot;
+    inputs.values[i] = slot;
   }
 
   if (auto began = checked(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a capture");
@@ -346,7 +329,7 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
 
 void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
   if (!arena_) return;
-  if (poison_) (void)cudaMemsetAsync(pointer_to(storage.address), 0xFF, storage.bytes, stream_);
+  if (poison_) (void)cudaMemsetAsync(backend::pointer_to(storage.address), 0xFF, storage.bytes, stream_);
   if (storage.owned_by_allocator) (void)arena_->free(storage.address);  // NOLINT(bugprone-unused-return-value)
 }
 
@@ -355,9 +338,9 @@ void Device::adopt(backend::StorageHandle& /*storage*/) {}
 Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
   auto copy = device_allocation(storage.bytes, "copying an output out of the pool");
   if (!copy) return copy;
-  if (auto copied = checked(
-          cudaMemcpyAsync(copy->get(), pointer_to(storage.address), storage.bytes, cudaMemcpyDeviceToDevice, stream_),
-          "copying an output out of the pool");
+  if (auto copied = checked(cudaMemcpyAsync(copy->get(), backend::pointer_to(storage.address), storage.bytes,
+                                            cudaMemcpyDeviceToDevice, stream_),
+                            "copying an output out of the pool");
       !copied) {
     return std::unexpected(copied.error());
   }

@@ -1,5 +1,5 @@
 // cgt.cuda:internal — what the cuda backend's units share: CUDA statuses as cgt errors, and
-// device addresses as the integers the engine keys blocks by.
+// device memory of its own.
 module;
 #include <cuda_runtime_api.h>
 
@@ -34,15 +34,6 @@ inline Result<std::shared_ptr<void>> device_allocation(std::size_t bytes, const 
                     cudaGetErrorString(status));
   }
   return std::shared_ptr<void>(memory, [](void* pointer) { (void)cudaFree(pointer); });
-}
-
-inline std::uintptr_t address_of(const void* pointer) noexcept {
-  return reinterpret_cast<std::uintptr_t>(pointer);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-}
-
-inline std::byte* pointer_to(std::uintptr_t address) noexcept {
-  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast,performance-no-int-to-ptr): inverse of address_of
-  return reinterpret_cast<std::byte*>(address);
 }
 
 }  // namespace cgt::cuda

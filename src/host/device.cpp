@@ -19,36 +19,11 @@ module cgt.host;
 namespace cgt::host {
 namespace {
 
-struct HostInvoker final : backend::Invoker {
-  explicit HostInvoker(Callable&& callable) : fn(std::move(callable)) {}
-  Callable fn;
-};
-
-std::uintptr_t address_of(const std::byte* pointer) noexcept {
-  return reinterpret_cast<std::uintptr_t>(pointer);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-}
-
+using HostInvoker = backend::InvokerOf<Callable>;
+using CallInputs = backend::CallInputs<Buffer, Inputs>;
 // Storage handles carry addresses; on the host they are plain pointers into the arena.
-std::byte* pointer_to(std::uintptr_t address) noexcept {
-  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast,performance-no-int-to-ptr): inverse of address_of
-  return reinterpret_cast<std::byte*>(address);
-}
-
-// The arguments of a call as the function sees them.
-struct CallInputs {
-  explicit CallInputs(std::span<const backend::ArgSlot> args) : buffers(args.size()), scalars(args.size(), 0) {
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      if (args[i].kind == backend::ArgKind::scalar) {
-        scalars[i] = args[i].scalar;
-      } else {
-        buffers[i] = *static_cast<const Buffer*>(args[i].value);
-      }
-    }
-  }
-  [[nodiscard]] Inputs view() const noexcept { return {buffers, scalars}; }
-  std::vector<Buffer> buffers;
-  std::vector<std::int64_t> scalars;
-};
+using backend::address_of;
+using backend::pointer_to;
 
 // Runs the user's function, turning what it throws into an error.
 Result<Values> invoke(Callable& fn, Context& context, const Inputs& inputs) {
@@ -181,7 +156,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   std::vector<bool> copied(args.size(), false);
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!plan.copy_input[i]) continue;
-    const Buffer& source = inputs.buffers[i];
+    const Buffer& source = inputs.values[i];
     const Buffer layout = source.restrided(0, source.sizes(), source.strides());
     const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
     auto memory = arena_->allocate(bytes);
@@ -192,7 +167,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     context.allocations_.push_back(address_of(*memory));
     slots[i] = layout.on_storage(*memory, bytes);
     copy(source, slots[i]);
-    inputs.buffers[i] = slots[i];
+    inputs.values[i] = slots[i];
     copied[i] = true;
   }
 

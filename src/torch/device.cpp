@@ -124,7 +124,7 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
     // Blocks allocated in the checkpoint come back as owning DataPtrs: live storages take theirs,
     // so they free their block when they die; the others stay allocated until freed below.
     for (at::DataPtr& data : delta.dataptrs_allocd) {
-      auto found = live_by_address.find(address_of(data.get()));
+      auto found = live_by_address.find(backend::address_of(data.get()));
       if (found != live_by_address.end()) {
         found->second->impl->set_data_ptr_noswap(std::move(data));
       } else {
@@ -241,8 +241,8 @@ void Device::shutdown() {
 Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc) {
   if (!tensor.defined()) return fail(Errc::invalid_argument, "an undefined tensor");
   try {
-    desc.storage = address_of(tensor.storage().data_ptr().get());
-    desc.data = address_of(tensor.data_ptr());
+    desc.storage = backend::address_of(tensor.storage().data_ptr().get());
+    desc.data = backend::address_of(tensor.data_ptr());
   } catch (const c10::Error& error) {
     return fail(Errc::output_overwritten,
                 std::string("the tensor's memory was reclaimed: ") + error.what_without_backtrace());

@@ -112,11 +112,6 @@ class PoolAllocation {
   c10::cuda::CUDAStreamGuard stream_guard_;
 };
 
-/// Address of a pointer, as the engine identifies memory.
-inline std::uintptr_t address_of(const void* pointer) noexcept {
-  return reinterpret_cast<std::uintptr_t>(pointer);
-}
-
 /// A tensor with the given layout over `storage` (no allocation, no dispatch).
 inline at::Tensor tensor_over(c10::intrusive_ptr<c10::StorageImpl> storage, c10::ScalarType dtype,
                               c10::IntArrayRef sizes, c10::IntArrayRef strides, std::int64_t offset) {
@@ -172,25 +167,8 @@ auto guarded(const char* doing, Work&& work) -> decltype(std::forward<Work>(work
 }
 
 /// The arguments of a call as the function sees them.
-struct CallInputs {
-  explicit CallInputs(std::span<const backend::ArgSlot> args) : tensors(args.size()), scalars(args.size(), 0) {
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      if (args[i].kind == backend::ArgKind::scalar) {
-        scalars[i] = args[i].scalar;
-      } else {
-        tensors[i] = *static_cast<const at::Tensor*>(args[i].value);
-      }
-    }
-  }
-  [[nodiscard]] Inputs view() const noexcept { return {tensors, scalars}; }
-  std::vector<at::Tensor> tensors;
-  std::vector<std::int64_t> scalars;
-};
-
-struct TorchInvoker final : backend::Invoker {
-  explicit TorchInvoker(Callable&& callable) : fn(std::move(callable)) {}
-  Callable fn;
-};
+using CallInputs = backend::CallInputs<at::Tensor, Inputs>;
+using TorchInvoker = backend::InvokerOf<Callable>;
 
 /// Calls the user's function, turning what it throws into `function_failed` (or `out_of_memory`).
 inline Result<Values> invoke(backend::Invoker& invoker, const CallInputs& inputs) {

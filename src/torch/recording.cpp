@@ -256,14 +256,14 @@ void end_failed_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
 
 // Slots in the pool for the inputs that are copied, with the same layout as the inputs.
 std::vector<at::Tensor> make_slots(Device::State& state, CallInputs& inputs, const backend::RecordPlan& plan) {
-  std::vector<at::Tensor> slots(inputs.tensors.size());
+  std::vector<at::Tensor> slots(inputs.values.size());
   const PoolAllocation allocation(state);
   for (std::size_t i = 0; i < slots.size(); ++i) {
     if (!plan.copy_input[i]) continue;
-    const at::Tensor& source = inputs.tensors[i];
+    const at::Tensor& source = inputs.values[i];
     slots[i] = at::empty_strided(source.sizes(), source.strides(), source.options());
     without_broadcast(slots[i]).copy_(without_broadcast(source));
-    inputs.tensors[i] = slots[i];
+    inputs.values[i] = slots[i];
   }
   return slots;
 }
@@ -277,7 +277,7 @@ std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, c
     if (!slots[i].defined()) continue;
     const at::Tensor& slot = slots[i];
     const c10::Storage& storage = slot.storage();
-    at::Tensor view = tensor_over(storage_over(address_of(storage.data_ptr().get()), storage.nbytes(), device),
+    at::Tensor view = tensor_over(storage_over(backend::address_of(storage.data_ptr().get()), storage.nbytes(), device),
                                   slot.scalar_type(), slot.sizes(), slot.strides(), slot.storage_offset());
     CopiedInput copy;
     copy.index = i;
@@ -433,7 +433,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
       direct_launch = philox_offset(state.index) == offset_before;
     }
     c10::cuda::device_synchronize();
-    inputs.tensors.clear();  // the slots' memory is free for the pool again (outputs may keep some)
+    inputs.values.clear();  // the slots' memory is free for the pool again (outputs may keep some)
     slots.clear();
     backend::Recorded recorded;
     recorded.first_outputs = describe_outputs(state, std::move(*outputs), true);

@@ -48,7 +48,7 @@ backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool
       desc.kind = backend::OutputKind::none;
     } else {
       const c10::Storage& storage = tensor.storage();
-      desc.storage = address_of(storage.data_ptr().get());
+      desc.storage = backend::address_of(storage.data_ptr().get());
       desc.storage_bytes = storage.nbytes();
       desc.in_pool = desc.storage != 0 && in_pool(desc.storage);
       if (desc.in_pool) {
