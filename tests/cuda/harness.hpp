@@ -1,16 +1,10 @@
 // The cuda backend's harness for the shared scenarios: turns a scenario::FnSpec into launches of
 // the test kernels (kernels.hpp), and moves data between HostTensor and device buffers.
-// Include after `import cgt.cuda;` and after the standard headers and kernels.hpp.
+// Include after `import cgt.cuda;`, the standard headers, kernels.hpp and scenario/scenarios.hpp.
 #pragma once
 
-struct CudaHarness {
+struct CudaHarness : scenario::HarnessTypes<cgt::cuda::Backend> {
   static constexpr const char* name = "cuda";
-  using Pool = cgt::cuda::Pool;
-  using Function = cgt::cuda::Function;
-  using Outputs = cgt::cuda::Outputs;
-  using Lease = cgt::cuda::OutputLease;
-  using Arg = cgt::cuda::Arg;
-  using Value = cgt::cuda::Buffer;
 
   static std::string unavailable() { return cgt::cuda::device_count() > 0 ? std::string{} : "no CUDA device"; }
 

@@ -29,10 +29,7 @@ import cgt.cuda;
 using H = CudaHarness;
 using scenario::must;
 
-#define REQUIRE_GPU()                                                      \
-  do {                                                                     \
-    if (const std::string why = H::unavailable(); !why.empty()) SKIP(why); \
-  } while (false)
+#define REQUIRE_GPU() scenario::skip_unless_available<H>()
 
 TEST_CASE("cuda/run_simple", "[scenario][gpu]") {
   REQUIRE_GPU();

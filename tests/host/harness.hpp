@@ -1,16 +1,11 @@
 // The host backend's harness for the shared scenarios: turns a scenario::FnSpec into a host pool
 // function (one kernel per step), and moves data between HostTensor and host buffers.
-// Include after `import cgt.host;` and after the standard headers (it includes nothing itself).
+// Include after `import cgt.host;`, the standard headers and scenario/scenarios.hpp (it includes
+// nothing itself).
 #pragma once
 
-struct HostHarness {
+struct HostHarness : scenario::HarnessTypes<cgt::host::Backend> {
   static constexpr const char* name = "host";
-  using Pool = cgt::host::Pool;
-  using Function = cgt::host::Function;
-  using Outputs = cgt::host::Outputs;
-  using Lease = cgt::host::OutputLease;
-  using Arg = cgt::host::Arg;
-  using Value = cgt::host::Buffer;
 
   /// Why this backend cannot run here (empty: it can).
   static std::string unavailable() { return {}; }

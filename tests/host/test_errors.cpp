@@ -24,8 +24,8 @@
 import cgt;
 import cgt.host;
 
-#include "host/harness.hpp"
 #include "scenario/scenarios.hpp"
+#include "host/harness.hpp"
 
 using cgt::host::Buffer;
 using cgt::host::ElementType;

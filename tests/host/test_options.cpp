@@ -18,8 +18,8 @@
 import cgt;
 import cgt.host;
 
-#include "host/harness.hpp"
 #include "scenario/scenarios.hpp"
+#include "host/harness.hpp"
 
 using scenario::FnSpec;
 using scenario::HostTensor;

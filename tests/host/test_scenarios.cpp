@@ -17,8 +17,8 @@
 import cgt;
 import cgt.host;
 
-#include "host/harness.hpp"
 #include "scenario/scenarios.hpp"
+#include "host/harness.hpp"
 #include "scenario/property.hpp"
 
 using H = HostHarness;

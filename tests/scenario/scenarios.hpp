@@ -33,6 +33,23 @@ inline void must(cgt::Result<void> result) {
   if (!result) FAIL(result.error().describe());
 }
 
+/// The handle types a harness names, for backend `B`.
+template <class B>
+struct HarnessTypes {
+  using Pool = cgt::Pool<B>;
+  using Function = cgt::Function<B>;
+  using Outputs = cgt::Outputs<B>;
+  using Lease = cgt::OutputLease<B>;
+  using Arg = cgt::Arg<B>;
+  using Value = typename B::Value;
+};
+
+/// Skips the test case (reported SKIPPED, not passed) when harness `H` cannot run here.
+template <class H>
+void skip_unless_available() {
+  if (const std::string why = H::unavailable(); !why.empty()) SKIP(why);
+}
+
 /// A pool and the helpers a scenario needs.
 template <class H>
 struct Env {

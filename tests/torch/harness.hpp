@@ -1,16 +1,10 @@
 // The libtorch backend's harness for the shared scenarios: turns a scenario::FnSpec into libtorch
-// ops, and moves data between HostTensor and CUDA tensors. Include after `import cgt.torch;` and
-// after the standard and libtorch headers (it includes nothing itself).
+// ops, and moves data between HostTensor and CUDA tensors. Include after `import cgt.torch;`, the
+// standard and libtorch headers and scenario/scenarios.hpp (it includes nothing itself).
 #pragma once
 
-struct TorchHarness {
+struct TorchHarness : scenario::HarnessTypes<cgt::torch::Backend> {
   static constexpr const char* name = "torch";
-  using Pool = cgt::torch::Pool;
-  using Function = cgt::torch::Function;
-  using Outputs = cgt::torch::Outputs;
-  using Lease = cgt::torch::OutputLease;
-  using Arg = cgt::torch::Arg;
-  using Value = at::Tensor;
 
   static std::string unavailable() { return cgt::torch::is_available() ? std::string{} : "no CUDA device"; }
 

@@ -30,10 +30,7 @@ import cgt.torch;
 using H = TorchHarness;
 using scenario::must;
 
-#define REQUIRE_GPU()                                                      \
-  do {                                                                     \
-    if (const std::string why = H::unavailable(); !why.empty()) SKIP(why); \
-  } while (false)
+#define REQUIRE_GPU() scenario::skip_unless_available<H>()
 
 TEST_CASE("torch/run_simple", "[scenario][gpu]") {
   REQUIRE_GPU();
