@@ -37,6 +37,9 @@ struct ArgDesc {
   std::uintptr_t storage = 0;           ///< base address of the memory the value views: its identity
   std::uintptr_t data = 0;              ///< address of the first element (alignment)
   const std::int64_t* sizes = nullptr;  ///< `rank` sizes, valid during the call
+  /// `rank` strides in elements, valid during the call. Part of the shape key: a graph reads a
+  /// static or pool input with the layout it was recorded with.
+  const std::int64_t* strides = nullptr;
   std::uint32_t expanded = 0;           ///< bit d set: dimension d has stride 0 (broadcast)
   std::int64_t scalar = 0;
   std::uint16_t dtype = 0;  ///< backend's element-type code
@@ -66,6 +69,9 @@ struct OutputDesc {
   std::uintptr_t storage = 0;  ///< base address of its memory
   std::size_t storage_bytes = 0;
   bool in_pool = false;                ///< its memory is a block of this pool (else: caller's or constant memory)
+  /// With `in_pool`: the call itself allocated the block (false: pool memory it was given, or kept
+  /// from an earlier call). The engine refuses pool memory that is neither this nor a live output.
+  bool allocated_in_call = true;
   void* native = nullptr;              ///< backend's storage record, becomes `StorageHandle::native`
   std::shared_ptr<void> native_owner;  ///< owner of `native`
 };
@@ -201,6 +207,11 @@ class Device {
   /// A value like `value`, viewing the rescued copy of `from` instead of pool memory.
   [[nodiscard]] virtual std::shared_ptr<const void> rebase(const void* value, const StorageHandle& from,
                                                            const std::shared_ptr<void>& rescued) = 0;
+
+  /// Whether `storage` (a value's base address) is memory of this pool. The engine refuses an input
+  /// in pool memory that no live lease holds (an escaped value whose memory was reclaimed).
+  /// Backends whose stale values fail on their own (libtorch's poisoned storages) may answer false.
+  [[nodiscard]] virtual bool owns(std::uintptr_t /*storage*/) const noexcept { return false; }
 
   /// Allocated blocks of the pool.
   [[nodiscard]] virtual std::vector<Block> live_blocks() const = 0;

@@ -221,6 +221,7 @@ struct Backend {
         reinterpret_cast<std::uintptr_t>(buffer.storage());       // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
     desc.data = reinterpret_cast<std::uintptr_t>(buffer.data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
     desc.sizes = buffer.sizes().data();
+    desc.strides = buffer.strides().data();
     desc.rank = static_cast<std::uint8_t>(buffer.rank());
     desc.expanded = buffer.layout().expanded_dims();
     desc.dtype = static_cast<std::uint16_t>(buffer.type());

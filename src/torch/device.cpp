@@ -251,6 +251,7 @@ Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc)
   const c10::IntArrayRef strides = tensor.strides();
   desc.kind = backend::ArgKind::value;
   desc.sizes = sizes.data();
+  desc.strides = strides.data();
   desc.rank = static_cast<std::uint8_t>(sizes.size());
   desc.expanded = 0;
   for (std::size_t d = 0; d < sizes.size() && d < 32; ++d) {
