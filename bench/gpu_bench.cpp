@@ -495,7 +495,7 @@ void capture() {
       pool.mark_step_begin();
       moved.push_back(timed_ms([&] { (void)must(f({x, weights[i]})); }));
     }
-    if (in_place && pool.device().graph_counts().updated_in_place != moved.size())
+    if (in_place && must(pool.device()).get().graph_counts().updated_in_place != moved.size())
       std::fprintf(stderr, "%s did not update its graph in place\n", backend);
     if (!reported) return;
     std::ranges::sort(moved);

@@ -6,6 +6,12 @@
 //   static Result<void> describe(const Value&, backend::ArgDesc&);  // fails for unusable values
 //   static Result<Value> take(const Value&);                        // copy out of the pool
 //   static std::unique_ptr<backend::Invoker> make_invoker(Callable&&);
+//
+// Every handle, in every state, answers with a value or an `Errc`: a moved-from handle is empty
+// (its calls fail with `invalid_argument`, its queries return empty values), and after
+// `Pool::shutdown()` what needs the pool fails with `pool_shut_down`. Borrowing is checked by
+// the compiler where it can be: a value cannot be borrowed from a temporary `Outputs` or
+// `OutputLease` (it would dangle at the end of the statement); name the result first.
 module;
 #include <expected>
 #include <cstddef>
@@ -16,8 +22,13 @@ module;
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
+
+// The deleted borrows below say why they are deleted (`= delete("...")`, C++26, which clang
+// accepts earlier): the message is what a user who wrote a dangling borrow reads.
+#pragma clang diagnostic ignored "-Wc++26-extensions"
 
 export module cgt:handles;
 import :error;
@@ -38,8 +49,9 @@ template <class T>
 using Ref = std::reference_wrapper<const T>;
 
 /// A caller's claim on one output of a call. While it exists, no replay or recording reuses the
-/// memory behind it. Move-only; dropping it (destruction, `reset()`, or moving it into a call) is
-/// the moment the memory becomes dead. It keeps the pool's memory alive, even past the `Pool`.
+/// memory behind it. Move-only; a moved-from lease is empty. Dropping it (destruction, `reset()`,
+/// or a successful call it was moved into) is the moment the memory becomes dead. It keeps the
+/// pool's memory alive, even past the `Pool` handle.
 template <class B>
 class OutputLease {
  public:
@@ -52,24 +64,49 @@ class OutputLease {
   /// The value, borrowed: valid while this lease lives and no new step reclaimed it.
   /// Fails with `output_overwritten` after a new step reclaimed the memory (keep the value with
   /// `take()`, or call `mark_step_begin()` only when done with it), `pool_shut_down` after
-  /// `Pool::shutdown()`, `invalid_argument` for an empty (moved-from) lease.
-  [[nodiscard]] Result<Ref<Value>> get() const [[clang::lifetimebound]] {
+  /// `Pool::shutdown()`, `invalid_argument` for an empty (moved-from, reset or consumed) lease.
+  [[nodiscard]] Result<Ref<Value>> get() const& [[clang::lifetimebound]] {
     auto value = detail::lease_value(core_);
     if (!value) return std::unexpected(std::move(value.error()));
     return std::cref(*static_cast<const Value*>(*value));
   }
+  // The lease dies at the end of the statement, and the borrowed value with it.
+  [[nodiscard]] Result<Ref<Value>> get() const&& = delete(
+      "borrowing from a temporary OutputLease dangles at the end of the statement: name the lease first, or "
+      "take() a copy");
 
   /// A copy of the value in ordinary memory, independent of the pool; fails like `get()`.
+  /// Safe on a temporary lease: the copy is the caller's.
   [[nodiscard]] Result<Value> take() const {
-    auto value = get();
+    auto value = detail::lease_value(core_);
     if (!value) return std::unexpected(std::move(value.error()));
-    return B::take(value->get());
+    return B::take(*static_cast<const Value*>(*value));
   }
 
   /// True while `get()` would succeed.
   [[nodiscard]] bool is_valid() const noexcept { return detail::lease_is_valid(core_); }
-  /// Drops the claim now; the lease becomes empty.
+  /// Drops the claim now; the lease becomes empty. A no-op on an empty lease.
   void reset() noexcept { detail::lease_drop(core_); }
+
+  /// What `->` reaches on a temporary `Owning<OutputLease>`: only what is safe on a temporary.
+  class Temporary {
+   public:
+    explicit Temporary(const std::expected<OutputLease, Error>& lease) noexcept : lease_(&lease) {}
+    [[nodiscard]] const Temporary* operator->() const noexcept { return this; }
+    /// `OutputLease::take()`, or the error of the result.
+    [[nodiscard]] Result<Value> take() const {
+      if (!lease_->has_value()) return std::unexpected(lease_->error());
+      return (**lease_).take();
+    }
+    /// `OutputLease::is_valid()`; false for an error.
+    [[nodiscard]] bool is_valid() const noexcept { return lease_->has_value() && (**lease_).is_valid(); }
+    [[nodiscard]] Result<Ref<Value>> get() const = delete(
+        "borrowing from a temporary OutputLease dangles at the end of the statement: name the result first, or "
+        "take() a copy");
+
+   private:
+    const std::expected<OutputLease, Error>* lease_;
+  };
 
  private:
   friend class Outputs<B>;
@@ -80,26 +117,31 @@ class OutputLease {
   mutable detail::LeaseCore core_;
 };
 
-/// One argument of a call. A value is borrowed (the caller keeps it valid through the call). A
-/// lease passed as an lvalue is borrowed too: its output stays live through the call. A lease
-/// moved in is consumed: the call may reuse its memory, as if the caller dropped it mid-call.
+/// One argument of a call. An `Arg` borrows what it is given, so build it in the call expression
+/// (`(*f)({x, lease, std::move(other)})`), where everything it names outlives the call.
+///  * A value is borrowed: the caller keeps it valid through the call.
+///  * A lease passed as an lvalue is borrowed too: its output stays live through the call.
+///  * A lease moved in (`std::move(lease)`) is consumed by a call that succeeds: the call may
+///    reuse its memory, as if the caller dropped it mid-call, and the lease is empty afterwards.
+///    A call that fails leaves it untouched: still holding its value.
 template <class B>
 class Arg {
  public:
   using Value = typename B::Value;
 
-  Arg(const Value& value) noexcept : value_(&value) {}                      // NOLINT(google-explicit-constructor)
-  Arg(Ref<Value> value) noexcept : value_(&value.get()) {}                  // NOLINT(google-explicit-constructor)
-  Arg(const OutputLease<B>& lease) noexcept : borrowed_(&lease) {}          // NOLINT(google-explicit-constructor)
-  Arg(OutputLease<B>&& lease) noexcept : consumed_(std::move(lease)) {}     // NOLINT(google-explicit-constructor)
-  Arg(std::int64_t scalar) noexcept : scalar_(scalar), is_scalar_(true) {}  // NOLINT(google-explicit-constructor)
-  Arg(int scalar) noexcept : Arg(static_cast<std::int64_t>(scalar)) {}      // NOLINT(google-explicit-constructor)
+  Arg(const Value& value) noexcept : value_(&value) {}                          // NOLINT(google-explicit-constructor)
+  Arg(Ref<Value> value) noexcept : value_(&value.get()) {}                      // NOLINT(google-explicit-constructor)
+  Arg(const OutputLease<B>& lease) noexcept : lease_(&lease) {}                 // NOLINT(google-explicit-constructor)
+  Arg(OutputLease<B>&& lease) noexcept : lease_(&lease), is_consumed_(true) {}  // NOLINT(google-explicit-constructor)
+  Arg(std::int64_t scalar) noexcept : scalar_(scalar), is_scalar_(true) {}      // NOLINT(google-explicit-constructor)
+  Arg(int scalar) noexcept : Arg(static_cast<std::int64_t>(scalar)) {}          // NOLINT(google-explicit-constructor)
 
  private:
   friend class Function<B>;
 
   // Fills the engine's view of this argument; fails for a lease that cannot hand out its value.
-  Result<void> describe(backend::ArgSlot& slot, backend::ArgDesc& desc) const {
+  // A consumed lease is handed to the engine, which drops it only once the call has succeeded.
+  Result<void> describe(backend::ArgSlot& slot, backend::ArgDesc& desc, bool consume) const {
     if (is_scalar_) {
       slot.kind = desc.kind = backend::ArgKind::scalar;
       slot.scalar = desc.scalar = scalar_;
@@ -107,24 +149,53 @@ class Arg {
     }
     const Value* value = value_;
     if (value == nullptr) {
-      const OutputLease<B>& lease = borrowed_ != nullptr ? *borrowed_ : consumed_;
-      auto got = lease.get();
+      auto got = lease_->get();
       if (!got) return std::unexpected(std::move(got.error()));
       value = &got->get();
-      if (borrowed_ == nullptr) slot.consumed = &consumed_.core_;
+      if (consume) slot.consumed = &lease_->core_;
     }
     slot.value = value;
     return B::describe(*value, desc);
   }
 
   const Value* value_ = nullptr;
-  const OutputLease<B>* borrowed_ = nullptr;
-  mutable OutputLease<B> consumed_;
+  const OutputLease<B>* lease_ = nullptr;
   std::int64_t scalar_ = 0;
+  bool is_consumed_ = false;
   bool is_scalar_ = false;
 };
 
-/// The outputs of one call, each held by a lease. Move-only.
+/// A `Result<T>` of a handle that owns pool memory: the outputs of a call (`Function::operator()`)
+/// and a lease released from them (`Outputs::release`). It is a `Result<T>` (a `std::expected`)
+/// in every way, but borrowing from a temporary one does not compile, because the borrow would
+/// dangle at the end of the statement:
+///
+///   const Buffer& y = *(*f)({x})->get(0);   // error: call to deleted member function 'get'
+///   auto out = (*f)({x});                   // fine: name the result,
+///   if (!out) return out.error();           //       check it,
+///   const Buffer& y = *out->get(0);         //       and borrow while `out` lives
+///   auto copy = (*f)({x})->take(0);         // fine: a copy (or the call's error) is the caller's
+///
+/// On a temporary, `->` reaches `T::Temporary`: the members that are safe there, which return the
+/// result's error when it holds one; `*` yields a `T&&`, whose borrowing members are deleted.
+template <class T>
+class Owning : public std::expected<T, Error> {
+  using Base = std::expected<T, Error>;
+
+ public:
+  using Base::Base;
+  Owning(Base&& result) noexcept(std::is_nothrow_move_constructible_v<Base>)  // NOLINT(google-explicit-constructor)
+      : Base(std::move(result)) {}
+
+  [[nodiscard]] T* operator->() & noexcept { return Base::operator->(); }
+  [[nodiscard]] const T* operator->() const& noexcept { return Base::operator->(); }
+  [[nodiscard]] typename T::Temporary operator->() && noexcept { return typename T::Temporary(*this); }
+  [[nodiscard]] const T* operator->() const&& =
+      delete("borrowing from a temporary result dangles at the end of the statement: name the result first");
+};
+
+/// The outputs of one call, each held by a lease. Move-only; a moved-from `Outputs` is empty
+/// (`size() == 0`: every index is out of range).
 template <class B>
 class Outputs {
  public:
@@ -139,22 +210,28 @@ class Outputs {
   /// Id of the tree node the call ran (negative for warm-ups), -1 for eager calls.
   [[nodiscard]] std::int64_t node() const noexcept { return node_; }
 
-  /// Output `i`, borrowed; see `OutputLease::get`. `invalid_argument` if `i >= size()` or the
-  /// lease was moved out.
-  [[nodiscard]] Result<Ref<Value>> get(std::size_t i) const [[clang::lifetimebound]] {
+  /// Output `i`, borrowed: valid while this bundle (or the lease released from it) lives; see
+  /// `OutputLease::get`. `invalid_argument` if `i >= size()` or the lease was released.
+  [[nodiscard]] Result<Ref<Value>> get(std::size_t i) const& [[clang::lifetimebound]] {
     if (i >= leases_.size()) return index_error(i);
     auto value = detail::lease_value(leases_[i]);
     if (!value) return std::unexpected(std::move(value.error()));
     return std::cref(*static_cast<const Value*>(*value));
   }
-  /// Output `i`, copied out of the pool; see `OutputLease::take`.
+  // The bundle dies at the end of the statement, and the borrowed value with it.
+  [[nodiscard]] Result<Ref<Value>> get(std::size_t i) const&& = delete(
+      "borrowing from a temporary Outputs dangles at the end of the statement: name the result first, or take() a "
+      "copy");
+  /// Output `i`, copied out of the pool; see `OutputLease::take`. Safe on a temporary bundle.
   [[nodiscard]] Result<Value> take(std::size_t i) const {
-    auto value = get(i);
+    if (i >= leases_.size()) return index_error(i);
+    auto value = detail::lease_value(leases_[i]);
     if (!value) return std::unexpected(std::move(value.error()));
-    return B::take(value->get());
+    return B::take(*static_cast<const Value*>(*value));
   }
-  /// Moves the lease of output `i` out of the bundle (to keep or to pass into another call).
-  [[nodiscard]] Result<OutputLease<B>> release(std::size_t i) {
+  /// Moves the lease of output `i` out of the bundle (to keep or to pass into another call); the
+  /// bundle's lease `i` is empty afterwards. `invalid_argument` if `i >= size()`.
+  [[nodiscard]] Owning<OutputLease<B>> release(std::size_t i) {
     if (i >= leases_.size()) return index_error(i);
     return OutputLease<B>(std::move(leases_[i]));
   }
@@ -163,13 +240,39 @@ class Outputs {
     for (auto& lease : leases_) detail::lease_drop(lease);
   }
 
+  /// What `->` reaches on a temporary `Owning<Outputs>` (`(*f)({x})->take(0)`): only what is safe
+  /// on a temporary. `take` and `release` return the call's error when it failed; `size`, `kind`
+  /// and `node` require a value, as `std::expected::operator->` does.
+  class Temporary {
+   public:
+    explicit Temporary(std::expected<Outputs, Error>& outputs) noexcept : outputs_(&outputs) {}
+    [[nodiscard]] const Temporary* operator->() const noexcept { return this; }
+    [[nodiscard]] std::size_t size() const noexcept { return (**outputs_).size(); }
+    [[nodiscard]] CallKind kind() const noexcept { return (**outputs_).kind(); }
+    [[nodiscard]] std::int64_t node() const noexcept { return (**outputs_).node(); }
+    [[nodiscard]] Result<Value> take(std::size_t i) const {
+      if (!outputs_->has_value()) return std::unexpected(outputs_->error());
+      return (**outputs_).take(i);
+    }
+    [[nodiscard]] Owning<OutputLease<B>> release(std::size_t i) const {
+      if (!outputs_->has_value()) return std::unexpected(outputs_->error());
+      return (**outputs_).release(i);
+    }
+    [[nodiscard]] Result<Ref<Value>> get(std::size_t i) const = delete(
+        "borrowing from a temporary Outputs dangles at the end of the statement: name the result first, or take() "
+        "a copy");
+
+   private:
+    std::expected<Outputs, Error>* outputs_;
+  };
+
  private:
   friend class Function<B>;
   explicit Outputs(detail::CallOutputs&& out) noexcept
       : leases_(std::move(out.leases)), kind_(out.kind), node_(out.node) {}
   std::unexpected<Error> index_error(std::size_t i) const {
-    return fail(Errc::invalid_argument, "output index " + std::to_string(i) + " is out of range: the call has " +
-                                            std::to_string(leases_.size()) + " outputs");
+    return fail(Errc::invalid_argument, "output index " + std::to_string(i) + " is out of range: the bundle holds " +
+                                            std::to_string(leases_.size()) + " outputs (none if it was moved from)");
   }
 
   mutable std::vector<detail::LeaseCore> leases_;
@@ -178,7 +281,8 @@ class Outputs {
 };
 
 /// A function registered with a pool. Calling it warms it up, records it, replays it, or runs it
-/// eagerly with a stated reason. Move-only; it keeps the pool's memory alive.
+/// eagerly with a stated reason. Move-only; it keeps the pool's memory alive (not past
+/// `Pool::shutdown()`). A moved-from `Function` is empty: its calls fail with `invalid_argument`.
 template <class B>
 class Function {
  public:
@@ -189,19 +293,29 @@ class Function {
   /// the inputs do not match its first call, `output_overwritten` for a stale lease argument,
   /// `pool_shut_down`, `concurrent_use`, `function_failed` (the function threw; the pool is
   /// restored), `out_of_memory`, `static_input_moved`, `graph_unavailable` (with `or_error`),
-  /// `backend_error`. On failure nothing the caller holds is changed.
-  [[nodiscard]] Result<Outputs<B>> operator()(std::span<const Arg<B>> args) const {
+  /// `backend_error`, `invalid_argument` (an empty lease argument, an empty `Function`).
+  /// On failure nothing the caller holds is changed: a lease moved in still holds its value.
+  /// The outputs are an `Owning` result: name it before borrowing from it.
+  [[nodiscard]] Owning<Outputs<B>> operator()(std::span<const Arg<B>> args) const {
+    if (!engine_) {
+      return fail(Errc::invalid_argument,
+                  "call of an empty Function handle (moved from); call the handle it was "
+                  "moved into");
+    }
     const Source source(args);
     auto out = detail::call(*engine_, id_, source);
     if (!out) return std::unexpected(std::move(out.error()));
     return Outputs<B>(std::move(*out));
   }
-  [[nodiscard]] Result<Outputs<B>> operator()(std::initializer_list<Arg<B>> args) const {
+  [[nodiscard]] Owning<Outputs<B>> operator()(std::initializer_list<Arg<B>> args) const {
     return (*this)(std::span<const Arg<B>>(args.begin(), args.size()));
   }
 
-  /// The name given in `FunctionOptions` (or "function<id>").
-  [[nodiscard]] std::string_view name() const noexcept { return detail::function_name(*engine_, id_); }
+  /// The name given in `FunctionOptions` (or "function<id>"); empty for an empty `Function`.
+  [[nodiscard]] std::string_view name() const noexcept {
+    return engine_ ? std::string_view(detail::function_name(*engine_, id_)) : std::string_view();
+  }
+  /// The id the pool gave the function, in registration order (kept by a moved-from handle).
   [[nodiscard]] std::uint32_t id() const noexcept { return id_; }
 
  private:
@@ -214,10 +328,21 @@ class Function {
     explicit Source(std::span<const Arg<B>> args) noexcept : args_(args) {}
     [[nodiscard]] std::size_t size() const noexcept override { return args_.size(); }
     [[nodiscard]] Result<void> describe(std::size_t i, backend::ArgSlot& slot, backend::ArgDesc& desc) const override {
-      return args_[i].describe(slot, desc);
+      return args_[i].describe(slot, desc, is_first_consumer(i));
     }
 
    private:
+    // A lease moved into two arguments is consumed once: the engine counts consumed leases
+    // against the leases on a storage, and one lease counted twice would make a storage that
+    // another lease holds look dead.
+    [[nodiscard]] bool is_first_consumer(std::size_t i) const noexcept {
+      if (!args_[i].is_consumed_) return false;
+      for (std::size_t j = 0; j < i; ++j) {
+        if (args_[j].is_consumed_ && args_[j].lease_ == args_[i].lease_) return false;
+      }
+      return true;
+    }
+
     std::span<const Arg<B>> args_;
   };
 
@@ -233,8 +358,8 @@ struct PathIndex {
 };
 
 /// A read-only view of one node of a pool's tree (a recording or a warm-up run), for
-/// introspection and tests. Move-only. After `Pool::shutdown()` a view is empty: `exists()` is
-/// false and every accessor returns an empty value.
+/// introspection and tests. Move-only. After `Pool::shutdown()`, and once moved from, a view is
+/// empty: `exists()` is false and every accessor returns an empty value (`id()` keeps its id).
 class Node {
  public:
   Node(Node&&) noexcept = default;
@@ -271,7 +396,9 @@ class Node {
   std::int64_t id_ = 0;
 };
 
-/// What every pool can do, whatever its backend.
+/// What every pool can do, whatever its backend. A moved-from pool is empty: its queries return
+/// empty values (`options()` the defaults), `mark_step_begin()` does nothing, and what would
+/// change it (`shutdown()`, `add_function`, `device()`) fails with `invalid_argument`.
 class PoolBase {
  public:
   PoolBase(PoolBase&&) noexcept = default;
@@ -283,12 +410,16 @@ class PoolBase {
   void mark_step_begin() noexcept;
   /// Ends the pool: frees its graphs and memory; later calls fail with `pool_shut_down`, and
   /// leases report it too. Dropping the `Pool` handle alone is not a shutdown: functions and
-  /// leases still held keep working. Fails with `concurrent_use` during a call.
+  /// leases still held keep working. A second `shutdown()` succeeds and does nothing. Fails with
+  /// `concurrent_use` during a call, `invalid_argument` on a moved-from pool.
   [[nodiscard]] Result<void> shutdown();
+  /// True after `shutdown()`, and for a moved-from pool (which can run nothing either).
   [[nodiscard]] bool is_shut_down() const noexcept;
 
+  /// The options the pool was made with (the defaults for a moved-from pool).
   [[nodiscard]] const Options& options() const noexcept;
   [[nodiscard]] Stats stats() const noexcept;
+  /// The pool's memory now; all zero after `shutdown()` or once moved from.
   [[nodiscard]] MemoryInfo memory() const;
   /// Allocated blocks of the pool now (PyTorch's tests count these as "live blocks").
   [[nodiscard]] std::vector<Block> live_blocks() const;
@@ -299,7 +430,8 @@ class PoolBase {
   /// The tree as a Graphviz DOT graph: recordings, warm-ups of the current path, why each was made.
   [[nodiscard]] std::string to_dot() const;
   /// Checks now that the pool's live blocks are exactly the memory of live leases; the check
-  /// `Options::debug_checks` runs after every call. Fails with `invariant_violation`.
+  /// `Options::debug_checks` runs after every call. Fails with `invariant_violation`,
+  /// `pool_shut_down`, `invalid_argument` on a moved-from pool.
   [[nodiscard]] Result<void> check_memory() const;
 
  protected:
@@ -312,23 +444,37 @@ class PoolBase {
 template <class B>
 class Pool : public PoolBase {
  public:
-  /// Registers a function. Fails with `pool_shut_down`.
+  /// Registers a function. Fails with `pool_shut_down`, `invalid_argument` on a moved-from pool.
   [[nodiscard]] Result<Function<B>> add_function(typename B::Callable fn, FunctionOptions options = {}) {
+    if (!engine_) return moved_from("add_function");
     auto id = detail::add_function(*engine_, B::make_invoker(std::move(fn)), std::move(options));
     if (!id) return std::unexpected(std::move(id.error()));
     return Function<B>(engine_, *id);
   }
 
-  /// The backend's device (its stream, its allocator), for code that needs it.
-  [[nodiscard]] typename B::Device& device() noexcept {
-    return static_cast<typename B::Device&>(detail::device(*engine_));
+  /// The backend's device (its stream, its allocator), for code that needs it; valid while the
+  /// pool's engine lives (this handle, a function or a lease keeps it). Fails with
+  /// `pool_shut_down` after `shutdown()`, `invalid_argument` on a moved-from pool.
+  [[nodiscard]] Result<std::reference_wrapper<typename B::Device>> device() & [[clang::lifetimebound]] {
+    if (!engine_) return moved_from("device()");
+    if (is_shut_down()) {
+      return fail(Errc::pool_shut_down, "device() after the pool was shut down: its device is released");
+    }
+    return std::ref(static_cast<typename B::Device&>(detail::device(*engine_)));
   }
+  // A temporary pool may be the last handle on the engine: the device would die with it.
+  [[nodiscard]] Result<std::reference_wrapper<typename B::Device>> device() && =
+      delete("the device of a temporary Pool dies with it at the end of the statement: name the pool first");
 
   /// For backends: wraps a new engine.
   [[nodiscard]] static Pool adopt(detail::EngineRef engine) noexcept { return Pool(std::move(engine)); }
 
  private:
   explicit Pool(detail::EngineRef engine) noexcept : PoolBase(std::move(engine)) {}
+  static std::unexpected<Error> moved_from(const char* what) {
+    return fail(Errc::invalid_argument,
+                std::string(what) + " on an empty Pool handle (moved from); use the handle it was moved into");
+  }
 };
 
 }  // namespace cgt

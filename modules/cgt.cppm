@@ -31,6 +31,7 @@
 //     auto out = (*twice)({x});                                   // warm-up, record, then replay
 //     if (!out) return report(out.error());
 //     const cgt::host::Buffer& y = *out->get(0);                  // borrowed; valid while `out` lives
+//     // `*(*twice)({x})->get(0)` does not compile: the temporary result would die under `y`.
 //   }
 //   std::cout << pool->to_dot();
 //
@@ -45,7 +46,11 @@
 //  5. or records a new child, after restoring the allocator to the parent's checkpoint.
 //
 // Errors are values: every operation that can fail returns `cgt::Result<T>` (a `std::expected`);
-// nothing throws, asserts or aborts on a caller's mistake. `Errc` lists the codes.
+// nothing throws, asserts or aborts on a caller's mistake. `Errc` lists the codes. Every handle, in
+// every state, gives a value or an `Errc`: a moved-from handle fails with `invalid_argument` (its
+// queries return empty values), and after `shutdown()` what needs the pool fails with
+// `pool_shut_down`. A call that fails changes nothing the caller holds: a lease moved into it
+// still holds its value.
 module;
 export module cgt;
 
@@ -54,7 +59,7 @@ export import :options;        // Options, FunctionOptions, Reason, Event, LogSi
 export import :info;           // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason
 export import :layout;         // ElementType, Layout: strided views, for the backends' buffers
 export import :arena;          // Arena: the checkpointable best-fit allocator of the host and cuda pools
-export import :handles;        // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Node
+export import :handles;        // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Owning<T>, Node
 export import :backend;        // for backend authors: Device, Recording, Checkpoint, ArgDesc, ...
 export import :arena_backend;  // for backend authors over an Arena: free_unreturned, describe_outputs
 export import :detail;         // plumbing of the handle templates; not for direct use

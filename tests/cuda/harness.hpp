@@ -37,7 +37,7 @@ struct CudaHarness : scenario::HarnessTypes<cgt::cuda::Backend> {
   static std::uintptr_t storage_object_of(const Value& value) { return storage_of(value); }
   static std::size_t live_blocks(const Pool& pool) { return pool.live_blocks().size(); }
   static bool is_pool_memory(Pool& pool, const Value& value) {
-    return pool.device().arena().contains(storage_of(value));
+    return scenario::must(pool.device()).get().arena().contains(storage_of(value));
   }
 
   static Value view_of(const Value& source, const scenario::View& view) {

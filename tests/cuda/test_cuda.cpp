@@ -163,7 +163,8 @@ TEST_CASE("cuda/ten copied inputs of different sizes all reach the graph on ever
     }
     const std::vector<cgt::Arg<cgt::cuda::Backend>> args(inputs.begin(), inputs.end());
     pool.mark_step_begin();
-    const auto out = H::read(must(must(total(args)).get(0)).get());
+    auto outputs = must(total(args));
+    const auto out = H::read(must(outputs.get(0)).get());
     for (std::size_t e = 0; e < out.data.size(); ++e) {
       double expected = 0;
       for (const auto& t : hosts) expected += t.data[e % t.data.size()];
@@ -202,7 +203,7 @@ TEST_CASE("cuda/a moved static input updates the recorded graph in place, and ev
             (step == 0 ? cgt::CallKind::warmup : (step < 4 ? cgt::CallKind::recording : cgt::CallKind::replay)));
     }
     CHECK(pool.stats().rerecords == 2);
-    const cgt::cuda::GraphCounts& counts = pool.device().graph_counts();
+    const cgt::cuda::GraphCounts& counts = must(pool.device()).get().graph_counts();
     CHECK(counts.instantiated == (in_place ? 1U : 3U));
     CHECK(counts.updated_in_place == (in_place ? 2U : 0U));
     CHECK(counts.switched == (in_place ? 5U : 0U));

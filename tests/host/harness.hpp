@@ -49,7 +49,7 @@ struct HostHarness : scenario::HarnessTypes<cgt::host::Backend> {
   static std::size_t live_blocks(const Pool& pool) { return pool.live_blocks().size(); }
   /// Is `value` memory of the pool (and so reclaimed by a new step)?
   static bool is_pool_memory(Pool& pool, const Value& value) {
-    return pool.device().arena().contains(reinterpret_cast<std::uintptr_t>(value.storage()));
+    return scenario::must(pool.device()).get().arena().contains(reinterpret_cast<std::uintptr_t>(value.storage()));
   }
 
   static Value view_of(const Value& source, const scenario::View& view) {

@@ -155,7 +155,7 @@ TEST_CASE("a static input that moves is re-recorded, and never counts toward rer
   CHECK(pool.roots().size() == 4);
   CHECK(pool.roots()[1].reason() == cgt::NodeReason::static_input_moved);
   // Each re-recording names the recording it redoes, for a backend to share its graph.
-  CHECK(pool.device().recordings_redoing_another() == 3);
+  CHECK(must(pool.device()).get().recordings_redoing_another() == 3);
 }
 
 TEST_CASE("a misaligned static input is copied into an aligned slot", "[options][host]") {

@@ -40,7 +40,9 @@ struct TorchHarness : scenario::HarnessTypes<cgt::torch::Backend> {
     return reinterpret_cast<std::uintptr_t>(value.storage().unsafeGetStorageImpl());
   }
   static std::size_t live_blocks(const Pool& pool) { return pool.live_blocks().size(); }
-  static bool is_pool_memory(Pool& pool, const Value& value) { return pool.device().contains(storage_of(value)); }
+  static bool is_pool_memory(Pool& pool, const Value& value) {
+    return scenario::must(pool.device()).get().contains(storage_of(value));
+  }
 
   static Value view_of(const Value& source, const scenario::View& view) {
     using Kind = scenario::View::Kind;
