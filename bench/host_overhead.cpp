@@ -57,7 +57,7 @@ Setup make_setup() {
   auto function = pool->add_function(four_by_four, {.name = "four_by_four"});
   Setup setup{std::move(*pool), std::move(*function), {}};
   for (auto& input : setup.inputs) {
-    input = Buffer::make(ElementType::f32, {elements});
+    input = Buffer::make(ElementType::f32, {elements}).value();
     input.fill(1.5);
   }
   for (int i = 0; i < 3; ++i)
@@ -85,8 +85,8 @@ Raw make_raw() {
   cgt::host::Stream stream;
   stream.begin_capture();
   for (std::size_t i = 0; i < 4; ++i) {
-    raw.slots[i] = Buffer::make(ElementType::f32, {elements});
-    raw.outputs[i] = Buffer::make(ElementType::f32, {elements});
+    raw.slots[i] = Buffer::make(ElementType::f32, {elements}).value();
+    raw.outputs[i] = Buffer::make(ElementType::f32, {elements}).value();
     stream.launch([x = raw.slots[i], y = raw.outputs[i]] {
       const float* from = x.as<float>();
       float* to = y.as<float>();

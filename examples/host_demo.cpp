@@ -56,7 +56,7 @@ Values head(Context& ctx, Inputs in) {
 }
 
 Buffer filled(std::int64_t n, double start, double step) {
-  Buffer buffer = Buffer::make(ElementType::f32, {n});
+  Buffer buffer = Buffer::make(ElementType::f32, {n}).value();  // a size of the demo's own: cannot fail
   for (std::int64_t i = 0; i < n; ++i) buffer.set(static_cast<std::size_t>(i), start + step * static_cast<double>(i));
   return buffer;
 }

@@ -1,13 +1,15 @@
 // cgt:arena_backend — what a backend whose pool is a cgt::Arena and whose values are buffers
-// (`empty()`, `storage()`, `storage_bytes()`) does the same way whatever the device: free a call's
-// temporaries, describe its outputs to the engine, checkpoint and restore the arena. Used by
-// cgt.host and cgt.cuda.
+// (`empty()`, `fits()`, `numel()`, `storage()`, `storage_bytes()`, `on_storage`, `with_layout`) does
+// the same way whatever the device: free a call's temporaries, describe its outputs to the engine, checkpoint and
+// restore the arena. Used by cgt.host and cgt.cuda.
 module;
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <utility>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 export module cgt:arena_backend;
@@ -17,24 +19,56 @@ import :error;
 
 export namespace cgt::backend {
 
-/// Frees the blocks a call allocated in `arena` (`allocations`, their addresses) that are not the
-/// storage of one of its `outputs`, and clears the list. Temporaries die with the call.
+/// Where zero-element outputs point instead of pool memory: they read nothing, so they need no
+/// block, and PyTorch does not track empty outputs either. Never dereferenced.
+inline std::byte* no_elements_storage() noexcept {
+  alignas(256) static std::byte storage[1]{};  // NOLINT(cppcoreguidelines-avoid-c-arrays)
+  return &storage[0];
+}
+
+/// Ends a call that allocated `allocations` (block addresses) in `arena` and returns `outputs`:
+///  - fails with `invalid_argument` when an output is a view that is invalid or reaches outside its
+///    storage (it would hand out memory no lease covers), freeing nothing;
+///  - points zero-element outputs of pool memory at `no_elements_storage()`, untracked: a held
+///    empty output keeps no block and changes no liveness pattern;
+///  - frees the allocations that no (non-empty) output views, as a tensor dies with its last
+///    reference, and leaves in `allocations` the ones outputs keep (for `describe_outputs`).
 template <class Buffer>
-void free_unreturned(Arena& arena, std::vector<std::uintptr_t>& allocations, std::span<const Buffer> outputs) {
-  for (const std::uintptr_t address : allocations) {
-    bool returned = false;
-    for (const Buffer& out : outputs) {
-      returned = returned || address_of(out.storage()) == address;
+Result<void> settle_outputs(Arena& arena, std::vector<std::uintptr_t>& allocations, std::span<Buffer> outputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].empty() && !outputs[i].fits()) {
+      return fail(Errc::invalid_argument,
+                  "output " + std::to_string(i) +
+                      " is a view whose layout is invalid or reaches outside its storage; return views inside the "
+                      "buffers the function allocated or received",
+                  {}, -1, static_cast<std::int32_t>(i));
     }
-    if (!returned) (void)arena.free(address);  // NOLINT(bugprone-unused-return-value): fails only if already free
   }
+  for (Buffer& out : outputs) {
+    if (out.empty() || out.numel() != 0 || !arena.contains(address_of(out.storage()))) continue;
+    out = out.on_storage(no_elements_storage(), 0).with_layout(out.layout().restrided(0, out.sizes(), out.strides()));
+  }
+  std::erase_if(allocations, [&](std::uintptr_t address) {
+    for (const Buffer& out : outputs) {
+      if (!out.empty() && address_of(out.storage()) == address) return false;
+    }
+    (void)arena.free(address);  // NOLINT(bugprone-unused-return-value): fails only if already free
+    return true;
+  });
+  return {};
+}
+
+/// Frees every block in `allocations` and clears it: a call that failed keeps nothing.
+inline void free_all(Arena& arena, std::vector<std::uintptr_t>& allocations) {
+  for (const std::uintptr_t address : allocations) (void)arena.free(address);  // NOLINT(bugprone-unused-return-value)
   allocations.clear();
 }
 
 /// Describes a call's outputs for the engine, which then owns them: a storage is in the pool when
-/// `arena` holds it; an empty buffer is no output.
+/// `arena` holds it, and allocated in the call when it is one of `kept` (the call's allocations
+/// that `settle_outputs` kept); an empty buffer is no output.
 template <class Buffer>
-RunResult describe_outputs(const Arena& arena, std::vector<Buffer>&& outputs) {
+RunResult describe_outputs(const Arena& arena, std::span<const std::uintptr_t> kept, std::vector<Buffer>&& outputs) {
   RunResult result;
   auto owned = std::make_shared<std::vector<Buffer>>(std::move(outputs));
   result.outputs.reserve(owned->size());
@@ -47,6 +81,7 @@ RunResult describe_outputs(const Arena& arena, std::vector<Buffer>&& outputs) {
       desc.storage = address_of(out.storage());
       desc.storage_bytes = out.storage_bytes();
       desc.in_pool = arena.contains(desc.storage);
+      desc.allocated_in_call = desc.in_pool && std::ranges::find(kept, desc.storage) != kept.end();
     }
     result.outputs.push_back(desc);
     result.values.push_back(&out);

@@ -27,7 +27,9 @@ class Buffer {
  public:
   inline Buffer() = default;
 
-  /// New contiguous device memory (cudaMalloc), owned by the buffer and its copies, zeroed.
+  /// New contiguous device memory (cudaMalloc), owned by the buffer and its copies, zeroed. Fails
+  /// with `invalid_argument` for a negative size, more than `max_rank` dimensions or a byte count
+  /// that overflows; with `out_of_memory` when the device has no room.
   [[nodiscard]] static Result<Buffer> make(ElementType type, std::span<const std::int64_t> sizes, int device = 0);
   [[nodiscard]] static Result<Buffer> make(ElementType type, std::initializer_list<std::int64_t> sizes,
                                            int device = 0) {
@@ -39,6 +41,9 @@ class Buffer {
                                       std::shared_ptr<void> owner = {});
 
   [[nodiscard]] inline bool empty() const noexcept { return storage_ == nullptr; }
+  /// Whether the view is usable: its layout is valid (see `Layout`) and every element lies inside
+  /// its storage. A view made with arguments out of range is not; the pools refuse it.
+  [[nodiscard]] inline bool fits() const noexcept { return layout_.fits(storage_bytes_); }
   [[nodiscard]] inline const Layout& layout() const noexcept { return layout_; }
   [[nodiscard]] inline ElementType type() const noexcept { return layout_.type(); }
   [[nodiscard]] inline std::size_t rank() const noexcept { return layout_.rank(); }
@@ -90,6 +95,17 @@ class OutOfMemory : public std::exception {
   std::string message_;
 };
 
+/// Thrown by `Context::allocate` for sizes no buffer can have (negative, too many dimensions, a
+/// byte count that overflows); the call fails with `invalid_argument`.
+class InvalidArgument : public std::exception {
+ public:
+  explicit InvalidArgument(std::string message) : message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
 class Device;
 
 /// What a pool function receives: where to allocate and where to launch.
@@ -97,7 +113,8 @@ class Context {
  public:
   /// A new contiguous buffer: pool memory in warm-ups and recordings, cudaMalloc'd memory in
   /// eager calls. Buffers the function does not return are freed when the call ends. Throws
-  /// `OutOfMemory`.
+  /// `OutOfMemory`, and `InvalidArgument` for sizes no buffer can have (the call then fails with
+  /// `invalid_argument`).
   [[nodiscard]] Buffer allocate(ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Buffer allocate(ElementType type, std::initializer_list<std::int64_t> sizes) {
     return allocate(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()));
@@ -179,6 +196,10 @@ class Device final : public backend::Device {
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
+  /// Whether the arena contains `storage`.
+  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
+    return arena_ != nullptr && arena_->contains(storage);
+  }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -199,8 +220,7 @@ class Device final : public backend::Device {
  private:
   friend class Context;
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
-  void free_unreturned(Context& context, const Values& outputs);
-  [[nodiscard]] backend::RunResult describe_outputs(Values&& outputs) const;
+  [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
 
   int device_;
   cudaStream_t stream_;

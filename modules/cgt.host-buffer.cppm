@@ -26,9 +26,11 @@ class Buffer {
  public:
   inline Buffer() = default;
 
-  /// A new contiguous buffer in ordinary memory, owned, filled with zeros.
-  [[nodiscard]] static Buffer make(ElementType type, std::span<const std::int64_t> sizes);
-  [[nodiscard]] static Buffer make(ElementType type, std::initializer_list<std::int64_t> sizes) {
+  /// A new contiguous buffer in ordinary memory, owned, filled with zeros. Fails with
+  /// `invalid_argument` for a negative size, more than `max_rank` dimensions or a byte count that
+  /// overflows, and with `out_of_memory` when the system refuses the memory.
+  [[nodiscard]] static Result<Buffer> make(ElementType type, std::span<const std::int64_t> sizes);
+  [[nodiscard]] static Result<Buffer> make(ElementType type, std::initializer_list<std::int64_t> sizes) {
     return make(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()));
   }
   /// A contiguous view of `bytes` at `storage` (owned only through `owner`, if given).
@@ -36,6 +38,9 @@ class Buffer {
                                       std::span<const std::int64_t> sizes, std::shared_ptr<std::byte[]> owner = {});
 
   [[nodiscard]] inline bool empty() const noexcept { return storage_ == nullptr; }
+  /// Whether the view is usable: its layout is valid (see `Layout`) and every element lies inside
+  /// its storage. A view made with arguments out of range is not; the pools refuse it.
+  [[nodiscard]] inline bool fits() const noexcept { return layout_.fits(storage_bytes_); }
   [[nodiscard]] inline const Layout& layout() const noexcept { return layout_; }
   [[nodiscard]] inline ElementType type() const noexcept { return layout_.type(); }
   [[nodiscard]] inline std::size_t rank() const noexcept { return layout_.rank(); }
@@ -86,8 +91,9 @@ class Buffer {
   }
   /// The same view over another storage (same offset, sizes, strides).
   [[nodiscard]] Buffer on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr<std::byte[]> owner = {}) const;
-  /// An owned, contiguous copy in ordinary memory.
-  [[nodiscard]] Buffer clone() const;
+  /// An owned, contiguous copy in ordinary memory. Fails with `invalid_argument` for a view that
+  /// does not fit its storage, and with `out_of_memory`.
+  [[nodiscard]] Result<Buffer> clone() const;
   /// Bytes the storage must have for this view's elements (from the offset and strides).
   [[nodiscard]] inline std::size_t required_bytes() const noexcept { return layout_.required_bytes(); }
   /// Bit d set when dimension d has stride 0 and size > 1 (a broadcast dimension).
@@ -101,8 +107,10 @@ class Buffer {
   Layout layout_;
 };
 
-/// Copies `source` into `target` element by element (same sizes, any strides). Dimensions that are
-/// broadcast in both (stride 0) are copied once, not once per element.
+/// Copies `source` into `target` element by element (same sizes, any strides: negative, overlapping
+/// or broadcast ones read correctly; `target` must not overlap itself, apart from dimensions
+/// broadcast in both). Dimensions that are broadcast in both (stride 0) are copied once, not once
+/// per element. Both must fit their storages (`Buffer::fits`).
 void copy(const Buffer& source, const Buffer& target) noexcept;
 
 }  // namespace cgt::host

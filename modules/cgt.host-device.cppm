@@ -64,6 +64,17 @@ class OutOfMemory : public std::exception {
   std::string message_;
 };
 
+/// Thrown by `Context::allocate` for sizes no buffer can have (negative, too many dimensions, a
+/// byte count that overflows); the call fails with `invalid_argument`.
+class InvalidArgument : public std::exception {
+ public:
+  explicit InvalidArgument(std::string message) : message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
 class Device;
 
 /// What a pool function receives: where to allocate and where to launch.
@@ -71,7 +82,8 @@ class Context {
  public:
   /// A new contiguous buffer: pool memory in warm-ups and recordings, ordinary memory in eager
   /// calls. Buffers the function does not return are freed when the call ends. Throws
-  /// `OutOfMemory` (the call then fails with `out_of_memory`).
+  /// `OutOfMemory` (the call then fails with `out_of_memory`) and, for sizes no buffer can have,
+  /// `InvalidArgument` (the call then fails with `invalid_argument`).
   [[nodiscard]] Buffer allocate(ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Buffer allocate(ElementType type, std::initializer_list<std::int64_t> sizes) {
     return allocate(type, std::span<const std::int64_t>(sizes.begin(), sizes.size()));
@@ -136,6 +148,10 @@ class Device final : public backend::Device {
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
+  /// Whether the arena contains `storage`.
+  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
+    return arena_ != nullptr && arena_->contains(storage);
+  }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -156,8 +172,7 @@ class Device final : public backend::Device {
  private:
   friend class Context;
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
-  void free_unreturned(Context& context, const Values& outputs);
-  [[nodiscard]] backend::RunResult describe_outputs(Values&& outputs) const;
+  [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
 
   std::unique_ptr<Arena> arena_;
   Stream stream_;

@@ -18,9 +18,9 @@ import :internal;
 namespace cgt::cuda {
 
 Result<Buffer> Buffer::make(ElementType type, std::span<const std::int64_t> sizes, int device) {
-  std::size_t count = 1;
-  for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
-  const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
+  const auto checked_bytes = contiguous_bytes(type, sizes);
+  if (!checked_bytes) return fail(Errc::invalid_argument, "Buffer::make: " + checked_bytes.error().message);
+  const std::size_t bytes = *checked_bytes;
   if (auto set = checked(cudaSetDevice(device), "selecting the device"); !set) return std::unexpected(set.error());
   auto memory = device_allocation(bytes, "making a buffer");
   if (!memory) return std::unexpected(std::move(memory.error()));

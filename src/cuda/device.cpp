@@ -33,6 +33,8 @@ Result<Values> invoke(backend::Invoker& invoker, Context& context, const Inputs&
     outputs = static_cast<CudaInvoker&>(invoker).fn(context, inputs);
   } catch (const OutOfMemory& error) {
     return fail(Errc::out_of_memory, std::string("the pool's memory is exhausted: ") + error.what());
+  } catch (const InvalidArgument& error) {
+    return fail(Errc::invalid_argument, std::string("the function allocated a buffer with bad sizes: ") + error.what());
   } catch (const std::exception& error) {
     return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
   } catch (...) {
@@ -43,6 +45,23 @@ Result<Values> invoke(backend::Invoker& invoker, Context& context, const Inputs&
                 std::string("a kernel of the function failed to launch: ") + cudaGetErrorString(launch));
   }
   return outputs;
+}
+
+// Whether the graph's byte-span copy copies `source` (copied input `input`) right: a view inside its
+// storage, whose elements do not overlap (broadcast dimensions aside) and do not run backwards.
+Result<void> copyable(const Buffer& source, std::size_t input) {
+  const auto refuse = [input](const char* why) {
+    return fail(Errc::invalid_argument,
+                "input " + std::to_string(input) + " is copied into the pool, and " + why +
+                    "; pass a contiguous copy of it (the cuda backend copies inputs as byte spans)",
+                {}, -1, static_cast<std::int32_t>(input));
+  };
+  if (!source.fits()) return refuse("its view is invalid or reaches outside its storage");
+  if (std::ranges::any_of(source.strides(), [](std::int64_t stride) { return stride < 0; })) {
+    return refuse("it has a negative stride");
+  }
+  if (!source.layout().is_injective_apart_from_broadcast()) return refuse("its elements overlap in memory");
+  return {};
 }
 
 // An instantiated graph, shared by the recordings of one function at one place in the tree that
@@ -107,10 +126,11 @@ class CudaRecording final : public backend::Recording {
       for (int job = 0; job < batch.count; ++job) {
         const Copy& copy = copies_[first + static_cast<std::size_t>(job)];
         const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
-        if (!std::ranges::equal(source.strides(), copy.slot.strides())) {
+        if (!std::ranges::equal(source.strides(), copy.slot.strides()) || !source.fits()) {
           return fail(Errc::wrong_shape, "input " + std::to_string(copy.input) +
-                                             " has another layout than when its graph was recorded; pass it with the "
-                                             "recorded strides (a contiguous buffer keeps them)");
+                                             " has another layout than when its graph was recorded, or reaches outside "
+                                             "its storage; pass it with the recorded strides (a contiguous buffer "
+                                             "keeps them)");
         }
         batch.jobs[job].source = source.data();  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
       }
@@ -167,8 +187,9 @@ cudaStream_t Context::stream() const noexcept {
 Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) {
   if (target_ == Target::device_memory) {
     auto buffer = Buffer::make(type, sizes, device_.device_);
-    if (!buffer) throw OutOfMemory(buffer.error().message);
-    return *buffer;
+    if (buffer) return *std::move(buffer);
+    if (buffer.error().code == Errc::invalid_argument) throw InvalidArgument(buffer.error().message);
+    throw OutOfMemory(buffer.error().message);
   }
   return device_.allocate_in_pool(*this, type, sizes);
 }
@@ -200,23 +221,24 @@ Result<void> Device::synchronize() const {
 }
 
 Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
-  std::size_t count = 1;
-  for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
-  const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
-  auto memory = arena_->allocate(bytes);
+  const auto bytes = contiguous_bytes(type, sizes);
+  if (!bytes) throw InvalidArgument("Context::allocate: " + bytes.error().message);
+  auto memory = arena_->allocate(*bytes);
   if (!memory) throw OutOfMemory(memory.error().message);
   context.allocations_.push_back(backend::address_of(*memory));
-  return Buffer::view_of(*memory, bytes, type, sizes, device_);
+  return Buffer::view_of(*memory, *bytes, type, sizes, device_);
 }
 
-void Device::free_unreturned(Context& context, const Values& outputs) {
+Result<backend::RunResult> Device::finish(Context& context, Values&& outputs) {
   // Temporaries die with the call (kernels on the pool's stream that use them run before any
   // later allocation's kernels, so the memory can be reused at once).
-  backend::free_unreturned(*arena_, context.allocations_, std::span<const Buffer>(outputs));
-}
-
-backend::RunResult Device::describe_outputs(Values&& outputs) const {
-  return backend::describe_outputs(*arena_, std::move(outputs));
+  if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(outputs)); !settled) {
+    backend::free_all(*arena_, context.allocations_);
+    return std::unexpected(std::move(settled.error()));
+  }
+  auto result = backend::describe_outputs(*arena_, context.allocations_, std::move(outputs));
+  context.allocations_.clear();
+  return result;
 }
 
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -227,11 +249,10 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
                   false);
   auto outputs = invoke(fn, context, inputs.view());
   if (!outputs) {
-    free_unreturned(context, {});
+    backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(outputs.error()));
   }
-  free_unreturned(context, *outputs);
-  return describe_outputs(std::move(*outputs));
+  return finish(context, std::move(*outputs));
 }
 
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -239,17 +260,23 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   if (auto set = checked(cudaSetDevice(device_), "selecting the device"); !set) return std::unexpected(set.error());
   CallInputs inputs(args);
   Context context(*this, Context::Target::pool, true);
-  // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span.
+  // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span,
+  // byte for byte. That is the view's elements only when no two share memory (broadcast aside,
+  // copied once) and the first is the lowest: overlapping and reversed views are refused.
   std::vector<CudaRecording::Copy> copies;
   std::vector<kernels::CopyJob> jobs;  // the graph's copy nodes copy the covered spans
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!plan.copy_input[i]) continue;
     const Buffer& source = inputs.values[i];
+    if (auto usable = copyable(source, i); !usable) {
+      backend::free_all(*arena_, context.allocations_);
+      return std::unexpected(std::move(usable.error()));
+    }
     const Layout layout = source.layout().restrided(0, source.sizes(), source.strides());
     const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
     auto memory = arena_->allocate(bytes);
     if (!memory) {
-      free_unreturned(context, {});
+      backend::free_all(*arena_, context.allocations_);
       return std::unexpected(std::move(memory.error()));
     }
     context.allocations_.push_back(backend::address_of(*memory));
@@ -261,7 +288,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
 
   if (auto began = checked(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a capture");
       !began) {
-    free_unreturned(context, {});
+    backend::free_all(*arena_, context.allocations_);
     return std::unexpected(began.error());
   }
   std::vector<kernels::CopyNode> nodes;
@@ -275,12 +302,18 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   if (!outputs || ended != cudaSuccess) {
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
     (void)cudaGetLastError();
-    free_unreturned(context, {});
+    backend::free_all(*arena_, context.allocations_);
     if (!outputs) return std::unexpected(std::move(outputs.error()));
     return fail(Errc::function_failed,
                 std::string("the function's work cannot be captured into a graph: ") + cudaGetErrorString(ended));
   }
-  free_unreturned(context, *outputs);  // slots and temporaries the outputs do not view
+  // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_
+  // until the recording is made (any failure on the way frees it too: the pool is as before).
+  if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(*outputs)); !settled) {
+    (void)cudaGraphDestroy(graph);
+    backend::free_all(*arena_, context.allocations_);
+    return std::unexpected(std::move(settled.error()));
+  }
   std::vector<kernels::CopyBatch> captured = kernels::batches_of(nodes);
   // A re-recording because a static input moved: update the old recording's executable when the
   // topology is the same, instead of instantiating another.
@@ -297,12 +330,14 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     cudaGraphExec_t exec = nullptr;
     if (auto ok = checked(cudaGraphInstantiate(&exec, graph, 0), "instantiating a graph"); !ok) {
       (void)cudaGraphDestroy(graph);
+      backend::free_all(*arena_, context.allocations_);
       return std::unexpected(ok.error());
     }
     ++counts_.instantiated;
     shared = std::make_shared<SharedExec>(graph, exec, std::move(nodes));
     own_graph = nullptr;
     if (auto uploaded = checked(cudaGraphUpload(exec, stream_), "uploading a graph"); !uploaded) {
+      backend::free_all(*arena_, context.allocations_);
       return std::unexpected(uploaded.error());
     }
   }
@@ -310,11 +345,13 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
                                                    *outputs, counts_);
   // Capture ran nothing: this launch copies the inputs and produces the first outputs.
   if (auto launched = checked(cudaGraphLaunch(shared->exec, stream_), "launching a new graph"); !launched) {
+    backend::free_all(*arena_, context.allocations_);
     return std::unexpected(launched.error());
   }
   backend::Recorded recorded;
   recorded.recording = std::move(recording);
-  recorded.first_outputs = describe_outputs(std::move(*outputs));
+  recorded.first_outputs = backend::describe_outputs(*arena_, context.allocations_, std::move(*outputs));
+  context.allocations_.clear();
   return recorded;
 }
 
@@ -329,7 +366,10 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
 
 void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
   if (!arena_) return;
-  if (poison_) (void)cudaMemsetAsync(backend::pointer_to(storage.address), 0xFF, storage.bytes, stream_);
+  // Zero bytes: a zero-element output, which points at no device memory (no_elements_storage).
+  if (poison_ && storage.bytes != 0) {
+    (void)cudaMemsetAsync(backend::pointer_to(storage.address), 0xFF, storage.bytes, stream_);
+  }
   if (storage.owned_by_allocator) (void)arena_->free(storage.address);  // NOLINT(bugprone-unused-return-value)
 }
 

@@ -5,19 +5,25 @@ module;
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <span>
+#include <string>
 #include <utility>
 
 module cgt.host;
 
 namespace cgt::host {
 
-Buffer Buffer::make(ElementType type, std::span<const std::int64_t> sizes) {
-  std::size_t count = 1;
-  for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
-  const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
-  const std::shared_ptr<std::byte[]> owner(new std::byte[bytes]());  // NOLINT(cppcoreguidelines-owning-memory)
-  return view_of(owner.get(), bytes, type, sizes, owner);
+Result<Buffer> Buffer::make(ElementType type, std::span<const std::int64_t> sizes) {
+  auto bytes = contiguous_bytes(type, sizes);
+  if (!bytes) return fail(Errc::invalid_argument, "Buffer::make: " + bytes.error().message);
+  // nothrow: a size the system refuses is an error value, not std::bad_alloc.
+  std::byte* memory = new (std::nothrow) std::byte[*bytes]();  // NOLINT(cppcoreguidelines-owning-memory)
+  if (memory == nullptr) {
+    return fail(Errc::out_of_memory, "Buffer::make: the system refused " + std::to_string(*bytes) + " bytes");
+  }
+  const std::shared_ptr<std::byte[]> owner(memory);
+  return view_of(owner.get(), *bytes, type, sizes, owner);
 }
 
 Buffer Buffer::view_of(std::byte* storage, std::size_t bytes, ElementType type, std::span<const std::int64_t> sizes,
@@ -52,9 +58,12 @@ Buffer Buffer::on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr
   return view;
 }
 
-Buffer Buffer::clone() const {
-  Buffer copy_of = make(type(), sizes());
-  copy(*this, copy_of);
+Result<Buffer> Buffer::clone() const {
+  if (!fits()) {
+    return fail(Errc::invalid_argument, "Buffer::clone: the view is invalid or reaches outside its storage");
+  }
+  auto copy_of = make(type(), sizes());
+  if (copy_of) copy(*this, *copy_of);
   return copy_of;
 }
 
@@ -62,7 +71,9 @@ void copy(const Buffer& source, const Buffer& target) noexcept {
   // Index only the first element of dimensions broadcast in both: they alias one element.
   const Buffer from = source.with_layout(source.layout().without_shared_broadcast(target.layout()));
   const Buffer to = target.with_layout(target.layout().without_shared_broadcast(source.layout()));
-  if (from.is_contiguous() && to.is_contiguous() && from.type() == to.type()) {
+  // Dense with equal strides (contiguous, or one permutation of the dimensions): one memmove.
+  if (from.type() == to.type() && ((from.is_contiguous() && to.is_contiguous()) ||
+                                   (from.layout().is_dense() && std::ranges::equal(from.strides(), to.strides())))) {
     std::memmove(to.data(), from.data(), from.numel() * element_size(from.type()));
     return;
   }

@@ -31,6 +31,8 @@ Result<Values> invoke(Callable& fn, Context& context, const Inputs& inputs) {
     return fn(context, inputs);
   } catch (const OutOfMemory& error) {
     return fail(Errc::out_of_memory, std::string("the pool's memory is exhausted: ") + error.what());
+  } catch (const InvalidArgument& error) {
+    return fail(Errc::invalid_argument, std::string("the function allocated a buffer with bad sizes: ") + error.what());
   } catch (const std::exception& error) {
     return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
   } catch (...) {
@@ -48,6 +50,15 @@ bool same_strides(const Buffer& a, const Buffer& b) noexcept {
   return true;
 }
 
+// The error for a copied input whose view is invalid or reaches outside its storage: copying it
+// would read memory the caller did not pass.
+std::unexpected<Error> outside_storage(std::size_t input) {
+  return fail(Errc::invalid_argument,
+              "input " + std::to_string(input) +
+                  " is a view whose layout is invalid or reaches outside its storage (Buffer::fits is false)",
+              {}, -1, static_cast<std::int32_t>(input));
+}
+
 // A recorded host graph with its input slots and outputs.
 class HostRecording final : public backend::Recording {
  public:
@@ -56,15 +67,16 @@ class HostRecording final : public backend::Recording {
     for (std::size_t i = 0; i < copied.size(); ++i) {
       if (!copied[i]) continue;
       const Buffer& slot = slots[i];
-      copies_.push_back({i, slot, slot.is_contiguous(), slot.numel() * element_size(slot.type())});
+      copies_.push_back({i, slot, slot.layout().is_dense(), slot.numel() * element_size(slot.type())});
     }
   }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
     for (const Copy& copy : copies_) {
       const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
+      if (!source.fits()) return outside_storage(copy.input);
       // Same sizes (the shape key says so) and type (the engine checks every call's element types
-      // against the first call's); with the slot's strides, one memcpy will do.
+      // against the first call's); with the slot's strides (a dense slot), one memcpy will do.
       if (copy.dense && same_strides(source, copy.slot)) {
         std::memcpy(copy.slot.data(), source.data(), copy.bytes);
       } else {
@@ -88,7 +100,7 @@ class HostRecording final : public backend::Recording {
   struct Copy {
     std::size_t input;
     Buffer slot;
-    bool dense;  // contiguous: a copy with equal strides is one memcpy
+    bool dense;  // no gaps, overlap or broadcast: a copy with equal strides is one memcpy
     std::size_t bytes;
   };
   Graph graph_;
@@ -99,8 +111,11 @@ class HostRecording final : public backend::Recording {
 }  // namespace
 
 Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) {
-  if (target_ == Target::heap) return Buffer::make(type, sizes);
-  return device_.allocate_in_pool(*this, type, sizes);
+  if (target_ == Target::pool) return device_.allocate_in_pool(*this, type, sizes);
+  auto buffer = Buffer::make(type, sizes);
+  if (buffer) return *std::move(buffer);
+  if (buffer.error().code == Errc::out_of_memory) throw OutOfMemory(buffer.error().message);
+  throw InvalidArgument(buffer.error().message);
 }
 
 void Context::launch(Kernel kernel) {
@@ -115,22 +130,23 @@ Device::Device(ArenaOptions arena, bool poison_dead_memory)
     : arena_(std::make_unique<Arena>(std::move(arena))), poison_(poison_dead_memory) {}
 
 Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
-  std::size_t count = 1;
-  for (const std::int64_t size : sizes) count *= static_cast<std::size_t>(size);
-  const std::size_t bytes = std::max<std::size_t>(count * element_size(type), 1);
-  auto memory = arena_->allocate(bytes);
+  const auto bytes = contiguous_bytes(type, sizes);
+  if (!bytes) throw InvalidArgument("Context::allocate: " + bytes.error().message);
+  auto memory = arena_->allocate(*bytes);
   if (!memory) throw OutOfMemory(memory.error().message);
   context.allocations_.push_back(address_of(*memory));
-  return Buffer::view_of(*memory, bytes, type, sizes);
+  return Buffer::view_of(*memory, *bytes, type, sizes);
 }
 
-void Device::free_unreturned(Context& context, const Values& outputs) {
+Result<backend::RunResult> Device::finish(Context& context, Values&& outputs) {
   // Temporaries die with the call, as a tensor does when its last reference goes.
-  backend::free_unreturned(*arena_, context.allocations_, std::span<const Buffer>(outputs));
-}
-
-backend::RunResult Device::describe_outputs(Values&& outputs) const {
-  return backend::describe_outputs(*arena_, std::move(outputs));
+  if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(outputs)); !settled) {
+    backend::free_all(*arena_, context.allocations_);
+    return std::unexpected(std::move(settled.error()));
+  }
+  auto result = backend::describe_outputs(*arena_, context.allocations_, std::move(outputs));
+  context.allocations_.clear();
+  return result;
 }
 
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -139,11 +155,10 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::heap);
   auto outputs = invoke(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
   if (!outputs) {
-    free_unreturned(context, {});
+    backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(outputs.error()));
   }
-  free_unreturned(context, *outputs);
-  return describe_outputs(std::move(*outputs));
+  return finish(context, std::move(*outputs));
 }
 
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -151,21 +166,28 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   if (plan.replaces != nullptr) ++redoing_another_;
   CallInputs inputs(args);
   Context context(*this, Context::Target::pool);
-  // Copied inputs get a slot in the pool with the same layout; replays copy into it.
+  // Copied inputs get a slot of their own in the pool: the source's sizes and broadcast
+  // dimensions, dense otherwise (whatever the source's strides: gaps, overlap, negative), so the
+  // slot holds each element once; replays copy into it element by element (one memcpy when the
+  // source has the slot's strides).
   std::vector<Buffer> slots(args.size());
   std::vector<bool> copied(args.size(), false);
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!plan.copy_input[i]) continue;
     const Buffer& source = inputs.values[i];
-    const Buffer layout = source.restrided(0, source.sizes(), source.strides());
+    if (!source.fits()) {
+      backend::free_all(*arena_, context.allocations_);
+      return outside_storage(i);
+    }
+    const Layout layout = source.layout().dense_like();
     const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
     auto memory = arena_->allocate(bytes);
     if (!memory) {
-      free_unreturned(context, {});
+      backend::free_all(*arena_, context.allocations_);
       return std::unexpected(std::move(memory.error()));
     }
     context.allocations_.push_back(address_of(*memory));
-    slots[i] = layout.on_storage(*memory, bytes);
+    slots[i] = source.on_storage(*memory, bytes).with_layout(layout);
     copy(source, slots[i]);
     inputs.values[i] = slots[i];
     copied[i] = true;
@@ -175,19 +197,33 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   auto outputs = invoke(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
   if (!outputs) {
     stream_.discard_capture();
-    free_unreturned(context, {});
+    backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(outputs.error()));
   }
   Graph graph = stream_.end_capture();
-  free_unreturned(context, *outputs);  // slots and temporaries the outputs do not view
+  // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_.
+  if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(*outputs)); !settled) {
+    backend::free_all(*arena_, context.allocations_);
+    return std::unexpected(std::move(settled.error()));
+  }
+  // Capture ran nothing: this run produces the first outputs. A kernel may throw anything; then
+  // the outputs' blocks go too, and the pool is as before the call.
+  std::string thrown;
   try {
-    graph.replay();  // capture ran nothing: this run produces the first outputs
+    graph.replay();
   } catch (const std::exception& error) {
-    return fail(Errc::function_failed, std::string("a kernel threw during the first replay: ") + error.what());
+    thrown = std::string("a kernel threw during the first replay: ") + error.what();
+  } catch (...) {
+    thrown = "a kernel threw an exception that is not a std::exception during the first replay";
+  }
+  if (!thrown.empty()) {
+    backend::free_all(*arena_, context.allocations_);
+    return fail(Errc::function_failed, std::move(thrown));
   }
   backend::Recorded recorded;
   recorded.recording = std::make_unique<HostRecording>(std::move(graph), std::move(slots), std::move(copied), *outputs);
-  recorded.first_outputs = describe_outputs(std::move(*outputs));
+  recorded.first_outputs = backend::describe_outputs(*arena_, context.allocations_, std::move(*outputs));
+  context.allocations_.clear();
   return recorded;
 }
 
@@ -235,7 +271,8 @@ void Device::shutdown() {
 }
 
 Result<Buffer> Backend::take(const Buffer& buffer) {
-  return buffer.empty() ? Buffer{} : buffer.clone();
+  if (buffer.empty()) return Buffer{};
+  return buffer.clone();
 }
 
 std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {

@@ -17,7 +17,9 @@ int main() {
     return cgt::host::Values{y};
   });
   if (!twice) return 2;
-  const auto x = cgt::host::Buffer::make(cgt::host::ElementType::f32, {4});
+  const auto made = cgt::host::Buffer::make(cgt::host::ElementType::f32, {4});
+  if (!made) return 5;
+  const cgt::host::Buffer& x = *made;
   x.fill(21);
   for (int step = 0; step < 3; ++step) {
     pool->mark_step_begin();

@@ -18,7 +18,7 @@ struct HostHarness : scenario::HarnessTypes<cgt::host::Backend> {
   }
 
   static Value make(const scenario::HostTensor& t) {
-    Value buffer = Value::make(cgt::host::ElementType::f32, t.sizes);
+    Value buffer = scenario::must(Value::make(cgt::host::ElementType::f32, t.sizes));
     for (std::size_t i = 0; i < t.data.size(); ++i) buffer.set(i, t.data[i]);
     return buffer;
   }
@@ -26,7 +26,7 @@ struct HostHarness : scenario::HarnessTypes<cgt::host::Backend> {
   static Value misaligned(const scenario::HostTensor& t) {
     std::vector<std::int64_t> sizes = t.sizes;
     sizes[0] += 1;
-    Value backing = Value::make(cgt::host::ElementType::f32, sizes);
+    Value backing = scenario::must(Value::make(cgt::host::ElementType::f32, sizes));
     Value view = backing.slice(1, sizes[0]);
     for (std::size_t i = 0; i < t.data.size(); ++i) view.set(i, t.data[i]);
     return view;
