@@ -1,0 +1,298 @@
+// The stress test's functions: every kind of output a pool function can return (new memory, two
+// outputs aliasing one buffer, a slice, a transpose, a pass-through of an input, an in-place
+// mutation of an input, an empty output) and every kind of input (copied, static, pool-managed,
+// scalar), each with its eager model. Include after model.hpp.
+#pragma once
+
+namespace stress {
+
+/// What a test asks a function to do on its next run of the body (warm-up, recording, eager).
+struct Control {
+  enum class Throw : std::uint8_t { none, std_error, non_std };
+  Throw throw_next = Throw::none;
+  std::function<void()> before_throw;  // e.g. drop a lease the test holds
+  bool threw = false;
+};
+
+enum class In : std::uint8_t { vec, mat, scalar };
+
+/// Output o of a function is a view of temp `temp` (new memory of the call) or of input `input`.
+struct Out {
+  int temp = -1;
+  int input = -1;
+};
+
+struct Expected {
+  std::vector<Value> outputs;
+  std::vector<std::pair<std::size_t, Value>> mutated;  // input -> its values after the call
+};
+
+struct FnDef {
+  std::string name;
+  std::vector<In> inputs;
+  std::vector<std::size_t> statics, mutated;
+  std::vector<std::int64_t> graph_sizes;
+  std::vector<Out> outs;
+  std::function<Expected(const std::vector<Value>&, const std::vector<std::int64_t>&)> model;
+  std::function<cgt::host::Callable(std::shared_ptr<Control>)> make;
+  bool throws = false;             // obeys Control
+  bool same_lengths = false;       // its vector inputs must have one length
+  bool keeps_pool_buffer = false;  // returns a buffer kept from an earlier call (issue 9 item 5)
+};
+
+using cgt::host::Buffer;
+using cgt::host::Context;
+using cgt::host::Inputs;
+using cgt::host::Values;
+
+inline Buffer map_kernel(Context& ctx, const Buffer& x, std::function<double(double)> f) {
+  Buffer y = ctx.allocate_like(x);
+  ctx.launch([x, y, f] {
+    for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, f(x.get(i)));
+  });
+  return y;
+}
+inline Buffer zip_kernel(Context& ctx, const Buffer& a, const Buffer& b, std::function<double(double, double)> f) {
+  Buffer y = ctx.allocate_like(a);
+  ctx.launch([a, b, y, f] {
+    for (std::size_t i = 0; i < a.numel(); ++i) y.set(i, f(a.get(i), b.get(i)));
+  });
+  return y;
+}
+inline Buffer head_view(const Buffer& x) {
+  return x.slice(0, x.sizes()[0] / 2);
+}
+inline Buffer transpose_view(const Buffer& x) {
+  const std::int64_t sizes[] = {x.sizes()[1], x.sizes()[0]};
+  const std::int64_t strides[] = {x.strides()[1], x.strides()[0]};
+  return x.restrided(x.offset(), sizes, strides);
+}
+
+/// Throws what `control` asks for, after `before_throw`.
+inline void maybe_throw(Control& control) {
+  const auto what = control.throw_next;
+  if (what == Control::Throw::none) return;
+  control.throw_next = Control::Throw::none;
+  if (control.before_throw) control.before_throw();
+  control.threw = true;
+  if (what == Control::Throw::std_error) throw std::runtime_error("injected failure");
+  throw 42;  // NOLINT(hicpp-exception-baseclass): a non-std exception, on purpose
+}
+
+template <class Body>
+std::function<cgt::host::Callable(std::shared_ptr<Control>)> body(Body make_body) {
+  return [make_body](std::shared_ptr<Control> control) -> cgt::host::Callable { return make_body(control); };
+}
+
+inline std::vector<FnDef> catalog() {
+  std::vector<FnDef> defs;
+  defs.push_back({.name = "affine",
+                  .inputs = {In::vec},
+                  .outs = {{.temp = 0}},
+                  .model = [](const auto& x,
+                              const auto&) { return Expected{{map(x[0], [](double v) { return 2 * v + 1; })}, {}}; },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      return Values{map_kernel(ctx, in[0], [](double v) { return 2 * v + 1; })};
+                    };
+                  })});
+  defs.push_back({.name = "square_and_head",
+                  .inputs = {In::vec},
+                  .outs = {{.temp = 0}, {.temp = 0}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        Value y = map(x[0], [](double v) { return v * v; });
+                        return Expected{{y, head(y, y.sizes[0] / 2)}, {}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      Buffer y = map_kernel(ctx, in[0], [](double v) { return v * v; });
+                      return Values{y, head_view(y)};
+                    };
+                  })});
+  defs.push_back({.name = "pass_and_shift",
+                  .inputs = {In::vec},
+                  .outs = {{.input = 0}, {.temp = 0}},
+                  .model = [](const auto& x,
+                              const auto&) { return Expected{{x[0], map(x[0], [](double v) { return v + 1; })}, {}}; },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      return Values{in[0], map_kernel(ctx, in[0], [](double v) { return v + 1; })};
+                    };
+                  })});
+  defs.push_back({.name = "add_in_place",
+                  .inputs = {In::vec, In::scalar},
+                  .mutated = {0},
+                  .outs = {{.input = 0}},
+                  .model =
+                      [](const auto& x, const auto& s) {
+                        const double by = static_cast<double>(s[1]);
+                        Value y = map(x[0], [by](double v) { return v + by; });
+                        return Expected{{y}, {{0, y}}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      ctx.launch([x = in[0], by = static_cast<double>(in.scalar(1))] {
+                        for (std::size_t i = 0; i < x.numel(); ++i) x.set(i, x.get(i) + by);
+                      });
+                      return Values{in[0]};
+                    };
+                  })});
+  defs.push_back({.name = "static_axpy_and_bump",
+                  .inputs = {In::vec, In::vec},
+                  .statics = {0},
+                  .mutated = {0},
+                  .outs = {{.temp = 0}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        return Expected{{zip(x[0], x[1], [](double w, double v) { return w + v; })},
+                                        {{0, map(x[0], [](double w) { return w + 1; })}}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      Buffer y = zip_kernel(ctx, in[0], in[1], [](double w, double v) { return w + v; });
+                      ctx.launch([w = in[0]] {
+                        for (std::size_t i = 0; i < w.numel(); ++i) w.set(i, w.get(i) + 1);
+                      });
+                      return Values{y};
+                    };
+                  }),
+                  .same_lengths = true});
+  defs.push_back(
+      {.name = "empty_and_less",
+       .inputs = {In::vec},
+       .outs = {{.temp = 0}, {.temp = 1}},
+       .model = [](const auto& x,
+                   const auto&) { return Expected{{Value{{0}, {}}, map(x[0], [](double v) { return v - 1; })}, {}}; },
+       .make = body([](auto) {
+         return [](Context& ctx, Inputs in) {
+           return Values{ctx.allocate(cgt::host::ElementType::f32, {0}),
+                         map_kernel(ctx, in[0], [](double v) { return v - 1; })};
+         };
+       })});
+  defs.push_back({.name = "triple_and_transpose",
+                  .inputs = {In::mat},
+                  .outs = {{.temp = 0}, {.temp = 0}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        Value y = map(x[0], [](double v) { return 3 * v; });
+                        return Expected{{transposed(y), y}, {}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      Buffer y = map_kernel(ctx, in[0], [](double v) { return 3 * v; });
+                      return Values{transpose_view(y), y};
+                    };
+                  })});
+  defs.push_back({.name = "scale_by_scalar",
+                  .inputs = {In::vec, In::scalar},
+                  .outs = {{.temp = 0}},
+                  .model =
+                      [](const auto& x, const auto& s) {
+                        const double by = static_cast<double>(s[1]);
+                        return Expected{{map(x[0], [by](double v) { return v * by; })}, {}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      const double by = static_cast<double>(in.scalar(1));
+                      return Values{map_kernel(ctx, in[0], [by](double v) { return v * by; })};
+                    };
+                  })});
+  defs.push_back({.name = "sum_and_difference",
+                  .inputs = {In::vec, In::vec},
+                  .outs = {{.temp = 0}, {.temp = 1}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        return Expected{{zip(x[0], x[1], [](double a, double b) { return a + b; }),
+                                         zip(x[0], x[1], [](double a, double b) { return a - b; })},
+                                        {}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      return Values{zip_kernel(ctx, in[0], in[1], [](double a, double b) { return a + b; }),
+                                    zip_kernel(ctx, in[0], in[1], [](double a, double b) { return a - b; })};
+                    };
+                  }),
+                  .same_lengths = true});
+  defs.push_back(
+      {.name = "flaky",
+       .inputs = {In::vec},
+       .outs = {{.temp = 0}},
+       .model = [](const auto& x, const auto&) { return Expected{{map(x[0], [](double v) { return v + 5; })}, {}}; },
+       .make = body([](std::shared_ptr<Control> control) {
+         return [control](Context& ctx, Inputs in) {
+           Buffer scratch = ctx.allocate_like(in[0]);  // allocated, then lost to the throw
+           (void)scratch;
+           maybe_throw(*control);
+           return Values{map_kernel(ctx, in[0], [](double v) { return v + 5; })};
+         };
+       }),
+       .throws = true});
+  defs.push_back({.name = "flaky_in_place",
+                  .inputs = {In::vec},
+                  .mutated = {0},
+                  .outs = {{.temp = 0}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        return Expected{{map(x[0], [](double v) { return v * 2; })},
+                                        {{0, map(x[0], [](double v) { return v + 3; })}}};
+                      },
+                  .make = body([](std::shared_ptr<Control> control) {
+                    return [control](Context& ctx, Inputs in) {
+                      Buffer y = map_kernel(ctx, in[0], [](double v) { return v * 2; });
+                      maybe_throw(*control);
+                      ctx.launch([x = in[0]] {
+                        for (std::size_t i = 0; i < x.numel(); ++i) x.set(i, x.get(i) + 3);
+                      });
+                      return Values{y};
+                    };
+                  }),
+                  .throws = true});
+  defs.push_back(
+      {.name = "weight_head_and_product",
+       .inputs = {In::vec, In::vec},
+       .statics = {0},
+       .outs = {{.input = 0}, {.temp = 0}},
+       .model =
+           [](const auto& x, const auto&) {
+             return Expected{{head(x[0], x[0].sizes[0] / 2), zip(x[0], x[1], [](double w, double v) { return w * v; })},
+                             {}};
+           },
+       .make = body([](auto) {
+         return [](Context& ctx, Inputs in) {
+           return Values{head_view(in[0]), zip_kernel(ctx, in[0], in[1], [](double w, double v) { return w * v; })};
+         };
+       }),
+       .same_lengths = true});
+  defs.push_back({.name = "sized_head_and_shift",
+                  .inputs = {In::vec},
+                  .graph_sizes = {4, 16},
+                  .outs = {{.input = 0}, {.temp = 0}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        return Expected{{head(x[0], x[0].sizes[0] / 2), map(x[0], [](double v) { return v + 7; })}, {}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      return Values{head_view(in[0]), map_kernel(ctx, in[0], [](double v) { return v + 7; })};
+                    };
+                  })});
+  defs.push_back(
+      {.name = "kept_buffer",
+       .inputs = {In::vec},
+       .outs = {{.temp = 0}},
+       .model = [](const auto& x, const auto&) { return Expected{{map(x[0], [](double v) { return v + 9; })}, {}}; },
+       .make = body([](auto) {
+         return [kept = std::make_shared<Buffer>()](Context& ctx, Inputs in) {
+           if (kept->empty() || kept->numel() != in[0].numel()) *kept = ctx.allocate_like(in[0]);
+           ctx.launch([x = in[0], y = *kept] {
+             for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) + 9);
+           });
+           return Values{*kept};
+         };
+       }),
+       .keeps_pool_buffer = true});
+  return defs;
+}
+
+}  // namespace stress
