@@ -7,6 +7,7 @@ module;
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -117,6 +118,16 @@ struct RecordPlan {
   /// the backend may share its instantiated graph when the new one has the same topology.
   Recording* replaces = nullptr;
 };
+
+/// How a backend's `record` says that the capture itself failed for a reason that will not change
+/// on another call (an operation that cannot be captured, such as a synchronisation with the
+/// host): an error whose message begins with this. The engine then runs that function at those
+/// shapes eagerly from then on (`Reason::capture_failed`).
+inline constexpr std::string_view capture_failed_prefix = "capture failed: ";
+
+[[nodiscard]] inline bool is_capture_failure(const Error& error) noexcept {
+  return error.message.find(capture_failed_prefix) != std::string::npos;
+}
 
 /// A recording and the outputs of its first run.
 struct Recorded {

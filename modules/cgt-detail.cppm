@@ -92,7 +92,8 @@ struct CallOutputs {
   std::int64_t node = -1;
 };
 
-[[nodiscard]] EngineRef make_engine(std::unique_ptr<backend::Device> device, Options options);
+/// A new engine over `device`; fails with `invalid_argument` for contradictory options.
+[[nodiscard]] Result<EngineRef> make_engine(std::unique_ptr<backend::Device> device, Options options);
 [[nodiscard]] Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker,
                                                  FunctionOptions options);
 /// The arguments of a call, described one by one once the pool is ready to read them (a new
@@ -107,7 +108,7 @@ class ArgSource {
 };
 
 [[nodiscard]] Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource& args);
-[[nodiscard]] const std::string& function_name(const Engine& engine, std::uint32_t function) noexcept;
+[[nodiscard]] const std::string& function_name(Engine& engine, std::uint32_t function) noexcept;
 [[nodiscard]] backend::Device& device(Engine& engine) noexcept;
 
 /// A fixed-capacity array on the stack that spills to the heap: calls with few arguments

@@ -59,6 +59,8 @@ struct Stats {
   /// Fallback decisions that were logged as a warning (PyTorch's `cudagraph_skips`): a function
   /// that mutates an input is logged once, however many calls fall back.
   std::uint64_t fallback_warnings = 0;
+  /// Reports the log sink threw on (the call went on; the decision is still counted).
+  std::uint64_t log_sink_failures = 0;
   /// Calls per reason (`Reason` as index); for warnings, the number of warnings.
   std::array<std::uint64_t, static_cast<std::size_t>(Reason::count_)> by_reason{};
 

@@ -20,6 +20,8 @@ enum class Reason : std::uint8_t {
   shape_key_limit,        ///< the call's input shapes are a new key past `shape_key_limit`
   size_not_graphed,       ///< the call's size is not in the function's `graph_sizes` allow-list
   input_on_other_device,  ///< an input is on another device or in host memory
+  capture_failed,         ///< its capture failed for a reason that will not change (a synchronisation
+                          ///< inside the function): that shape runs eagerly from then on
   // Re-recordings: the call records a new graph instead of replaying one.
   static_input_moved,   ///< a static input is at a new address
   managed_input_moved,  ///< an input that is an output of an earlier graph is at a new address

@@ -8,10 +8,12 @@ module;
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -88,10 +90,10 @@ struct OutputAlias {
   PathIndex prior;           ///< for alias_of_prior
 };
 
-/// Per (node, function variant) facts PyTorch keeps in `non_cudagraph_managed_mutation_hint` and
-/// `num_rerecord`.
+/// Per (node, function variant) facts: PyTorch's `num_rerecord`. (Whether a call mutates an input
+/// that is not pool memory is decided for every call from its own inputs, never cached: a cached
+/// answer went stale when a recording failed and a later call passed a caller's buffer.)
 struct ChildFacts {
-  std::optional<bool> mutates_unmanaged_input;
   std::uint32_t rerecords = 0;
 };
 
@@ -101,6 +103,9 @@ struct Variant {
   std::uint32_t function = 0;
   std::vector<std::int64_t> key;
   bool warmed_up = false;
+  /// Its capture failed for a reason that will not change (a synchronisation inside the function):
+  /// it runs eagerly from then on (`Reason::capture_failed`), with the backend's message kept here.
+  std::optional<std::string> capture_failure;
 };
 
 /// The argument signature a function is held to: set by its first call.
@@ -187,6 +192,9 @@ struct CallFrame {
   /// Recording because a static input moved: the node recorded at the old address, whose graph
   /// the backend may update for the new one instead of instantiating another.
   Node* rerecording_of = nullptr;
+  /// The step at the call's start: a `mark_step_begin()` from inside the function belongs to the
+  /// next call, which must see it.
+  std::uint64_t step = 0;
 };
 
 class Engine {
@@ -196,7 +204,9 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  std::uint32_t refs = 0;
+  /// Handles that share the engine (pool, functions, leases, node views, a call in flight); the
+  /// last one deletes it, on whatever thread drops it.
+  std::atomic<std::uint32_t> refs{0};
   // Declared first, destroyed last: every recording below uses the device.
   std::unique_ptr<backend::Device> device;
   Options options;
@@ -206,7 +216,17 @@ class Engine {
   std::atomic<bool> busy{false};
   bool shut_down = false;
 
+  // --- threads (see StateLock) ---
+  std::mutex state_mutex;                   ///< guards every field below and the cells
+  std::atomic<std::thread::id> holder{};    ///< the thread holding state_mutex, if any
+  std::mutex pending_mutex;                 ///< guards pending_drops
+  std::vector<Cell*> pending_drops;         ///< leases dropped on another thread while the state was held
+  std::atomic<bool> has_pending_drops{false};
+
   std::vector<std::unique_ptr<FunctionRecord>> functions;
+  /// Guards the structure of `functions` (not the records) for readers of a function's name that
+  /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
+  mutable std::mutex functions_mutex;
   std::vector<std::unique_ptr<Variant>> variants;
   std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> roots;  ///< by variant
   std::vector<std::uint32_t> root_order;
@@ -217,8 +237,8 @@ class Engine {
 
   Node* current = nullptr;
   PathState state = PathState::none;
-  std::uint64_t step = 0;          ///< bumped by mark_step_begin
-  std::uint64_t current_step = 0;  ///< the step in which the current path last ran
+  std::atomic<std::uint64_t> step{0};  ///< bumped by mark_step_begin, from any thread
+  std::uint64_t current_step = 0;      ///< the step in which the current path last ran
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
@@ -226,12 +246,21 @@ class Engine {
   Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);
   std::optional<Reason> fallback_reason(CallFrame& frame);
+  Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
   bool mutates_unmanaged_input(CallFrame& frame);
   [[nodiscard]] bool needs_warmup(const Variant& variant) const noexcept;
 
   // --- eager fallback and warm-up (engine_warmup.cpp) ---
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);
   Result<CallOutputs> warm_up(CallFrame& frame);
+  /// Fails for an output in pool memory that the call did not allocate and no live lease holds
+  /// (a buffer the function kept from an earlier call): a lease on it could overwrite another's.
+  Result<void> check_outputs_are_ours(const backend::RunResult& result, const FunctionRecord& function) const;
+  /// The storages the allocator owns for live leases now: what a failed run must give back to.
+  [[nodiscard]] std::vector<std::uintptr_t> owned_live_storages() const;
+  /// Puts the allocator back to `before` after a failed warm-up or recording. `owned_before` were
+  /// live then; those that died during the call (a lease dropped inside the function) are freed.
+  Result<void> roll_back(const backend::Checkpoint& before, const std::vector<std::uintptr_t>& owned_before);
 
   // --- replay (engine_replay.cpp) ---
   Match find_replayable_child(CallFrame& frame);
@@ -241,11 +270,13 @@ class Engine {
 
   // --- recording (engine_record.cpp) ---
   Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
+  /// After a capture failure that will not go away: the shape runs eagerly from now on.
+  Result<CallOutputs> give_up_capture(CallFrame& frame, Error error);
   void compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
-  void end_path_if_done();
-  void try_end_execution();
+  void end_path_if_done(std::uint64_t step_now);
+  void try_end_execution(std::uint64_t step_now);
   [[nodiscard]] bool all_outputs_dead() const;
   void end_path();
   void reclaim_path();
@@ -258,21 +289,55 @@ class Engine {
   [[nodiscard]] std::vector<Cell*> live_path_cells() const;
   void cell_died(Cell& cell) noexcept;
   void consume_arguments(const CallFrame& frame) noexcept;
-  void enter(Node& node, PathState new_state);
+  void enter(Node& node, PathState new_state, const CallFrame& frame);
   ChildFacts& facts_for(std::uint32_t variant);
 
   // --- checks and reporting (engine_checks.cpp) ---
   Result<void> check_memory() const;
   Result<void> debug_check(const char* where) const;
-  void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message);
+  void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept;
+
+  // --- threads (lease.cpp) ---
+  /// Drops one lease on `cell`: now if this thread can take the state, else deferred to the
+  /// thread that holds it (applied when it lets go).
+  void drop_lease(Cell* cell) noexcept;
+  /// Applies the drops deferred by other threads; the caller holds the state.
+  void apply_pending_drops_locked() noexcept;
+  /// Takes the state if it is free and applies deferred drops, until none is left.
+  void apply_pending_drops() noexcept;
   [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
 
   // --- introspection (introspection.cpp) ---
   [[nodiscard]] const Node* find_node(std::int64_t id) const noexcept;
   [[nodiscard]] std::string to_dot() const;
 
-  void shutdown();
+  /// Frees the tree and the device's memory; returns the functions' callables, for the caller to
+  /// destroy once it let go of the state.
+  [[nodiscard]] std::vector<std::unique_ptr<backend::Invoker>> shutdown();
 };
+
+/// Holds an engine's state for the current thread: a call, a handle drop, a read of a lease or
+/// of introspection. Nested use on the thread that holds it (a pool function dropping a lease, or
+/// reading stats) passes through. Letting go applies the drops other threads deferred meanwhile.
+class StateLock {
+ public:
+  explicit StateLock(Engine& engine) noexcept;
+  ~StateLock();
+  StateLock(const StateLock&) = delete;
+  StateLock& operator=(const StateLock&) = delete;
+
+ private:
+  Engine& engine_;
+  bool nested_ = false;
+};
+
+/// Runs `read` on the engine of a handle under its state lock; `empty` for a moved-from handle.
+template <class R, class Read>
+R read_engine(const EngineRef& ref, R empty, Read read) {
+  if (!ref) return empty;
+  const StateLock lock(*ref);
+  return read(*ref);
+}
 
 /// Splits the path liveness into the indices where two snapshots differ (PyTorch's
 /// `_get_different_indices`): outputs live in `before` and dead in `after`.

@@ -34,8 +34,10 @@ std::string quoted(const std::string& name) {
   return "'" + name + "'";
 }
 
-// The key of a call's input shapes: sizes and broadcast dimensions of every value, and every
-// scalar (a scalar is baked into a graph, like PyTorch's int inputs).
+// The key of a call's input shapes: sizes, strides and broadcast dimensions of every value, and
+// every scalar (a scalar is baked into a graph, like PyTorch's int inputs). Strides belong to it: a
+// graph reads a static or pool-managed input in place, with the layout it was recorded with, so a
+// matrix and its transpose at one address need graphs of their own.
 void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_t>& key) {
   for (const auto& desc : descs) {
     if (desc.kind == backend::ArgKind::scalar) {
@@ -43,6 +45,7 @@ void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_
       continue;
     }
     key.insert(key.end(), desc.sizes, desc.sizes + desc.rank);
+    key.insert(key.end(), desc.strides, desc.strides + desc.rank);
     key.push_back(desc.expanded);
   }
 }
@@ -56,11 +59,11 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
       ++at;
       continue;
     }
-    if (at + desc.rank + 1 > key.size()) return false;
+    if (at + (2 * desc.rank) + 1 > key.size()) return false;
     for (std::size_t d = 0; d < desc.rank; ++d) {  // ranks are small: a loop beats memcmp here
-      if (key[at + d] != desc.sizes[d]) return false;
+      if (key[at + d] != desc.sizes[d] || key[at + desc.rank + d] != desc.strides[d]) return false;
     }
-    at += desc.rank;
+    at += 2 * desc.rank;
     if (key[at] != desc.expanded) return false;
     ++at;
   }
@@ -70,6 +73,20 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
 }  // namespace
 
 Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource& args) {
+  bool idle = false;
+  if (!engine.busy.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+    const std::string name = function_name(engine, function);
+    return fail(Errc::concurrent_use,
+                "call of " + quoted(name) +
+                    " while another call of the same pool is in flight (another thread, or a call from inside a "
+                    "pool function); a pool is used by one thread at a time: use one pool per thread",
+                name);
+  }
+  // The function may drop the last handles of its own pool while it runs: the call keeps the
+  // engine alive until it is done (declared first, released last).
+  const EngineRef keep(&engine);
+  const BusyGuard guard(engine.busy);
+  const StateLock lock(engine);
   return engine.call(*engine.functions[function], args);
 }
 
@@ -78,20 +95,12 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
     return fail(Errc::pool_shut_down,
                 "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
   }
-  bool idle = false;
-  if (!busy.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
-    return fail(Errc::concurrent_use,
-                "call of " + quoted(function.name) +
-                    " while another call of the same pool is in flight (another thread, or a call from inside a "
-                    "pool function); a pool is used by one thread at a time: use one pool per thread",
-                function.name);
-  }
-  const BusyGuard guard(busy);
   ++stats.calls;
+  const std::uint64_t step_now = step.load();
 
   // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
   // be passing in, and the arguments must be read after that.
-  end_path_if_done();
+  end_path_if_done(step_now);
 
   const std::size_t count = source.size();
   SmallArray<backend::ArgSlot, 8> slot_array(count);
@@ -109,7 +118,8 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   }
   if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
 
-  CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr};
+  CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr, .step = step_now};
+  if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
   std::optional<Reason> fallback;
   frame.variant = select_variant(frame, fallback);
   if (fallback) return run_eager(frame, *fallback);
@@ -253,17 +263,34 @@ bool Engine::needs_warmup(const Variant& variant) const noexcept {
   return (!variant.warmed_up && !options.skip_warmup) || state == PathState::warmup || options.force_warmup;
 }
 
+Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
+  // Pool memory is handed out only through leases; an input in pool memory that no live lease
+  // holds is an escaped copy of a value whose memory was reclaimed (its lease dropped, or a new
+  // step began): reading it would read whatever the pool put there since.
+  for (std::size_t i = 0; i < frame.descs.size(); ++i) {
+    const backend::ArgDesc& desc = frame.descs[i];
+    if (desc.kind != backend::ArgKind::value || live_alias_in_path(desc.storage) || !device->owns(desc.storage)) {
+      continue;
+    }
+    return fail(Errc::output_overwritten,
+                "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
+                    " views pool memory that no live lease holds: it is a copy of an output whose lease was dropped "
+                    "or whose step ended, and the pool may have reused the memory; keep the lease while you use "
+                    "the value, or take() it",
+                frame.function->name, -1, static_cast<std::int32_t>(i));
+  }
+  return {};
+}
+
 bool Engine::mutates_unmanaged_input(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
-  ChildFacts& facts = facts_for(frame.variant->id);
   bool mutates = false;
   for (std::size_t i = 0; i < frame.descs.size() && !mutates; ++i) {
     mutates = function.is_mutated[i] && !function.is_static[i] && frame.descs[i].kind == backend::ArgKind::value &&
               !is_path_output(frame.descs[i].storage);
   }
-  facts.mutates_unmanaged_input = mutates;
   if (mutates && !function.warned_mutation) {
-    // Decided per node and function, and warned once per function, as the reference does.
+    // Decided per call, and warned once per function, as the reference does.
     function.warned_mutation = true;
     log(EventKind::eager_fallback, Reason::mutated_input, function,
         "skipping graphs for " + quoted(function.name) +
@@ -274,10 +301,11 @@ bool Engine::mutates_unmanaged_input(CallFrame& frame) {
 }
 
 std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
-  ChildFacts& facts = facts_for(frame.variant->id);
-  const bool mutates = facts.mutates_unmanaged_input ? *facts.mutates_unmanaged_input : mutates_unmanaged_input(frame);
-  if (mutates) return Reason::mutated_input;
-  if (facts.rerecords > options.rerecord_limit) return Reason::rerecord_limit;
+  // Checked on every call, from this call's inputs: whether an input is pool memory depends on
+  // the call, and a graph that copied a mutated input into a slot would lose the mutation.
+  if (!frame.function->options.mutated_inputs.empty() && mutates_unmanaged_input(frame)) return Reason::mutated_input;
+  if (frame.variant->capture_failure) return Reason::capture_failed;
+  if (facts_for(frame.variant->id).rerecords > options.rerecord_limit) return Reason::rerecord_limit;
   return std::nullopt;
 }
 
@@ -309,12 +337,8 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
     if (current != nullptr && roots.contains(frame.variant->id)) {
-      try_end_execution();
+      try_end_execution(frame.step);
       if (current == nullptr) return run_tree(frame);
-    }
-    // The decision about mutation is cached per node; the inputs of this call may differ.
-    if (!frame.function->options.mutated_inputs.empty() && mutates_unmanaged_input(frame)) {
-      return run_eager(frame, Reason::mutated_input);
     }
     if (match.managed_moved) {
       ChildFacts& facts = facts_for(frame.variant->id);
@@ -337,7 +361,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
       reason = NodeReason::new_liveness_pattern;
     }
 
-    try_end_execution();
+    try_end_execution(frame.step);
     if (current != nullptr) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));

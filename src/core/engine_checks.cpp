@@ -62,13 +62,19 @@ Result<void> Engine::debug_check(const char* where) const {
   return checked;
 }
 
-void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) {
-  const bool first = function.logged.insert(reason).second;
-  if (kind == EventKind::eager_fallback && first) ++stats.fallback_warnings;
-  if (options.log_sink) {
-    options.log_sink(Event{.kind = kind, .reason = reason, .function = function.name, .message = message});
-  } else if (first) {
-    std::cerr << "cgt: " << message << '\n';
+void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept {
+  try {
+    const bool first = function.logged.insert(reason).second;
+    if (kind == EventKind::eager_fallback && first) ++stats.fallback_warnings;
+    if (options.log_sink) {
+      options.log_sink(Event{.kind = kind, .reason = reason, .function = function.name, .message = message});
+    } else if (first) {
+      std::cerr << "cgt: " << message << '\n';
+    }
+  } catch (...) {
+    // A log sink that throws must not abandon a call halfway through its bookkeeping: the
+    // decision stands (it is counted in Stats), only its report is lost.
+    ++stats.log_sink_failures;
   }
 }
 

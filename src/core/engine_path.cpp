@@ -3,6 +3,7 @@
 module;
 #include <expected>
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -29,7 +30,7 @@ void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, s
   if (cell != nullptr) {
     ++cell->refs;
     ++cell->leases;
-    cell->step = engine.step;
+    cell->step = engine.step.load(std::memory_order_relaxed);
     lease.cell = cell;
   }
   lease.value = value;
@@ -133,10 +134,10 @@ bool Engine::all_outputs_dead() const {
   return live_path_cells().empty();
 }
 
-void Engine::enter(Node& node, PathState new_state) {
+void Engine::enter(Node& node, PathState new_state, const CallFrame& frame) {
   current = &node;
   state = new_state;
-  current_step = step;
+  current_step = frame.step;
 }
 
 void Engine::end_path() {
@@ -145,9 +146,9 @@ void Engine::end_path() {
   warmup_chain.clear();
 }
 
-void Engine::end_path_if_done() {
+void Engine::end_path_if_done(std::uint64_t step_now) {
   if (current == nullptr) return;
-  if (current_step != step) {
+  if (current_step != step_now) {
     reclaim_path();
     return;
   }
@@ -155,9 +156,9 @@ void Engine::end_path_if_done() {
   if ((state == PathState::recording || state == PathState::warmup) && all_outputs_dead()) end_path();
 }
 
-void Engine::try_end_execution() {
+void Engine::try_end_execution(std::uint64_t step_now) {
   if (current == nullptr) return;
-  if (current_step != step) {
+  if (current_step != step_now) {
     reclaim_path();
     return;
   }

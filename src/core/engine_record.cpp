@@ -29,6 +29,16 @@ std::string moved_message(NodeReason reason, const FunctionRecord& function) {
 
 }  // namespace
 
+Result<CallOutputs> Engine::give_up_capture(CallFrame& frame, Error error) {
+  // A capture that fails for a reason that will not change (the function synchronises with the
+  // host, say) would fail on every call: run this shape eagerly from now on, and say why once.
+  FunctionRecord& function = *frame.function;
+  frame.variant->capture_failure = error.message;
+  log(EventKind::eager_fallback, Reason::capture_failed, function,
+      "skipping graphs for '" + function.name + "' at these input shapes: " + error.message);
+  return run_eager(frame, Reason::capture_failed);
+}
+
 void Engine::compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame) {
   const std::size_t count = first.outputs.size();
   node.output_count = count;
@@ -114,19 +124,19 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
 
   auto before = device->checkpoint();
   if (!before) return std::unexpected(in_call(std::move(before.error()), function, "recording"));
+  const std::vector<std::uintptr_t> owned_before = owned_live_storages();
   const backend::RecordPlan plan{
       .copy_input = std::span<const bool>(copy_input.get(), inputs),
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording.get() : nullptr};
   auto recorded = device->record(*function.invoker, frame.args, plan);
-  if (!recorded) {
-    Error error = in_call(std::move(recorded.error()), function, "recording");
-    std::vector<backend::StorageHandle*> live;
-    for (Cell* cell : live_path_cells()) {
-      if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
-    }
-    if (auto restored = device->restore(**before, live, {}); !restored) {
+  Result<void> ours = recorded ? check_outputs_are_ours(recorded->first_outputs, function) : Result<void>();
+  if (!recorded || !ours) {
+    Error error = !recorded ? in_call(std::move(recorded.error()), function, "recording") : std::move(ours.error());
+    recorded = {};  // the recording and its outputs go before the pool is put back
+    if (auto restored = roll_back(**before, owned_before); !restored) {
       error.message += "; restoring the pool also failed: " + restored.error().message;
     }
+    if (backend::is_capture_failure(error)) return give_up_capture(frame, std::move(error));
     return std::unexpected(std::move(error));
   }
   node->recording = std::move(recorded->recording);
@@ -174,7 +184,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   auto& list = siblings[frame.variant->id];
   if (list.empty()) order.push_back(frame.variant->id);
   list.push_back(std::move(node));
-  enter(*added, PathState::recording);
+  enter(*added, PathState::recording, frame);
   return out;
 }
 

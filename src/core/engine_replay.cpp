@@ -159,7 +159,7 @@ Result<CallOutputs> Engine::replay(Node& node, CallFrame& frame) {
   }
   // Arguments moved in die now, after the outputs that may alias them took their leases.
   consume_arguments(frame);
-  enter(node, PathState::execution);
+  enter(node, PathState::execution, frame);
   ++stats.replays;
   return out;
 }

@@ -2,7 +2,9 @@
 module;
 #include <expected>
 #include <cstdint>
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,20 +28,51 @@ std::string fallback_message(Reason reason, const std::string& function) {
       return "skipping graphs for " + name + ": the call's size is not in its graph_sizes allow-list";
     case Reason::input_on_other_device:
       return "skipping graphs for " + name + ": an input is on another device or in host memory";
+    case Reason::capture_failed:
+      return "skipping graphs for " + name + " at these input shapes: its capture failed earlier";
     default: return "skipping graphs for " + name + ": " + std::string(to_string(reason));
   }
 }
 
-// The pool's allocator back where it was before a failed warm-up or recording.
-Result<void> roll_back(Engine& engine, const backend::Checkpoint& before) {
-  std::vector<backend::StorageHandle*> live;
-  for (Cell* cell : engine.live_path_cells()) {
-    if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
+}  // namespace
+
+std::vector<std::uintptr_t> Engine::owned_live_storages() const {
+  std::vector<std::uintptr_t> owned;
+  for (const Cell* cell : live_path_cells()) {
+    if (cell->storage.owned_by_allocator) owned.push_back(cell->storage.address);
   }
-  return engine.device->restore(before, live, {});
+  return owned;
 }
 
-}  // namespace
+Result<void> Engine::roll_back(const backend::Checkpoint& before, const std::vector<std::uintptr_t>& owned_before) {
+  std::vector<backend::StorageHandle*> live;
+  for (Cell* cell : live_path_cells()) {
+    if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
+  }
+  // A lease dropped inside the function freed its block, which `before` still counts as allocated.
+  std::vector<std::uintptr_t> died;
+  for (const std::uintptr_t address : owned_before) {
+    if (std::ranges::none_of(live, [address](const backend::StorageHandle* h) { return h->address == address; })) {
+      died.push_back(address);
+    }
+  }
+  return device->restore(before, live, died);
+}
+
+Result<void> Engine::check_outputs_are_ours(const backend::RunResult& result, const FunctionRecord& function) const {
+  for (std::size_t i = 0; i < result.outputs.size(); ++i) {
+    const backend::OutputDesc& desc = result.outputs[i];
+    if (desc.kind != backend::OutputKind::value || !desc.in_pool || desc.allocated_in_call) continue;
+    if (live_alias_in_path(desc.storage)) continue;  // a view of a live output (or of an input that is one)
+    return fail(Errc::function_failed,
+                "output " + std::to_string(i) + " of '" + function.name +
+                    "' is pool memory that this call did not allocate and no live lease holds (a buffer kept from an "
+                    "earlier call?); the pool may hand that memory to another output: allocate outputs in the call, "
+                    "or return a copy",
+                function.name);
+  }
+  return {};
+}
 
 Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   FunctionRecord& function = *frame.function;
@@ -57,12 +90,20 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
 
   auto result = device->run(*function.invoker, frame.args, backend::RunMode::eager);
   if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));
+  if (auto ours = check_outputs_are_ours(*result, function); !ours) return std::unexpected(std::move(ours.error()));
   CallOutputs out;
   out.kind = CallKind::eager;
   out.leases.reserve(result->values.size());
   for (std::size_t i = 0; i < result->values.size(); ++i) {
+    // An eager run allocates outside the pool, but may return a view of an input that is a pool
+    // output: its lease shares that output's cell, so it keeps the memory live and is reclaimed
+    // with it, like any other lease on it.
+    const backend::OutputDesc& desc = result->outputs[i];
+    std::optional<PathIndex> alias;
+    if (desc.kind == backend::OutputKind::value && desc.in_pool) alias = live_alias_in_path(desc.storage);
+    Cell* cell = alias ? current->path[alias->depth]->cells[alias->output].get() : nullptr;
     out.leases.push_back(
-        make_lease(*this, nullptr, result->values[i], result->owner, function.id, static_cast<std::uint32_t>(i)));
+        make_lease(*this, cell, result->values[i], result->owner, function.id, static_cast<std::uint32_t>(i)));
   }
   consume_arguments(frame);
   return out;
@@ -76,11 +117,14 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   }
   auto before = device->checkpoint();
   if (!before) return std::unexpected(in_call(std::move(before.error()), function, "warming up"));
+  const std::vector<std::uintptr_t> owned_before = owned_live_storages();
 
   auto result = device->run(*function.invoker, frame.args, backend::RunMode::warmup);
-  if (!result) {
-    Error error = in_call(std::move(result.error()), function, "warming up");
-    if (auto rolled_back = roll_back(*this, **before); !rolled_back) {
+  Result<void> ours = result ? check_outputs_are_ours(*result, function) : Result<void>();
+  if (!result || !ours) {
+    Error error = !result ? in_call(std::move(result.error()), function, "warming up") : std::move(ours.error());
+    result = {};  // the outputs' values go before the pool is put back
+    if (auto rolled_back = roll_back(**before, owned_before); !rolled_back) {
       error.message += "; restoring the pool also failed: " + rolled_back.error().message;
     }
     return std::unexpected(std::move(error));
@@ -138,7 +182,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   variant.warmed_up = true;
   ++stats.warmups;
   warmup_chain.push_back(std::move(node));
-  enter(*warmup_chain.back(), PathState::warmup);
+  enter(*warmup_chain.back(), PathState::warmup, frame);
   return out;
 }
 

@@ -17,10 +17,7 @@ namespace cgt {
 // Builds views for the engine; Node's constructor is private to keep views read-only.
 struct NodeAccess {
   static Node make(const detail::EngineRef& engine, std::int64_t id) { return {engine, id}; }
-  static const detail::Node* find(const Node& view) {
-    return view.engine_ ? (*view.engine_).find_node(view.id_) : nullptr;
-  }
-  static const detail::Engine* engine(const Node& view) { return view.engine_.get(); }
+  static detail::Engine* engine(const Node& view) { return view.engine_.get(); }
   static const detail::EngineRef& ref(const Node& view) { return view.engine_; }
 };
 
@@ -40,90 +37,103 @@ std::vector<Node> children_views(
   return views;
 }
 
+// Reads the node a view names under the engine's state lock (another thread may be dropping
+// handles); `empty` for a moved-from view, or a node gone with a shutdown or its path.
+template <class R, class Read>
+R read_node(const Node& view, R empty, Read read) {
+  detail::Engine* engine = NodeAccess::engine(view);
+  if (engine == nullptr) return empty;
+  const detail::StateLock lock(*engine);
+  const detail::Node* node = engine->find_node(view.id());
+  if (node == nullptr) return empty;
+  return read(*engine, *node);
+}
+
 }  // namespace
 
 bool Node::exists() const {
-  return NodeAccess::find(*this) != nullptr;
+  return read_node(*this, false, [](const detail::Engine&, const detail::Node&) { return true; });
 }
 
 NodeKind Node::kind() const {
-  const auto* node = NodeAccess::find(*this);
-  return node != nullptr ? node->kind : NodeKind::graph;
+  return read_node(*this, NodeKind::graph, [](const detail::Engine&, const detail::Node& node) { return node.kind; });
 }
 
 NodeReason Node::reason() const {
-  const auto* node = NodeAccess::find(*this);
-  return node != nullptr ? node->reason : NodeReason::first_call;
+  return read_node(*this, NodeReason::first_call,
+                   [](const detail::Engine&, const detail::Node& node) { return node.reason; });
 }
 
 std::string Node::function() const {
-  const auto* node = NodeAccess::find(*this);
-  if (node == nullptr) return {};
-  const auto& engine = *NodeAccess::engine(*this);
-  return engine.functions[engine.variants[node->variant]->function]->name;
+  return read_node(*this, std::string(), [](const detail::Engine& engine, const detail::Node& node) {
+    return engine.functions[engine.variants[node.variant]->function]->name;
+  });
 }
 
 std::size_t Node::depth() const {
-  const auto* node = NodeAccess::find(*this);
-  return node != nullptr ? node->depth() : 0;
+  return read_node(*this, std::size_t{0}, [](const detail::Engine&, const detail::Node& node) { return node.depth(); });
 }
 
 std::vector<Node> Node::children() const {
-  const auto* node = NodeAccess::find(*this);
-  if (node == nullptr) return {};
-  return children_views(NodeAccess::ref(*this), node->child_order, node->children);
+  return read_node(*this, std::vector<Node>{}, [this](const detail::Engine&, const detail::Node& node) {
+    return children_views(NodeAccess::ref(*this), node.child_order, node.children);
+  });
 }
 
 std::size_t Node::num_descendants() const {
-  const auto* node = NodeAccess::find(*this);
-  return node != nullptr ? node->num_descendants() : 0;
+  return read_node(*this, std::size_t{0},
+                   [](const detail::Engine&, const detail::Node& node) { return node.num_descendants(); });
 }
 
 std::size_t Node::output_count() const {
-  const auto* node = NodeAccess::find(*this);
-  return node != nullptr ? node->output_count : 0;
+  return read_node(*this, std::size_t{0},
+                   [](const detail::Engine&, const detail::Node& node) { return node.output_count; });
 }
 
 std::size_t Node::live_outputs() const {
-  const auto* node = NodeAccess::find(*this);
-  if (node == nullptr) return 0;
-  return static_cast<std::size_t>(
-      std::ranges::count_if(node->cells, [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
+  return read_node(*this, std::size_t{0}, [](const detail::Engine&, const detail::Node& node) {
+    return static_cast<std::size_t>(
+        std::ranges::count_if(node.cells, [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
+  });
 }
 
 std::vector<PathIndex> Node::expected_dead_before() const {
-  const auto* node = NodeAccess::find(*this);
-  return node != nullptr ? node->expected_dead_before : std::vector<PathIndex>{};
+  return read_node(*this, std::vector<PathIndex>{},
+                   [](const detail::Engine&, const detail::Node& node) { return node.expected_dead_before; });
 }
 
 std::vector<PathIndex> Node::expected_dead_after() const {
-  const auto* node = NodeAccess::find(*this);
-  return node != nullptr ? node->expected_dead_after : std::vector<PathIndex>{};
+  return read_node(*this, std::vector<PathIndex>{},
+                   [](const detail::Engine&, const detail::Node& node) { return node.expected_dead_after; });
 }
 
 std::vector<std::size_t> Node::copied_inputs() const {
-  const auto* node = NodeAccess::find(*this);
-  std::vector<std::size_t> copied;
-  if (node == nullptr) return copied;
-  for (std::size_t i = 0; i < node->copied.size(); ++i) {
-    if (node->copied[i]) copied.push_back(i);
-  }
-  return copied;
+  return read_node(*this, std::vector<std::size_t>{}, [](const detail::Engine&, const detail::Node& node) {
+    std::vector<std::size_t> copied;
+    for (std::size_t i = 0; i < node.copied.size(); ++i) {
+      if (node.copied[i]) copied.push_back(i);
+    }
+    return copied;
+  });
 }
 
 std::vector<Node> PoolBase::roots() const {
-  const auto& engine = *engine_;
-  return children_views(engine_, engine.root_order, engine.roots);
+  return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
+    return children_views(engine_, engine.root_order, engine.roots);
+  });
 }
 
 std::vector<Node> PoolBase::current_path() const {
-  std::vector<Node> views;
-  for (const detail::Node* node : (*engine_).path()) views.push_back(NodeAccess::make(engine_, node->id));
-  return views;
+  return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
+    std::vector<Node> views;  // NOLINT(misc-const-correctness)
+    for (const detail::Node* node : engine.path()) views.push_back(NodeAccess::make(engine_, node->id));
+    return views;
+  });
 }
 
 std::string PoolBase::to_dot() const {
-  return (*engine_).to_dot();
+  return detail::read_engine(engine_, std::string("digraph cgt {\n}\n"),
+                     [](const detail::Engine& engine) { return engine.to_dot(); });
 }
 
 }  // namespace cgt

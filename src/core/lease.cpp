@@ -1,16 +1,101 @@
 // Leases: the only thing that makes pool memory live. Dropping the last lease on a storage is the
-// moment its memory becomes dead.
+// moment its memory becomes dead. Leases may be dropped, and read, on any thread: what a drop
+// changes in the pool is applied under the engine's state lock, or deferred to the thread holding it.
 module;
 #include <expected>
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
 module cgt;
 import :engine;
 
 namespace cgt::detail {
+
+StateLock::StateLock(Engine& engine) noexcept : engine_(engine) {
+  const std::thread::id self = std::this_thread::get_id();
+  // Only this thread can have stored its own id: an equal id means it holds the state already.
+  if (engine.holder.load(std::memory_order_relaxed) == self) {
+    nested_ = true;
+    return;
+  }
+  engine.state_mutex.lock();
+  engine.holder.store(self, std::memory_order_relaxed);
+  engine.apply_pending_drops_locked();
+}
+
+StateLock::~StateLock() {
+  if (nested_) return;
+  engine_.holder.store(std::thread::id(), std::memory_order_relaxed);
+  engine_.state_mutex.unlock();
+  // A drop deferred after the last look, before the unlock, is applied here.
+  engine_.apply_pending_drops();
+}
+
+namespace {
+
+// One lease on `cell` goes; the memory dies with the last one. Caller holds the state.
+void apply_drop(Cell* cell) noexcept {
+  if (--cell->leases == 0) {
+    if (!cell->reclaimed) cell->engine->cell_died(*cell);
+    cell->rescued.reset();  // a copy kept for copy_out_on_new_step goes with its last lease
+  }
+  CellRef::unref(cell);
+}
+
+}  // namespace
+
+void Engine::drop_lease(Cell* cell) noexcept {
+  const std::thread::id self = std::this_thread::get_id();
+  if (holder.load(std::memory_order_relaxed) == self) {
+    apply_drop(cell);  // inside a call on this thread (a pool function dropping a lease)
+    return;
+  }
+  if (state_mutex.try_lock()) {
+    holder.store(self, std::memory_order_relaxed);
+    apply_pending_drops_locked();
+    apply_drop(cell);
+    holder.store(std::thread::id(), std::memory_order_relaxed);
+    state_mutex.unlock();
+    apply_pending_drops();
+    return;
+  }
+  // Another thread holds the state (a call, most likely): never block a drop on it, which could
+  // deadlock a function waiting for this thread. The holder applies the drop when it lets go.
+  {
+    const std::lock_guard pending(pending_mutex);
+    pending_drops.push_back(cell);
+    has_pending_drops.store(true);
+  }
+  apply_pending_drops();
+}
+
+void Engine::apply_pending_drops_locked() noexcept {
+  if (!has_pending_drops.load()) return;
+  std::vector<Cell*> drops;
+  {
+    const std::lock_guard pending(pending_mutex);
+    drops.swap(pending_drops);
+    has_pending_drops.store(false);
+  }
+  for (Cell* cell : drops) apply_drop(cell);
+}
+
+void Engine::apply_pending_drops() noexcept {
+  while (has_pending_drops.load()) {
+    if (!state_mutex.try_lock()) return;  // its holder will apply them when it lets go
+    const std::thread::id self = std::this_thread::get_id();
+    holder.store(self, std::memory_order_relaxed);
+    apply_pending_drops_locked();
+    holder.store(std::thread::id(), std::memory_order_relaxed);
+    state_mutex.unlock();
+  }
+}
 
 LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
   if (this != &other) {
@@ -26,17 +111,17 @@ LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
 }
 
 void lease_drop(LeaseCore& lease) noexcept {
-  if (Cell* cell = std::exchange(lease.cell, nullptr)) {
-    if (--cell->leases == 0 && !cell->reclaimed) cell->engine->cell_died(*cell);
-    CellRef::unref(cell);
-  }
+  if (Cell* cell = std::exchange(lease.cell, nullptr)) (*lease.engine).drop_lease(cell);
   lease.value = nullptr;
   lease.owner.reset();
   lease.engine = EngineRef();
 }
 
 bool lease_is_valid(const LeaseCore& lease) noexcept {
-  if (!lease.engine || (*lease.engine).shut_down) return false;
+  if (!lease.engine) return false;
+  Engine& engine = *lease.engine;
+  const StateLock lock(engine);
+  if (engine.shut_down) return false;
   return lease.cell == nullptr || !lease.cell->reclaimed || lease.cell->rescued != nullptr;
 }
 
@@ -45,6 +130,7 @@ Result<const void*> lease_value(LeaseCore& lease) {
     return fail(Errc::invalid_argument, "the lease is empty: it was moved from, reset, or moved into a call");
   }
   Engine& engine = *lease.engine;
+  const StateLock lock(engine);
   const std::string& name = engine.functions[lease.function]->name;
   if (engine.shut_down) {
     return fail(Errc::pool_shut_down,
@@ -61,8 +147,7 @@ Result<const void*> lease_value(LeaseCore& lease) {
     lease.owner = engine.device->rebase(lease.value, cell->storage, cell->rescued);
     lease.value = lease.owner.get();
     lease.cell = nullptr;
-    --cell->leases;
-    CellRef::unref(cell);
+    apply_drop(cell);  // the lease no longer needs the cell: the last one frees the cell's copy
   }
   return lease.value;
 }

@@ -4,6 +4,7 @@ module;
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -21,7 +22,9 @@ Engine::Engine(std::unique_ptr<backend::Device> device_, Options options_)
       releases_unowned(device->releases_unowned_storage()) {}
 
 Engine::~Engine() {
-  // Nodes hold recordings and cells that use the device: drop them before it goes.
+  // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are
+  // applied now. Nodes hold recordings and cells that use the device: drop them before it goes.
+  apply_pending_drops_locked();
   warmup_chain.clear();
   current = nullptr;
   roots.clear();
@@ -29,32 +32,45 @@ Engine::~Engine() {
 }
 
 void retain(Engine& engine) noexcept {
-  ++engine.refs;
+  engine.refs.fetch_add(1, std::memory_order_relaxed);
 }
 
 void release(Engine& engine) noexcept {
-  if (--engine.refs == 0) delete &engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
+  // The last handle may go on any thread; acq_rel orders every use before the delete.
+  if (engine.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    delete &engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
+  }
 }
 
-EngineRef make_engine(std::unique_ptr<backend::Device> device, Options options) {
+Result<EngineRef> make_engine(std::unique_ptr<backend::Device> device, Options options) {
+  if (options.skip_warmup && options.force_warmup) {
+    return fail(Errc::invalid_argument,
+                "Options::skip_warmup and Options::force_warmup contradict each other (record on the first call, "
+                "and never record): set one of them");
+  }
   return EngineRef(new Engine(std::move(device), std::move(options)));  // NOLINT(cppcoreguidelines-owning-memory)
 }
 
 Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
-  if (engine.shut_down) return fail(Errc::pool_shut_down, "add_function after the pool was shut down; make a new pool");
   if (engine.busy.load(std::memory_order_acquire)) {
     return fail(Errc::concurrent_use, "add_function while a call of the same pool is in flight");
   }
+  const StateLock lock(engine);
+  if (engine.shut_down) return fail(Errc::pool_shut_down, "add_function after the pool was shut down; make a new pool");
   auto record = std::make_unique<FunctionRecord>();
   record->id = static_cast<std::uint32_t>(engine.functions.size());
   record->name = options.name.empty() ? "function" + std::to_string(record->id) : options.name;
   record->invoker = std::move(invoker);
   record->options = std::move(options);
+  const std::lock_guard names(engine.functions_mutex);
   engine.functions.push_back(std::move(record));
   return engine.functions.back()->id;
 }
 
-const std::string& function_name(const Engine& engine, std::uint32_t function) noexcept {
+const std::string& function_name(Engine& engine, std::uint32_t function) noexcept {
+  // The record is on the heap, and its name never changes: it stays put when another thread adds
+  // a function. Only the vector's structure needs the (short) guard.
+  const std::lock_guard names(engine.functions_mutex);
   return engine.functions[function]->name;
 }
 
@@ -62,8 +78,9 @@ backend::Device& device(Engine& engine) noexcept {
   return *engine.device;
 }
 
-void Engine::shutdown() {
-  if (shut_down) return;
+std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
+  std::vector<std::unique_ptr<backend::Invoker>> callables;
+  if (shut_down) return callables;
   if (current != nullptr) reclaim_path();
   warmup_chain.clear();
   current = nullptr;
@@ -73,48 +90,69 @@ void Engine::shutdown() {
   graph_nodes.clear();
   shut_down = true;
   device->shutdown();
+  // The callables go too: one that holds a Function (or lease) of this pool would keep the engine
+  // alive for good. They are destroyed by the caller once the state is let go, since their
+  // destructors may drop handles of this pool.
+  for (auto& function : functions) callables.push_back(std::move(function->invoker));
+  return callables;
 }
 
 }  // namespace cgt::detail
 
 namespace cgt {
 
+// Every method of a pool handle works on a moved-from handle too: it reads as an empty pool, and
+// what would change one fails with `invalid_argument`.
+
 void PoolBase::mark_step_begin() noexcept {
-  ++(*engine_).step;
+  // Atomic: any thread, and a pool function, may begin a step; the next call sees it.
+  if (engine_) (*engine_).step.fetch_add(1);
 }
 
 Result<void> PoolBase::shutdown() {
+  if (!engine_) return fail(Errc::invalid_argument, "shutdown() of a moved-from pool handle");
   detail::Engine& engine = *engine_;
   bool idle = false;
   if (!engine.busy.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
     return fail(Errc::concurrent_use, "shutdown() while a call of the same pool is in flight");
   }
-  engine.shutdown();
+  const detail::EngineRef keep = engine_;  // the callables released below may hold the pool's last handles
+  std::vector<std::unique_ptr<backend::Invoker>> callables;
+  {
+    const detail::StateLock lock(engine);
+    callables = engine.shutdown();
+  }
   engine.busy.store(false, std::memory_order_release);
+  callables.clear();
   return {};
 }
 
 bool PoolBase::is_shut_down() const noexcept {
-  return (*engine_).shut_down;
+  return detail::read_engine(engine_, true, [](const detail::Engine& engine) { return engine.shut_down; });
 }
 const Options& PoolBase::options() const noexcept {
-  return (*engine_).options;
+  static const Options none;  // a moved-from handle's
+  return engine_ ? (*engine_).options : none;
 }
 Stats PoolBase::stats() const noexcept {
-  return (*engine_).stats;
+  return detail::read_engine(engine_, Stats{}, [](const detail::Engine& engine) { return engine.stats; });
 }
 
 MemoryInfo PoolBase::memory() const {
-  const detail::Engine& engine = *engine_;
-  return engine.shut_down ? MemoryInfo{} : engine.device->memory();
+  return detail::read_engine(engine_, MemoryInfo{}, [](const detail::Engine& engine) {
+    return engine.shut_down ? MemoryInfo{} : engine.device->memory();
+  });
 }
 
 std::vector<Block> PoolBase::live_blocks() const {
-  const detail::Engine& engine = *engine_;
-  return engine.shut_down ? std::vector<Block>{} : engine.device->live_blocks();
+  return detail::read_engine(engine_, std::vector<Block>{}, [](const detail::Engine& engine) {
+    return engine.shut_down ? std::vector<Block>{} : engine.device->live_blocks();
+  });
 }
 
 Result<void> PoolBase::check_memory() const {
+  if (!engine_) return fail(Errc::invalid_argument, "check_memory of a moved-from pool handle");
+  const detail::StateLock lock(*engine_);
   const detail::Engine& engine = *engine_;
   if (engine.shut_down) return fail(Errc::pool_shut_down, "check_memory after the pool was shut down");
   return engine.check_memory();
@@ -157,6 +195,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::static_input_moved: return "static_input_moved";
     case Reason::managed_input_moved: return "managed_input_moved";
     case Reason::many_shape_keys: return "many_shape_keys";
+    case Reason::capture_failed: return "capture_failed";
     case Reason::count_: break;
   }
   return "unknown";
