@@ -156,7 +156,7 @@ TEST_CASE("wrong_input_type: another element type, or a scalar for a value", "[e
   auto pool = must(cgt::host::make_pool());
   auto f = twice(pool);
   (void)must(f({filled({4}, 1)}));
-  auto as_int = f({Buffer::make(ElementType::i32, {4})});
+  auto as_int = f({must(Buffer::make(ElementType::i32, {4}))});
   REQUIRE(!as_int);
   CHECK(as_int.error().code == cgt::Errc::wrong_input_type);
   CHECK(as_int.error().input == 0);
