@@ -22,7 +22,9 @@
 //
 // The pool's stream is a blocking stream by default: work on the legacy default stream
 // (cudaMemcpy, say) and the pool's work are ordered (`PoolOptions::blocking_stream`). Copied
-// inputs must keep the layout they were recorded with (a contiguous buffer always does).
+// inputs are copied as byte spans into a slot of their own layout: a view whose elements overlap
+// or run backwards (a negative stride), or that reaches outside its storage, fails the recording
+// with `invalid_argument` (pass a contiguous copy). Zero-element outputs hold no pool memory.
 module;
 export module cgt.cuda;
 export import cgt;

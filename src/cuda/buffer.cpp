@@ -52,6 +52,7 @@ Buffer Buffer::on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr
 // read and write wait for the whole device: a pool's stream may be non-blocking, and then the
 // legacy default stream's cudaMemcpy is not ordered with it.
 Result<std::vector<double>> Buffer::read() const {
+  if (!fits()) return fail(Errc::invalid_argument, "Buffer::read: the view is invalid or reaches outside its storage");
   if (auto idle = checked(cudaDeviceSynchronize(), "waiting for the device before reading a buffer"); !idle)
     return std::unexpected(idle.error());
   std::vector<std::byte> host(storage_bytes_);
@@ -68,6 +69,7 @@ Result<std::vector<double>> Buffer::read() const {
 }
 
 Result<void> Buffer::write(std::span<const double> values) const {
+  if (!fits()) return fail(Errc::invalid_argument, "Buffer::write: the view is invalid or reaches outside its storage");
   if (auto idle = checked(cudaDeviceSynchronize(), "waiting for the device before writing a buffer"); !idle)
     return idle;
   std::vector<std::byte> host(storage_bytes_);

@@ -282,7 +282,8 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     context.allocations_.push_back(backend::address_of(*memory));
     const Buffer slot = source.on_storage(*memory, bytes).with_layout(layout);
     copies.push_back({i, slot});
-    jobs.push_back({.source = source.data(), .target = slot.data(), .bytes = bytes});
+    // The covered span only (0 bytes for a view without elements: nothing to read).
+    jobs.push_back({.source = source.data(), .target = slot.data(), .bytes = layout.required_bytes()});
     inputs.values[i] = slot;
   }
 

@@ -127,7 +127,8 @@ TEST_CASE("cuda/a copied input with another layout than recorded fails cleanly",
   CHECK(out.error().code == cgt::Errc::wrong_shape);
   CHECK(out.error().function == "f");
   pool.mark_step_begin();
-  CHECK(H::read(must(must(f({square})).get(0)).get()).data[5] == 6);
+  const auto again = must(f({square}));
+  CHECK(H::read(must(again.get(0)).get()).data[5] == 6);
 }
 
 // Replays copy inputs into their slots by one kernel per eight inputs: ten inputs of different
@@ -260,11 +261,83 @@ TEST_CASE("cuda/work that cannot be captured fails the recording, and the pool s
   CHECK(out.error().code == cgt::Errc::function_failed);
   CHECK(pool.live_blocks().empty());
   auto f = must(H::add(pool, scenario::unary("f", scenario::in(0) * 2)));
-  CHECK(H::read(must(must(f({H::make(scenario::HostTensor::full({8}, 3))})).get(0)).get()).data[0] == 6);
+  const auto out_f = must(f({H::make(scenario::HostTensor::full({8}, 3))}));
+  CHECK(H::read(must(out_f.get(0)).get()).data[0] == 6);
 }
 
 TEST_CASE("cuda/make_pool without a usable device fails cleanly", "[cuda]") {
   auto pool = cgt::cuda::make_pool({.device = 99});
   REQUIRE(!pool);
   CHECK(pool.error().code == cgt::Errc::backend_error);
+}
+
+// --- Hostile sizes and layouts (issue 9: items 3, 8, 17) -----------------------------------------
+
+TEST_CASE("cuda/Buffer::make refuses sizes whose byte count overflows or is negative with invalid_argument", "[cuda]") {
+  // Checked before any CUDA call: runs without a device too.
+  constexpr std::int64_t huge = std::int64_t{1} << 62;
+  for (const std::vector<std::int64_t>& sizes : {std::vector<std::int64_t>{huge + 1}, std::vector<std::int64_t>{-1},
+                                                 std::vector<std::int64_t>{1, 1, 1, 1, 1, 1, 1}}) {
+    auto made = cgt::cuda::Buffer::make(cgt::ElementType::f32, sizes);
+    REQUIRE(!made);
+    CHECK(made.error().code == cgt::Errc::invalid_argument);
+  }
+}
+
+TEST_CASE("cuda/Context::allocate with a bad size fails the call with invalid_argument and frees the call's blocks",
+          "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({}));
+  auto f = must(pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        cgt::cuda::Buffer first = ctx.allocate(cgt::ElementType::f32, {64});
+        if (in.scalar(0) != 0) (void)ctx.allocate(cgt::ElementType::f32, {in.scalar(0)});
+        return cgt::cuda::Values{first};
+      },
+      {.name = "bad_size"}));
+  for (const std::int64_t bad : {(std::int64_t{1} << 62) + 1, std::int64_t{-5}}) {
+    auto out = f({bad});
+    REQUIRE(!out);
+    CHECK(out.error().code == cgt::Errc::invalid_argument);
+    CHECK(pool.live_blocks().empty());
+  }
+}
+
+TEST_CASE("cuda/a copied input with overlapping or negative strides fails the recording with invalid_argument",
+          "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.skip_warmup = true}));
+  const auto storage = H::make(scenario::HostTensor::iota({9}));
+  const std::int64_t sizes[] = {3, 3};
+  const std::int64_t overlapping[] = {1, 1};
+  const std::int64_t reversed[] = {-3, -1};
+  for (const cgt::cuda::Buffer& bad : {storage.with_layout(storage.layout().restrided(0, sizes, overlapping)),
+                                       storage.with_layout(storage.layout().restrided(8, sizes, reversed))}) {
+    auto f = must(H::add(pool, scenario::unary("f", scenario::in(0) + 1)));
+    auto out = f({bad});
+    REQUIRE(!out);
+    CHECK(out.error().code == cgt::Errc::invalid_argument);
+    CHECK(out.error().input == 0);
+    CHECK(pool.live_blocks().empty());
+  }
+}
+
+TEST_CASE("cuda/a held empty output does not stop the next call from replaying", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({}));
+  auto f = must(pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs /*in*/) {
+        cgt::cuda::Buffer y = ctx.allocate(cgt::ElementType::f32, {4});
+        (void)cgt_test::add_repeatedly(y.as<float>(), 4, 1.0F, 1, ctx.stream());
+        return cgt::cuda::Values{y, ctx.allocate(cgt::ElementType::f32, {0})};
+      },
+      {.name = "with_empty"}));
+  std::vector<cgt::cuda::OutputLease> held;
+  for (int call = 0; call < 6; ++call) {
+    auto out = must(f({H::make(scenario::HostTensor::full({4}, 1))}));
+    CHECK(must(out.get(1)).get().numel() == 0);
+    held.push_back(must(out.release(1)));  // keep only the empty output
+  }
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().replays == 4);
 }
