@@ -217,10 +217,10 @@ class Engine {
   bool shut_down = false;
 
   // --- threads (see StateLock) ---
-  std::mutex state_mutex;                   ///< guards every field below and the cells
-  std::atomic<std::thread::id> holder{};    ///< the thread holding state_mutex, if any
-  std::mutex pending_mutex;                 ///< guards pending_drops
-  std::vector<Cell*> pending_drops;         ///< leases dropped on another thread while the state was held
+  std::mutex state_mutex;                 ///< guards every field below and the cells
+  std::atomic<std::thread::id> holder{};  ///< the thread holding state_mutex, if any
+  std::mutex pending_mutex;               ///< guards pending_drops
+  std::vector<Cell*> pending_drops;       ///< leases dropped on another thread while the state was held
   std::atomic<bool> has_pending_drops{false};
 
   std::vector<std::unique_ptr<FunctionRecord>> functions;

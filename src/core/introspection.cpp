@@ -133,7 +133,7 @@ std::vector<Node> PoolBase::current_path() const {
 
 std::string PoolBase::to_dot() const {
   return detail::read_engine(engine_, std::string("digraph cgt {\n}\n"),
-                     [](const detail::Engine& engine) { return engine.to_dot(); });
+                             [](const detail::Engine& engine) { return engine.to_dot(); });
 }
 
 }  // namespace cgt
