@@ -253,9 +253,9 @@ class Engine {
   // --- eager fallback and warm-up (engine_warmup.cpp) ---
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);
   Result<CallOutputs> warm_up(CallFrame& frame);
-  /// Fails for an output in pool memory that the call did not allocate and no live lease holds
-  /// (a buffer the function kept from an earlier call): a lease on it could overwrite another's.
-  Result<void> check_outputs_are_ours(const backend::RunResult& result, const FunctionRecord& function) const;
+  /// Fails for an output in pool memory that the call neither allocated nor received as an input
+  /// (a buffer the function kept from an earlier call): the pool may have given it to another lease.
+  Result<void> check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const;
   /// The storages the allocator owns for live leases now: what a failed run must give back to.
   [[nodiscard]] std::vector<std::uintptr_t> owned_live_storages() const;
   /// Puts the allocator back to `before` after a failed warm-up or recording. `owned_before` were

@@ -129,7 +129,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
       .copy_input = std::span<const bool>(copy_input.get(), inputs),
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording.get() : nullptr};
   auto recorded = device->record(*function.invoker, frame.args, plan);
-  Result<void> ours = recorded ? check_outputs_are_ours(recorded->first_outputs, function) : Result<void>();
+  Result<void> ours = recorded ? check_outputs_are_ours(recorded->first_outputs, frame) : Result<void>();
   if (!recorded || !ours) {
     Error error = !recorded ? in_call(std::move(recorded.error()), function, "recording") : std::move(ours.error());
     recorded = {};  // the recording and its outputs go before the pool is put back

@@ -59,16 +59,21 @@ Result<void> Engine::roll_back(const backend::Checkpoint& before, const std::vec
   return device->restore(before, live, died);
 }
 
-Result<void> Engine::check_outputs_are_ours(const backend::RunResult& result, const FunctionRecord& function) const {
+Result<void> Engine::check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const {
+  const FunctionRecord& function = *frame.function;
   for (std::size_t i = 0; i < result.outputs.size(); ++i) {
     const backend::OutputDesc& desc = result.outputs[i];
     if (desc.kind != backend::OutputKind::value || !desc.in_pool || desc.allocated_in_call) continue;
-    if (live_alias_in_path(desc.storage)) continue;  // a view of a live output (or of an input that is one)
+    // Pool memory the call received: a view of an input (that is a live output of the path).
+    const bool received = std::ranges::any_of(frame.descs, [&desc](const backend::ArgDesc& input) {
+      return input.kind == backend::ArgKind::value && input.storage == desc.storage;
+    });
+    if (received) continue;
     return fail(Errc::function_failed,
                 "output " + std::to_string(i) + " of '" + function.name +
-                    "' is pool memory that this call did not allocate and no live lease holds (a buffer kept from an "
-                    "earlier call?); the pool may hand that memory to another output: allocate outputs in the call, "
-                    "or return a copy",
+                    "' is pool memory that this call neither allocated nor received as an input (a buffer kept from "
+                    "an earlier call?); the pool may have handed that memory to another output since: allocate "
+                    "outputs in the call, or return a copy",
                 function.name);
   }
   return {};
@@ -90,7 +95,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
 
   auto result = device->run(*function.invoker, frame.args, backend::RunMode::eager);
   if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));
-  if (auto ours = check_outputs_are_ours(*result, function); !ours) return std::unexpected(std::move(ours.error()));
+  if (auto ours = check_outputs_are_ours(*result, frame); !ours) return std::unexpected(std::move(ours.error()));
   CallOutputs out;
   out.kind = CallKind::eager;
   out.leases.reserve(result->values.size());
@@ -120,7 +125,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   const std::vector<std::uintptr_t> owned_before = owned_live_storages();
 
   auto result = device->run(*function.invoker, frame.args, backend::RunMode::warmup);
-  Result<void> ours = result ? check_outputs_are_ours(*result, function) : Result<void>();
+  Result<void> ours = result ? check_outputs_are_ours(*result, frame) : Result<void>();
   if (!result || !ours) {
     Error error = !result ? in_call(std::move(result.error()), function, "warming up") : std::move(ours.error());
     result = {};  // the outputs' values go before the pool is put back

@@ -315,3 +315,49 @@ TEST_CASE("leases dropped on another thread while the pool is in a call", "[host
   (void)must(make({filled({8}, 0)}));  // applies what the dropper deferred, then checks the pool
   must(pool.check_memory());
 }
+
+TEST_CASE("a function returning a pool buffer it kept from an earlier call fails", "[hostile][host]") {
+  auto pool = make_pool({.debug_checks = true});
+  std::optional<Buffer> cached;  // the "allocate once and reuse it" pattern, wrong in a pool
+  auto cache = must(pool.add_function(
+      [&cached](Context& ctx, Inputs in) {
+        if (!cached) {
+          cached = ctx.allocate_like(in[0]);
+          ctx.launch([x = in[0], y = *cached] { y.set(0, x.get(0)); });
+        }
+        return Values{*cached};  // later calls hand back the same block (writing it would be a wild write)
+      },
+      {.name = "cache"}));
+  auto other = plus(pool, 0, {.name = "other"});
+  auto first = must(cache({filled({4}, 1)}));  // allocated in this call: fine
+  first.reset();
+  auto held = must(other({filled({4}, 7)}));  // may reuse the dead block
+  for (int i = 0; i < 2; ++i) {
+    auto again = cache({filled({4}, 2)});
+    REQUIRE(!again);
+    CHECK(again.error().code == cgt::Errc::function_failed);
+    CHECK(again.error().message.find("neither allocated nor received") != std::string::npos);
+    CHECK(output_values(held) == std::vector<double>{7, 7, 7, 7});  // never handed out twice
+    must(pool.check_memory());
+  }
+}
+
+TEST_CASE("an escaped copy of an output, passed back after its memory was reclaimed, is output_overwritten",
+          "[hostile][host]") {
+  auto pool = make_pool({.debug_checks = true});
+  auto make = plus(pool, 1, {.name = "make"});
+  auto use = plus(pool, 0, {.name = "use"});
+  Buffer escaped;
+  {
+    auto out = must(make({filled({4}, 1)}));
+    escaped = must(out.get(0)).get();  // a copy of the view outlives the lease
+  }
+  (void)must(make({filled({4}, 5)}));  // the memory is the pool's again
+  auto stale = use({escaped});
+  REQUIRE(!stale);
+  CHECK(stale.error().code == cgt::Errc::output_overwritten);
+  CHECK(stale.error().input == 0);
+  // The same value while its lease lives is an ordinary pool-managed input.
+  auto live = must(make({filled({4}, 1)}));
+  CHECK(output_values(must(use({must(live.get(0))}))) == std::vector<double>{2, 2, 2, 2});
+}
