@@ -269,7 +269,8 @@ Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
   // step began): reading it would read whatever the pool put there since.
   for (std::size_t i = 0; i < frame.descs.size(); ++i) {
     const backend::ArgDesc& desc = frame.descs[i];
-    if (desc.kind != backend::ArgKind::value || live_alias_in_path(desc.storage) || !device->owns(desc.storage)) {
+    // `owns` first: most inputs that are not pool memory are the caller's, and it is the cheap test.
+    if (desc.kind != backend::ArgKind::value || !device->owns(desc.storage) || live_alias_in_path(desc.storage)) {
       continue;
     }
     return fail(Errc::output_overwritten,
