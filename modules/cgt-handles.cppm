@@ -177,7 +177,8 @@ class Arg {
 ///   auto copy = (*f)({x})->take(0);         // fine: a copy (or the call's error) is the caller's
 ///
 /// On a temporary, `->` reaches `T::Temporary`: the members that are safe there, which return the
-/// result's error when it holds one; `*` yields a `T&&`, whose borrowing members are deleted.
+/// result's error when it holds one; `*` and `value()` move the `T` out, a temporary whose
+/// borrowing members are deleted (and `const Outputs& out = *(*f)({x});` keeps it alive: safe).
 template <class T>
 class Owning : public std::expected<T, Error> {
   using Base = std::expected<T, Error>;
@@ -191,6 +192,21 @@ class Owning : public std::expected<T, Error> {
   [[nodiscard]] const T* operator->() const& noexcept { return Base::operator->(); }
   [[nodiscard]] typename T::Temporary operator->() && noexcept { return typename T::Temporary(*this); }
   [[nodiscard]] const T* operator->() const&& =
+      delete("borrowing from a temporary result dangles at the end of the statement: name the result first");
+
+  // On a temporary, `*` and `value()` move the handle out: a reference bound to it keeps it alive,
+  // where a reference into the dying result would dangle.
+  [[nodiscard]] T& operator*() & noexcept { return Base::operator*(); }
+  [[nodiscard]] const T& operator*() const& noexcept { return Base::operator*(); }
+  [[nodiscard]] T operator*() && noexcept(std::is_nothrow_move_constructible_v<T>) {
+    return std::move(Base::operator*());
+  }
+  [[nodiscard]] const T& operator*() const&& =
+      delete("borrowing from a temporary result dangles at the end of the statement: name the result first");
+  [[nodiscard]] T& value() & { return Base::value(); }
+  [[nodiscard]] const T& value() const& { return Base::value(); }
+  [[nodiscard]] T value() && { return std::move(Base::value()); }
+  [[nodiscard]] const T& value() const&& =
       delete("borrowing from a temporary result dangles at the end of the statement: name the result first");
 };
 

@@ -10,13 +10,13 @@ import cgt;
 import cgt.host;
 
 float borrow(cgt::host::Pool& pool, cgt::host::Function& f, const cgt::host::Buffer& x) {
-  const cgt::host::Buffer& a = *f({x})->get(0);                                                // expect-error
-  const cgt::host::Buffer& b = *(*f({x})).get(0);                                              // expect-error
-  const cgt::host::Buffer& c = *f({x}).value().get(0);                                         // expect-error
-  const cgt::host::Buffer& d = *f({x})->release(0)->get();                                     // expect-error
-  const cgt::host::Buffer& e = *(*f({x})->release(0)).get();                                   // expect-error
-  const cgt::host::Buffer& g = *cgt::host::OutputLease(std::move(*f({x})->release(0))).get();  // expect-error
-  auto arena = std::move(pool).device();                                                       // expect-error
+  const cgt::host::Buffer& a = *f({x})->get(0);                                     // expect-error
+  const cgt::host::Buffer& b = *(*f({x})).get(0);                                   // expect-error
+  const cgt::host::Buffer& c = *f({x}).value().get(0);                              // expect-error
+  const cgt::host::Buffer& d = *f({x})->release(0)->get();                          // expect-error
+  const cgt::host::Buffer& e = *(*f({x})->release(0)).get();                        // expect-error
+  const cgt::host::Buffer& g = *cgt::host::OutputLease(*f({x})->release(0)).get();  // expect-error
+  auto arena = std::move(pool).device();                                            // expect-error
   return a.f32()[0] + b.f32()[0] + c.f32()[0] + d.f32()[0] + e.f32()[0] + g.f32()[0] +
          static_cast<float>(arena.has_value());
 }

@@ -120,6 +120,20 @@ TEST_CASE("borrowing from a temporary Outputs or OutputLease does not compile", 
   STATIC_REQUIRE(released_lease_takes_through_arrow<Released>);
 }
 
+TEST_CASE("a reference bound to *result or result.value() of a temporary keeps the outputs alive", "[handles][host]") {
+  STATIC_REQUIRE(std::is_same_v<decltype(*std::declval<CallResult>()), cgt::host::Outputs>);
+  STATIC_REQUIRE(std::is_same_v<decltype(std::declval<CallResult>().value()), cgt::host::Outputs>);
+  STATIC_REQUIRE(std::is_same_v<decltype(*std::declval<CallResult&>()), cgt::host::Outputs&>);
+  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
+  auto f = twice(pool);
+  const cgt::host::Outputs& by_star = *f({filled({4}, 1)});
+  const cgt::host::Outputs& by_value = f({filled({4}, 2)}).value();
+  for (int i = 0; i < 3; ++i) (void)must(f({filled({4}, 9)}));  // calls that must not reuse their memory
+  CHECK(must(by_star.get(0)).get().get(0) == 2);
+  CHECK(must(by_value.get(0)).get().get(0) == 4);
+  must(pool.check_memory());
+}
+
 TEST_CASE("take() and release() on a temporary result copy out, or carry the call's error", "[handles][host]") {
   auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
   auto f = twice(pool);
