@@ -12,6 +12,7 @@ struct Control {
   Throw throw_next = Throw::none;
   std::function<void()> before_throw;  // e.g. drop a lease the test holds
   bool threw = false;
+  std::byte* kept_storage = nullptr;  // the block kept_buffer keeps and writes, whoever owns it now
 };
 
 enum class In : std::uint8_t { vec, mat, scalar };
@@ -282,9 +283,10 @@ inline std::vector<FnDef> catalog() {
        .inputs = {In::vec},
        .outs = {{.temp = 0}},
        .model = [](const auto& x, const auto&) { return Expected{{map(x[0], [](double v) { return v + 9; })}, {}}; },
-       .make = body([](auto) {
-         return [kept = std::make_shared<Buffer>()](Context& ctx, Inputs in) {
+       .make = body([](std::shared_ptr<Control> control) {
+         return [kept = std::make_shared<Buffer>(), control](Context& ctx, Inputs in) {
            if (kept->empty() || kept->numel() != in[0].numel()) *kept = ctx.allocate_like(in[0]);
+           control->kept_storage = kept->storage();
            ctx.launch([x = in[0], y = *kept] {
              for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) + 9);
            });
