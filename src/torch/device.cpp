@@ -18,6 +18,7 @@ module;
 #include <expected>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -70,7 +71,14 @@ Device::Device(std::int16_t device, bool update_graphs_in_place) {
   (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, index));
   // One stream for every warm-up and recording: the allocator binds segments to streams, and
   // graphs recorded on different streams would not reuse each other's memory.
-  state_ = std::make_unique<State>(index, c10::cuda::getStreamFromPool(false, index), at::cuda::graph_pool_handle());
+  // Its own stream, not one of libtorch's shared pool of streams: pools on other threads capture
+  // on their streams at the same time, and work of another pool on a stream being captured
+  // would join (and break) that capture.
+  cudaStream_t stream = nullptr;
+  C10_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  state_ =
+      std::make_unique<State>(index, c10::cuda::getStreamFromExternal(stream, index), at::cuda::graph_pool_handle());
+  state_->own_stream = stream;
   state_->update_graphs_in_place = update_graphs_in_place;
   // Keeps the private pool alive between graphs (PyTorch keeps an empty graph for this).
   allocator::createOrIncrefPool(index, state_->pool);
@@ -78,6 +86,11 @@ Device::Device(std::int16_t device, bool update_graphs_in_place) {
 
 Device::~Device() {
   shutdown();
+  if (state_ && state_->own_stream != nullptr) {
+    const c10::cuda::CUDAGuard device_guard(state_->index);
+    (void)cudaStreamSynchronize(state_->own_stream);
+    (void)cudaStreamDestroy(state_->own_stream);
+  }
 }
 
 std::int16_t Device::index() const noexcept {
@@ -97,7 +110,8 @@ bool Device::contains(std::uintptr_t address) const {
 Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
   return guarded("checkpointing the pool", [&]() -> Result<std::unique_ptr<backend::Checkpoint>> {
     c10::cuda::CUDAGuard device_guard(state_->index);
-    c10::cuda::device_synchronize();  // a block with pending events cannot be checkpointed
+    // The pool's work finishes first (never the whole device's: another thread may be capturing).
+    synchronize_pool_streams(*state_);
     return std::make_unique<TorchCheckpoint>(allocator::getCheckpointState(state_->index, state_->pool));
   });
 }
@@ -107,11 +121,12 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
   return guarded("restoring a checkpoint", [&]() -> Result<void> {
     State& state = *state_;
     c10::cuda::CUDAGuard device_guard(state.index);
-    c10::cuda::device_synchronize();
+    synchronize_pool_streams(state);
     std::unordered_map<std::uintptr_t, TorchStorage*> live_by_address;
     for (backend::StorageHandle* handle : live) {
       auto* record = static_cast<TorchStorage*>(handle->native);
       if (record == nullptr || !record->impl) continue;
+      record->held_by_replay = false;  // allocated again: the allocator counts it from now on
       // The restore frees every block of the pool: a storage that owned its block must not free it again.
       if (handle->owned_by_allocator) {
         (void)record->impl->mutable_data_ptr().compare_exchange_deleter(allocator::get()->raw_deleter(),
@@ -139,6 +154,7 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
 void Device::release(backend::StorageHandle& storage, backend::Release why, std::string_view function) {
   auto* record = static_cast<TorchStorage*>(storage.native);
   if (record == nullptr || !record->impl || state_->shut_down) return;
+  record->held_by_replay = false;
   try {
     const bool escaped = record->escaped();
     if (storage.owned_by_allocator) free_block(*record);
@@ -187,42 +203,44 @@ std::shared_ptr<const void> Device::rebase(const void* value, const backend::Sto
 }
 
 std::vector<Block> Device::live_blocks() const {
-  std::vector<Block> blocks;
-  if (state_->shut_down) return blocks;
+  if (state_->shut_down) return {};
   try {
-    for (const auto& segment : allocator::snapshot(state_->pool, false).segments) {
-      if (segment.owner_private_pool_id != state_->pool) continue;
-      std::size_t address = segment.address;  // blocks carry no address: they follow each other
-      for (const auto& block : segment.blocks) {
-        if (block.allocated) blocks.push_back({address, block.size});
-        address += block.size;
-      }
-    }
+    return allocated_blocks(*state_);
   } catch (const std::exception& error) {
     report_unreturnable("listing the pool's blocks", error);
   }
-  return blocks;
+  return {};
+}
+
+MemoryInfo measure_memory(Device::State& state) {
+  MemoryInfo info;
+  for (const auto& [address, bytes] : pool_segments(state)) info.reserved_bytes += bytes;
+  for (const Block& block : allocated_blocks(state)) {
+    info.allocated_bytes += block.bytes;
+    ++info.live_blocks;
+  }
+  // Outputs of replays still leased: the allocator never allocated them, but they are in use.
+  // Counted by storage (aliases share one record), rounded up as the allocator rounds a block.
+  constexpr std::size_t kBlockRounding = 512;
+  for (const auto& [impl, weak] : state.records) {
+    const std::shared_ptr<TorchStorage> record = weak.lock();
+    if (!record || !record->held_by_replay) continue;
+    info.allocated_bytes += (impl->nbytes() + kBlockRounding - 1) / kBlockRounding * kBlockRounding;
+    ++info.live_blocks;
+  }
+  state.peak_allocated = std::max(state.peak_allocated, info.allocated_bytes);
+  info.peak_allocated_bytes = state.peak_allocated;
+  return info;
 }
 
 MemoryInfo Device::memory() const {
-  MemoryInfo info;
-  if (state_->shut_down) return info;
+  if (state_->shut_down) return {};
   try {
-    for (const auto& segment : allocator::snapshot(state_->pool, false).segments) {
-      if (segment.owner_private_pool_id != state_->pool) continue;
-      info.reserved_bytes += segment.total_size;
-      for (const auto& block : segment.blocks) {
-        if (!block.allocated) continue;
-        info.allocated_bytes += block.size;
-        ++info.live_blocks;
-      }
-    }
+    return measure_memory(*state_);
   } catch (const std::exception& error) {
     report_unreturnable("measuring the pool", error);
   }
-  state_->peak_allocated = std::max(state_->peak_allocated, info.allocated_bytes);
-  info.peak_allocated_bytes = state_->peak_allocated;  // the most seen by a call of memory()
-  return info;
+  return {};
 }
 
 void Device::shutdown() {
@@ -230,7 +248,7 @@ void Device::shutdown() {
   state_->shut_down = true;
   try {
     c10::cuda::CUDAGuard device_guard(state_->index);
-    c10::cuda::device_synchronize();
+    synchronize_pool_streams(*state_);
     allocator::releasePool(state_->index, state_->pool);
     allocator::emptyCache(state_->pool);  // frees the pool's segments once nothing uses them
   } catch (const std::exception& error) {
@@ -240,6 +258,21 @@ void Device::shutdown() {
 
 Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc) {
   if (!tensor.defined()) return fail(Errc::invalid_argument, "an undefined tensor");
+  // A graph reads its inputs as strided memory at fixed addresses; a sparse, nested or mkldnn
+  // tensor has none (its memory is in several buffers, or opaque). Refused before any work, with
+  // the pool left as it was; a meta tensor is strided (without memory) and runs eagerly.
+  if (tensor.layout() != at::kStrided || tensor.is_nested() || !tensor.has_storage()) {
+    std::ostringstream what;
+    if (tensor.is_nested()) {
+      what << "nested";
+    } else {
+      what << tensor.layout();
+    }
+    return fail(Errc::invalid_argument,
+                "a " + what.str() + " tensor (" + tensor.toString() +
+                    ") has no strided storage that a CUDA graph could read: pass a dense tensor (to_dense()), or "
+                    "call the function outside the pool");
+  }
   try {
     desc.storage = backend::address_of(tensor.storage().data_ptr().get());
     desc.data = backend::address_of(tensor.data_ptr());
@@ -280,7 +313,9 @@ Result<Pool> make_pool(PoolOptions options) {
     return std::make_unique<Device>(options.device, options.update_graphs_in_place);
   });
   if (!device) return std::unexpected(std::move(device.error()));
-  return Pool::adopt(detail::make_engine(std::move(*device), std::move(options.tree)));
+  auto engine = detail::make_engine(std::move(*device), std::move(options.tree));
+  if (!engine) return std::unexpected(std::move(engine.error()));
+  return Pool::adopt(std::move(*engine));
 }
 
 }  // namespace cgt::torch

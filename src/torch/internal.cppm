@@ -5,6 +5,7 @@ module;
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -17,8 +18,11 @@ module;
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -37,6 +41,9 @@ namespace allocator = c10::cuda::CUDACachingAllocator;
 struct TorchStorage {
   c10::intrusive_ptr<c10::StorageImpl> impl;
   std::vector<const at::Tensor*> views;
+  /// A replay handed it out and no release came since: it is in use, though the pool's allocator,
+  /// which never saw a replay's outputs, counts its memory as free (`Device::memory`).
+  bool held_by_replay = false;
 
   void add_view(const at::Tensor* tensor) { views.push_back(tensor); }
   void remove_view(const at::Tensor* tensor) { std::erase(views, tensor); }
@@ -66,9 +73,12 @@ struct RunOwner {
 /// A pool's libtorch objects.
 struct Device::State {
   c10::DeviceIndex index = 0;
+  /// The pool's own stream (made for it, never shared with another pool: a capture on one
+  /// thread must not take in another pool's warm-up on the same stream).
   c10::cuda::CUDAStream stream;
   c10::MempoolId_t pool;
   bool shut_down = false;
+  cudaStream_t own_stream = nullptr;  ///< `stream`, created for this pool; destroyed with it
   bool update_graphs_in_place = true;
   GraphCounts graph_counts;
   std::size_t peak_allocated = 0;
@@ -91,6 +101,43 @@ struct Device::State {
     return record;
   }
 };
+
+/// Makes `later` wait for the work queued on `earlier` so far, without blocking the host (a
+/// device-wide synchronisation would break another thread's capture).
+inline void follow(const c10::cuda::CUDAStream& later, const c10::cuda::CUDAStream& earlier) {
+  if (later == earlier) return;
+  c10::cuda::CUDAEvent done;
+  done.record(earlier);
+  done.block(later);
+}
+
+/// Waits on the host for the pool's stream and the caller's current stream: the only streams that
+/// use the pool's memory. Never the whole device: another thread may be capturing.
+inline void synchronize_pool_streams(const Device::State& state) {
+  state.stream.synchronize();
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
+  if (current != state.stream) current.synchronize();
+}
+
+/// Frees the cuBLAS workspaces kept for `stream` (PyTorch clears them around a capture so that
+/// a graph's workspace is allocated in its pool). Only this pool's stream: clearing every
+/// workspace (at::cuda::clearCublasWorkspaces) would free one that another thread's capture is
+/// using.
+inline void clear_workspaces_of(const c10::cuda::CUDAStream& stream) {
+  for (at::cuda::WorkspaceMapWithMutex* workspaces :
+       {&at::cuda::cublas_handle_stream_to_workspace(), &at::cuda::cublaslt_handle_stream_to_workspace()}) {
+    std::vector<at::DataPtr> freed;  // freed outside the lock
+    const std::unique_lock<std::shared_mutex> lock(workspaces->mutex);
+    for (auto entry = workspaces->map.begin(); entry != workspaces->map.end();) {
+      if (std::get<1>(entry->first) == static_cast<void*>(stream.stream())) {
+        freed.push_back(std::move(entry->second));
+        entry = workspaces->map.erase(entry);
+      } else {
+        ++entry;
+      }
+    }
+  }
+}
 
 /// Allocations of the calling code on the pool's stream go to the pool while this lives, on the
 /// pool's stream (PyTorch's `_use_cuda_memory_pool_manager`).
@@ -187,7 +234,25 @@ inline Result<Values> invoke(backend::Invoker& invoker, const CallInputs& inputs
 
 /// Segments of the pool's private memory pool: [address, address + size).
 std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::State& state);
+/// The blocks of the pool's private memory pool that its allocator counts as allocated.
+std::vector<Block> allocated_blocks(const Device::State& state);
+/// Fails with `function_failed` for an output cgt cannot hand out: a tensor without strided
+/// storage (sparse, nested, mkldnn), or one whose pool memory was reclaimed (a tensor the
+/// function kept from an earlier call). `eager`: an eager run's outputs, which stay the caller's,
+/// may be any tensor.
+Result<void> check_outputs(const Values& outputs, bool eager);
 /// The outputs of a run, described for the engine; pool memory is recognised by address.
-backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool may_be_pool_memory);
+/// `allocated_before`: the pool's allocated blocks before the call (sorted); an output in one of
+/// them was not allocated by the call (`OutputDesc::allocated_in_call`).
+backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool may_be_pool_memory,
+                                    std::span<const std::uintptr_t> allocated_before = {});
+/// What the pool has in use now (see MemoryInfo in cgt-info.cppm); raises the recorded peak.
+MemoryInfo measure_memory(Device::State& state);
+/// Raises the recorded peak to what is in use now (after a warm-up or a recording).
+inline void note_peak(Device::State& state) {
+  (void)measure_memory(state);
+}
+/// The sorted addresses of `blocks`.
+std::vector<std::uintptr_t> addresses_of(const std::vector<Block>& blocks);
 
 }  // namespace cgt::torch

@@ -4,11 +4,13 @@ module;
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
+#include "generator_access.hpp"
 #include "input_copy.hpp"
 
 #include <cstddef>
@@ -66,6 +68,24 @@ class ReplayDevice {
   bool switched_ = false;
 };
 
+// libtorch's CUDA generator is one per device, and CUDAGraph registers with it, unlocked, in
+// capture_begin and its destructor (an unordered_set of graphs) and switches its capture mode in
+// capture_begin and capture_end. Pools on several threads therefore take this lock around those
+// steps; the function itself is captured without it, so captures on several threads overlap.
+std::mutex& generator_registration() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+// Deletes a graph under that lock (its destructor unregisters it from the generator).
+struct GraphDeleter {
+  void operator()(at::cuda::CUDAGraph* graph) const {
+    const std::lock_guard<std::mutex> lock(generator_registration());
+    delete graph;  // NOLINT(cppcoreguidelines-owning-memory)
+  }
+};
+using GraphPtr = std::unique_ptr<at::cuda::CUDAGraph, GraphDeleter>;
+
 // An input copied into a pool slot on every replay.
 struct CopiedInput {
   std::size_t index = 0;
@@ -92,9 +112,9 @@ struct OutputLayout {
 // a replay of another loads that one's graph back first. Graphs that draw random numbers are
 // never shared: they replay through their own CUDAGraph::replay, which advances the generator.
 struct SharedExec {
-  SharedExec(std::unique_ptr<at::cuda::CUDAGraph> instantiated, std::vector<kernels::CopyNode> copy_nodes)
+  SharedExec(GraphPtr instantiated, std::vector<kernels::CopyNode> copy_nodes)
       : owner(std::move(instantiated)), exec(owner->raw_cuda_graph_exec()), nodes(std::move(copy_nodes)) {}
-  std::unique_ptr<at::cuda::CUDAGraph> owner;  // owns the executable, and the graph it came from
+  GraphPtr owner;  // owns the executable, and the graph it came from
   cudaGraphExec_t exec;
   std::vector<kernels::CopyNode> nodes;  // the owner's graph's copy nodes, and what they copy now
   const void* loaded = nullptr;          // the recording whose graph the executable runs now
@@ -107,9 +127,9 @@ class TorchRecording final : public backend::Recording {
   // `own_graph`: a re-recording's graph, captured but not instantiated (it runs in `exec`); null
   // for the recording that instantiated `exec`. `direct_launch`: replays launch the executable
   // themselves, skipping CUDAGraph::replay (which the graph needs only when it draws random numbers).
-  TorchRecording(std::shared_ptr<SharedExec> exec, std::unique_ptr<at::cuda::CUDAGraph> own_graph,
-                 std::vector<kernels::CopyBatch> captured, bool direct_launch, std::vector<CopiedInput> copies,
-                 std::vector<OutputLayout> layouts, Device::State& state)
+  TorchRecording(std::shared_ptr<SharedExec> exec, GraphPtr own_graph, std::vector<kernels::CopyBatch> captured,
+                 bool direct_launch, std::vector<CopiedInput> copies, std::vector<OutputLayout> layouts,
+                 Device::State& state)
       : exec_(std::move(exec)),
         own_graph_(std::move(own_graph)),
         graph_(own_graph_ ? own_graph_->raw_cuda_graph() : exec_->owner->raw_cuda_graph()),
@@ -145,11 +165,18 @@ class TorchRecording final : public backend::Recording {
       }
       if (auto pointed = point_copies_at(args); !pointed) return pointed;
       if (!direct_launch_) {
-        exec_->owner->replay();  // draws random numbers: CUDAGraph advances the generator's offset
-        return {};
+        // Draws random numbers: CUDAGraph advances the generator's offset (unlocked in libtorch).
+        const std::lock_guard<std::mutex> lock(generator_registration());
+        exec_->owner->replay();
+      } else if (auto ran = launched(cudaGraphLaunch(exec_->exec, c10::cuda::getCurrentCUDAStream(device_).stream()),
+                                     "launching a graph");
+                 !ran) {
+        return ran;
       }
-      return launched(cudaGraphLaunch(exec_->exec, c10::cuda::getCurrentCUDAStream(device_).stream()),
-                      "launching a graph");
+      for (const auto& bound : bound_) {  // handed out now, until released (Device::memory)
+        if (bound) bound->held_by_replay = true;
+      }
+      return {};
     });
   }
 
@@ -221,9 +248,9 @@ class TorchRecording final : public backend::Recording {
   }
 
   std::shared_ptr<SharedExec> exec_;
-  std::unique_ptr<at::cuda::CUDAGraph> own_graph_;  // a re-recording's graph, or null: exec_'s owner's
-  cudaGraph_t graph_;                               // this recording's graph (kept: the copy nodes are its nodes)
-  std::vector<kernels::CopyBatch> captured_;        // what its copy nodes copy as captured
+  GraphPtr own_graph_;                        // a re-recording's graph, or null: exec_'s owner's
+  cudaGraph_t graph_;                         // this recording's graph (kept: the copy nodes are its nodes)
+  std::vector<kernels::CopyBatch> captured_;  // what its copy nodes copy as captured
   bool direct_launch_;
   std::vector<CopiedInput> copies_;
   std::vector<OutputLayout> layouts_;
@@ -233,25 +260,60 @@ class TorchRecording final : public backend::Recording {
   GraphCounts& counts_;
 };
 
-// Ends a capture that failed, leaving the stream and the pool as they were.
-void end_failed_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
-  bool ended = false;
-  try {
-    graph.capture_end();
-    ended = true;
-  } catch (const std::exception&) {
-    ended = false;  // the stream's capture is over, but the allocator was not told: below
+// Abandons a capture that failed, wherever it stopped (in capture_begin, in the function, in
+// capture_end), and puts back everything capture_begin changed: the stream's capture, the device
+// and pinned-host allocators' routing into the pool (and the pool use each counted), and the
+// default generator's capture mode. Returns why the capture itself broke: a CUDA error when the
+// stream's capture was invalidated or could not end (the function did something a graph cannot
+// hold), cudaSuccess when it was intact (the function merely failed).
+cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
+  cudaError_t broken = cudaSuccess;
+  const cudaStream_t stream = state.stream.stream();
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (const cudaError_t asked = cudaStreamIsCapturing(stream, &status); asked != cudaSuccess) broken = asked;
+  if (status == cudaStreamCaptureStatusInvalidated) broken = cudaErrorStreamCaptureInvalidated;
+  if (status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t partial = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &partial);
+    if (ended != cudaSuccess && broken == cudaSuccess) broken = ended;
+    if (partial != nullptr) (void)cudaGraphDestroy(partial);
   }
-  if (ended) return;
-  // capture_end threw before telling the allocator: end the pool's allocation and give back
-  // the use capture_begin counted.
+  // Routing that capture_begin started and capture_end did not end: ending it succeeds only then,
+  // and only then is the pool use that capture_begin counted given back.
   try {
     allocator::endAllocateToPool(state.index, state.pool);
     allocator::releasePool(state.index, state.pool);
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): not routing, nothing to undo
+  }
+  try {
+    at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
+    host->end_allocate_to_pool(state.pool);
+    host->release_pool(state.pool);
+  } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): not routing, nothing to undo
+  }
+  // capture_begin put the default generator in capture mode for this graph; capture_end would
+  // have ended it. Left on, every later random draw of the process throws.
+  try {
+    at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(state.index);
+    const std::lock_guard<std::mutex> lock(generator.mutex());
+    at::CUDAGeneratorState* rng = cgt_torch_generator_access::state_of(*generator.get<at::CUDAGeneratorImpl>());
+    // What capture_epilogue() does (it is not exported from libtorch_cuda).
+    if (rng->capturing_ && rng->registered_graphs_.contains(&graph)) rng->capturing_ = false;
   } catch (const std::exception& error) {
-    report_unreturnable("ending a failed capture", error);
+    report_unreturnable("ending a failed capture's generator state", error);
   }
   (void)cudaGetLastError();  // a failed capture's error is not sticky: clear it for the next call
+  return broken;
+}
+
+// The error for a capture that broke: permanent for this function and shape (the engine runs it
+// eagerly from then on), and so distinguishable by its first words.
+Error capture_failed(cudaError_t why, const std::string& detail) {
+  return Error{.code = Errc::function_failed,
+               .message = std::string("capture failed: ") + cudaGetErrorName(why) + " (" + cudaGetErrorString(why) +
+                          "): the function does something a CUDA graph cannot capture (a synchronisation such as "
+                          ".item() or nonzero, a copy to the host, work on a stream it does not join back); " +
+                          detail};
 }
 
 // Slots in the pool for the inputs that are copied, with the same layout as the inputs.
@@ -336,19 +398,31 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   std::vector<kernels::CopyNode> nodes;
   // The graph is kept after instantiation: the copy nodes are updated through its nodes, and a
   // re-recording may load it into an earlier recording's executable instead of instantiating.
-  auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+  GraphPtr graph(new at::cuda::CUDAGraph(/*keep_graph=*/true));  // NOLINT(cppcoreguidelines-owning-memory)
   Result<Values> outputs = std::unexpected(Error{});
+  std::vector<std::uintptr_t> allocated_before;
   auto captured = guarded("recording", [&]() -> Result<void> {
     c10::cuda::CUDAGuard device_guard(state.index);
-    c10::cuda::device_synchronize();
+    allocated_before = addresses_of(allocated_blocks(state));
+    // The slots are written on the pool's stream after the caller's work so far (its inputs);
+    // ordered by an event, not a device-wide synchronisation, which would break another
+    // thread's capture.
+    follow(state.stream, c10::cuda::getCurrentCUDAStream(state.index));
     slots = make_slots(state, inputs, plan);
     copies = describe_copies(slots, state.index);
-    c10::cuda::device_synchronize();
     const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
     // cuBLAS keeps workspaces between calls; cleared around the capture, the graph's workspace
     // is allocated in the pool and accounted for there.
-    at::cuda::clearCublasWorkspaces();
-    graph->capture_begin(state.pool, cudaStreamCaptureModeThreadLocal);
+    clear_workspaces_of(state.stream);
+    try {
+      const std::lock_guard<std::mutex> lock(generator_registration());
+      graph->capture_begin(state.pool, cudaStreamCaptureModeThreadLocal);
+    } catch (const std::exception& error) {
+      const std::lock_guard<std::mutex> lock(generator_registration());
+      (void)abandon_capture(*graph, state);
+      outputs = fail(Errc::backend_error, std::string("starting a capture failed: ") + error.what());
+      return {};
+    }
     if (const cudaError_t copied = capture_copies(copies, args, state.stream.stream(), nodes); copied != cudaSuccess) {
       (void)cudaGetLastError();
       outputs =
@@ -356,24 +430,41 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     } else {
       outputs = invoke(fn, inputs);
     }
-    if (!outputs) {
-      end_failed_capture(*graph, state);
-      at::cuda::clearCublasWorkspaces();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const bool intact =
+        cudaStreamIsCapturing(state.stream.stream(), &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
+    if (!outputs || !intact) {
+      const cudaError_t broken = [&] {
+        const std::lock_guard<std::mutex> lock(generator_registration());
+        return abandon_capture(*graph, state);
+      }();
+      clear_workspaces_of(state.stream);
+      if (broken != cudaSuccess) {
+        outputs = std::unexpected(
+            capture_failed(broken, outputs ? std::string("the function returned, but its capture cannot be used")
+                                           : outputs.error().message));
+      }
       return {};
     }
     try {
+      const std::lock_guard<std::mutex> lock(generator_registration());
       graph->capture_end();
     } catch (const std::exception& error) {
-      end_failed_capture(*graph, state);
-      at::cuda::clearCublasWorkspaces();
-      outputs = fail(Errc::function_failed, std::string("the captured work cannot be graphed: ") + error.what());
+      const cudaError_t broken = [&] {
+        const std::lock_guard<std::mutex> lock(generator_registration());
+        return abandon_capture(*graph, state);
+      }();
+      clear_workspaces_of(state.stream);
+      outputs = std::unexpected(capture_failed(broken != cudaSuccess ? broken : cudaErrorStreamCaptureInvalidated,
+                                               std::string("ending the capture failed: ") + error.what()));
       return {};
     }
-    at::cuda::clearCublasWorkspaces();
+    clear_workspaces_of(state.stream);
     return {};
   });
   if (!captured) return std::unexpected(std::move(captured.error()));
   if (!outputs) return std::unexpected(std::move(outputs.error()));
+  if (auto checked = check_outputs(*outputs, false); !checked) return std::unexpected(std::move(checked.error()));
 
   // A re-recording because a static input moved: update the old recording's executable when the
   // topology is the same, instead of instantiating another.
@@ -394,7 +485,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
       }
     }
   }
-  std::unique_ptr<at::cuda::CUDAGraph> own_graph;  // a re-recording's graph, when it shares an executable
+  GraphPtr own_graph;  // a re-recording's graph, when it shares an executable
   if (shared != nullptr) {
     own_graph = std::move(graph);
   } else {
@@ -414,8 +505,10 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     c10::cuda::CUDAGuard device_guard(state.index);
     // capture_begin reset the generator's graph state (seed and offset tensors) with kernels on
     // the pool's stream, which is not ordered with the replay's: the replay's own reset must come
-    // after them, or a loaded GPU can run the graph with offset 0 (seen as a repeated draw).
-    c10::cuda::device_synchronize();
+    // after them, or a loaded GPU can run the graph with offset 0 (seen as a repeated draw). The
+    // slots were written there too.
+    const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
+    follow(current, state.stream);
     // Capture ran nothing: this run copies the inputs and produces the first outputs.
     bool direct_launch = true;
     if (own_graph != nullptr) {
@@ -426,20 +519,24 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
         return std::unexpected(std::move(ran.error()));
       }
     } else {
+      const std::lock_guard<std::mutex> lock(generator_registration());
       const std::uint64_t offset_before = philox_offset(state.index);
       shared->owner->replay();
       // A graph that left the default generator's offset alone draws no random numbers: its
       // replays launch it directly, without CUDAGraph::replay's generator bookkeeping.
       direct_launch = philox_offset(state.index) == offset_before;
     }
-    c10::cuda::device_synchronize();
-    inputs.values.clear();  // the slots' memory is free for the pool again (outputs may keep some)
+    // The slots' memory is free for the pool again (outputs may keep some) once the run has read
+    // them: the pool's stream may reuse it at once.
+    current.synchronize();
+    inputs.values.clear();
     slots.clear();
     backend::Recorded recorded;
-    recorded.first_outputs = describe_outputs(state, std::move(*outputs), true);
+    recorded.first_outputs = describe_outputs(state, std::move(*outputs), true, allocated_before);
     recorded.recording = std::make_unique<TorchRecording>(std::move(shared), std::move(own_graph),
                                                           std::move(captured_batches), direct_launch, std::move(copies),
                                                           describe_layouts(recorded.first_outputs), state);
+    note_peak(state);
     return recorded;
   });
 }

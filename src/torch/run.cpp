@@ -7,11 +7,14 @@ module;
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <memory>
 #include <span>
+#include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,7 +31,57 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::
   return segments;
 }
 
-backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool may_be_pool_memory) {
+std::vector<Block> allocated_blocks(const Device::State& state) {
+  std::vector<Block> blocks;
+  for (const auto& segment : allocator::snapshot(state.pool, false).segments) {
+    if (segment.owner_private_pool_id != state.pool) continue;
+    std::size_t address = segment.address;  // blocks carry no address: they follow each other
+    for (const auto& block : segment.blocks) {
+      if (block.allocated) blocks.push_back({address, block.size});
+      address += block.size;
+    }
+  }
+  return blocks;
+}
+
+std::vector<std::uintptr_t> addresses_of(const std::vector<Block>& blocks) {
+  std::vector<std::uintptr_t> addresses;
+  addresses.reserve(blocks.size());
+  for (const Block& block : blocks) addresses.push_back(block.address);
+  std::ranges::sort(addresses);
+  return addresses;
+}
+
+Result<void> check_outputs(const Values& outputs, bool eager) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const at::Tensor& tensor = outputs[i];
+    if (!tensor.defined()) continue;
+    const std::string which = "output " + std::to_string(i);
+    if (tensor.layout() != at::kStrided || tensor.is_nested() || !tensor.has_storage()) {
+      if (eager) continue;  // an eager run's outputs are not pool memory cgt tracks
+      std::ostringstream layout;
+      layout << tensor.layout();
+      return fail(Errc::function_failed,
+                  which + " is a " + (tensor.is_nested() ? std::string("nested") : layout.str()) + " tensor (" +
+                      tensor.toString() +
+                      "): it has no strided storage whose memory cgt could track or a graph could hand out on "
+                      "replay; return dense tensors (to_dense()), or call this function outside the pool");
+    }
+    try {
+      (void)tensor.storage().data_ptr();
+    } catch (const c10::Error& error) {
+      return fail(Errc::function_failed,
+                  which +
+                      " views pool memory that was reclaimed: the function returned a tensor it kept from an "
+                      "earlier call (" +
+                      error.what_without_backtrace() + ")");
+    }
+  }
+  return {};
+}
+
+backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool may_be_pool_memory,
+                                    std::span<const std::uintptr_t> allocated_before) {
   const auto segments = may_be_pool_memory ? pool_segments(state) : decltype(pool_segments(state)){};
   auto in_pool = [&](std::uintptr_t address) {
     return std::ranges::any_of(segments, [address](const auto& segment) {
@@ -51,6 +104,10 @@ backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool
       desc.storage = backend::address_of(storage.data_ptr().get());
       desc.storage_bytes = storage.nbytes();
       desc.in_pool = desc.storage != 0 && in_pool(desc.storage);
+      // A block allocated before the call that the call returns was not allocated by it: an
+      // input it passes through, or a tensor it kept from an earlier call (the engine refuses the
+      // latter: another lease may hold that memory).
+      desc.allocated_in_call = !desc.in_pool || !std::ranges::binary_search(allocated_before, desc.storage);
       if (desc.in_pool) {
         auto record = state.record_for(storage);
         record->add_view(&tensor);
@@ -73,15 +130,21 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   if (mode == backend::RunMode::eager) {
     auto outputs = invoke(fn, inputs);
     if (!outputs) return std::unexpected(std::move(outputs.error()));
+    if (auto checked = check_outputs(*outputs, true); !checked) return std::unexpected(std::move(checked.error()));
     return guarded("describing eager outputs",
                    [&]() -> Result<backend::RunResult> { return describe_outputs(state, std::move(*outputs), false); });
   }
   // A warm-up runs eagerly on the pool's stream, allocating in the pool, so that its memory is
-  // accounted for like a recording's (cuBLAS workspaces would otherwise outlive it).
+  // accounted for like a recording's (cuBLAS workspaces would otherwise outlive it). The pool's
+  // stream first waits for the caller's (its inputs, and reads of memory the warm-up may reuse):
+  // no host synchronisation, which another thread's capture would not survive.
+  std::vector<std::uintptr_t> allocated_before;
   auto before = guarded("preparing a warm-up", [&]() -> Result<c10::cuda::CUDAStream> {
     c10::cuda::CUDAGuard device_guard(state.index);
-    c10::cuda::device_synchronize();
-    return c10::cuda::getCurrentCUDAStream(state.index);
+    allocated_before = addresses_of(allocated_blocks(state));
+    c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(state.index);
+    follow(state.stream, caller);
+    return caller;
   });
   if (!before) return std::unexpected(std::move(before.error()));
   Result<Values> outputs = std::unexpected(Error{});
@@ -89,9 +152,9 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
     c10::cuda::CUDAGuard device_guard(state.index);
     {
       const PoolAllocation allocation(state);
-      at::cuda::clearCublasWorkspaces();
+      clear_workspaces_of(state.stream);
       outputs = invoke(fn, inputs);
-      at::cuda::clearCublasWorkspaces();
+      clear_workspaces_of(state.stream);
     }
     c10::cuda::CUDAEvent done;
     done.record(state.stream);
@@ -100,8 +163,12 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   });
   if (!ran) return std::unexpected(std::move(ran.error()));
   if (!outputs) return std::unexpected(std::move(outputs.error()));
-  return guarded("describing warm-up outputs",
-                 [&]() -> Result<backend::RunResult> { return describe_outputs(state, std::move(*outputs), true); });
+  if (auto checked = check_outputs(*outputs, false); !checked) return std::unexpected(std::move(checked.error()));
+  return guarded("describing warm-up outputs", [&]() -> Result<backend::RunResult> {
+    backend::RunResult described = describe_outputs(state, std::move(*outputs), true, allocated_before);
+    note_peak(state);
+    return described;
+  });
 }
 
 }  // namespace cgt::torch
