@@ -83,12 +83,25 @@ struct Block {
   std::size_t bytes = 0;
 };
 
-/// The pool's memory.
+/// The pool's memory (`Pool::memory()`); all zero after `shutdown()`.
 struct MemoryInfo {
-  std::size_t reserved_bytes = 0;        ///< obtained from the system (segments)
-  std::size_t allocated_bytes = 0;       ///< in allocated blocks now
-  std::size_t peak_allocated_bytes = 0;  ///< most ever allocated at once
-  std::size_t live_blocks = 0;           ///< allocated blocks now
+  /// Device memory the pool holds from the system (its segments), whether in use or cached for
+  /// later calls. The graphs' temporaries live here between replays: they are not "allocated" in
+  /// the allocator's sense, but this memory stays reserved for them until `shutdown()`.
+  std::size_t reserved_bytes = 0;
+  /// Bytes in use now: blocks the pool's allocator counts as allocated (outputs of warm-ups and
+  /// recordings still leased, and any block a function kept), plus, in cgt.torch, the storages of
+  /// replay outputs still leased (a replay allocates nothing, so the allocator counts their memory
+  /// as free; each is counted once, rounded up to 512 bytes as the allocator rounds a block).
+  /// Outputs that are not pool memory (inputs, constants, eager calls' outputs) are not counted.
+  std::size_t allocated_bytes = 0;
+  /// The most `allocated_bytes` seen at once. cgt.host and cgt.cuda track it at every allocation;
+  /// cgt.torch takes it after every warm-up and recording and at every `memory()` call, so a
+  /// function's temporaries (freed inside the call) are not in it: they are in `reserved_bytes`.
+  std::size_t peak_allocated_bytes = 0;
+  /// Blocks counted in `allocated_bytes`: allocated blocks, plus (cgt.torch) one per replay output
+  /// storage still leased. `Pool::live_blocks()` lists the allocator's blocks only.
+  std::size_t live_blocks = 0;
 };
 
 }  // namespace cgt
