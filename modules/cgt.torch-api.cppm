@@ -57,7 +57,10 @@ struct PoolOptions {
 }
 
 /// The CUDA device of one pool: its private memory pool and the stream warm-ups and recordings
-/// run on. Reach it with `pool.device()`.
+/// run on (its own, never shared with another pool). Reach it with `pool.device()`. It never
+/// synchronises the whole device, so pools on several threads record and replay at once; their
+/// functions must not draw random numbers from libtorch's default generator while another thread
+/// captures (it is one per device).
 class Device final : public backend::Device {
  public:
   explicit Device(std::int16_t device, bool update_graphs_in_place = true);
@@ -102,8 +105,9 @@ struct Backend {
   using Value = at::Tensor;
   using Callable = torch::Callable;
   using Device = torch::Device;
-  /// Fails with `invalid_argument` for an undefined tensor, `output_overwritten` for a tensor
-  /// whose pool memory was reclaimed (an escaped copy of a lease's tensor).
+  /// Fails with `invalid_argument` for an undefined tensor or one without strided storage
+  /// (sparse, nested, mkldnn: a graph cannot read it), `output_overwritten` for a tensor whose
+  /// pool memory was reclaimed (an escaped copy of a lease's tensor).
   [[nodiscard]] static Result<void> describe(const at::Tensor& tensor, backend::ArgDesc& desc);
   /// `tensor.clone()`: a copy in ordinary CUDA memory.
   [[nodiscard]] static Result<at::Tensor> take(const at::Tensor& tensor);

@@ -27,6 +27,10 @@
 // the function, instead of reading overwritten memory. A static input that moved is re-recorded;
 // when the new graph has the old one's topology it updates the old executable in place
 // (`PoolOptions::update_graphs_in_place`, counted in `pool.device().graph_counts()`).
+//
+// A function that cannot be captured (it synchronises: `.item()`, `nonzero`) runs eagerly for
+// that shape from then on (`Reason::capture_failed`); the failed capture leaves the process as it
+// was. One pool per thread: pools on several threads record and replay concurrently.
 module;
 export module cgt.torch;
 export import cgt;
