@@ -447,7 +447,9 @@ Result<Pool> make_pool(PoolOptions options) {
   }
   auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory,
                                          options.update_graphs_in_place);
-  return Pool::adopt(detail::make_engine(std::move(device), std::move(options.tree)));
+  auto engine = detail::make_engine(std::move(device), std::move(options.tree));
+  if (!engine) return std::unexpected(std::move(engine.error()));
+  return Pool::adopt(std::move(*engine));
 }
 
 }  // namespace cgt::cuda

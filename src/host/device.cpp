@@ -281,7 +281,9 @@ std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
 
 Result<Pool> make_pool(PoolOptions options) {
   auto device = std::make_unique<Device>(options.arena, options.poison_dead_memory);
-  return Pool::adopt(detail::make_engine(std::move(device), std::move(options.tree)));
+  auto engine = detail::make_engine(std::move(device), std::move(options.tree));
+  if (!engine) return std::unexpected(std::move(engine.error()));
+  return Pool::adopt(std::move(*engine));
 }
 
 }  // namespace cgt::host
