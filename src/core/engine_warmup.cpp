@@ -87,9 +87,9 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   }
   ++stats.eager_calls;
   ++stats.by_reason[static_cast<std::size_t>(reason)];
-  // A mutation or an exceeded re-record limit is a decision kept for the node, logged when made;
+  // A mutation, an exceeded re-record limit or a capture that failed is a decision kept, logged when made;
   // the other reasons are decided, and logged, per call.
-  if (reason != Reason::mutated_input && reason != Reason::rerecord_limit) {
+  if (reason != Reason::mutated_input && reason != Reason::rerecord_limit && reason != Reason::capture_failed) {
     log(EventKind::eager_fallback, reason, function, message);
   }
 

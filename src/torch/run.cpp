@@ -131,8 +131,14 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
     auto outputs = invoke(fn, inputs);
     if (!outputs) return std::unexpected(std::move(outputs.error()));
     if (auto checked = check_outputs(*outputs, true); !checked) return std::unexpected(std::move(checked.error()));
-    return guarded("describing eager outputs",
-                   [&]() -> Result<backend::RunResult> { return describe_outputs(state, std::move(*outputs), false); });
+    // An eager run allocates nothing in the pool, but may return a view of an input that is a pool
+    // output: described as pool memory the call did not allocate, the engine gives its lease that
+    // output's cell (and refuses pool memory the call did not receive).
+    return guarded("describing eager outputs", [&]() -> Result<backend::RunResult> {
+      backend::RunResult described = describe_outputs(state, std::move(*outputs), true);
+      for (backend::OutputDesc& desc : described.outputs) desc.allocated_in_call = !desc.in_pool;
+      return described;
+    });
   }
   // A warm-up runs eagerly on the pool's stream, allocating in the pool, so that its memory is
   // accounted for like a recording's (cuBLAS workspaces would otherwise outlive it). The pool's
