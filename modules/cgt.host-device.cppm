@@ -187,6 +187,13 @@ struct Backend {
   using Device = host::Device;
   /// Every call describes its arguments: defined here, so that it inlines into the call.
   [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
+    // A graph, or the function, would read every element of the view: refuse one that reaches
+    // outside its storage (a hand-made `restrided`, say) before any work.
+    if (!buffer.empty() && !buffer.fits()) {
+      return fail(Errc::invalid_argument,
+                  "the buffer's view is invalid or reaches outside its storage (check the sizes, strides and offset "
+                  "given to restrided / slice / select / expand)");
+    }
     desc.kind = backend::ArgKind::value;
     desc.storage =
         reinterpret_cast<std::uintptr_t>(buffer.storage());       // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)

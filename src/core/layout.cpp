@@ -189,11 +189,18 @@ std::size_t Layout::required_bytes() const noexcept {
 }
 
 bool Layout::fits(std::size_t storage_bytes) const noexcept {
+  // Every replay checks its copied inputs with this: one pass, no checked arithmetic, since a
+  // valid layout's element offsets fit in int64 (view operations check that as they make it).
   if (!valid_) return false;
-  if (numel() == 0) return true;
-  const auto span = extent(offset_, sizes(), strides());
-  if (!span || span->first < 0) return false;
-  return required_bytes() <= storage_bytes;
+  std::int64_t low = offset_;
+  std::int64_t high = offset_;
+  for (std::size_t d = 0; d < rank_; ++d) {
+    if (sizes_[d] == 0) return true;  // no elements: nothing to read
+    const std::int64_t reach = (sizes_[d] - 1) * strides_[d];
+    (reach < 0 ? low : high) += reach;
+  }
+  if (low < 0) return false;
+  return static_cast<std::size_t>(high) < storage_bytes / element_size(type_);
 }
 
 bool Layout::is_injective_apart_from_broadcast() const noexcept {
