@@ -90,6 +90,10 @@ class Graveyard {
     thread_.join();
   }
   std::uint64_t buried() const { return buried_; }
+  std::uint64_t buried_during_call() const { return buried_during_call_; }
+  /// Set by the main thread while it is in a call of the pool (the figures say how many drops
+  /// really overlapped a call).
+  std::atomic<bool> in_call{false};
 
  private:
   void run() {
@@ -104,8 +108,10 @@ class Graveyard {
       lock.unlock();
       // A little later, so that drops land in the middle of the main thread's calls.
       if (const auto wait = delay(rng); wait > 40) std::this_thread::sleep_for(std::chrono::microseconds(wait - 40));
+      const bool during_call = in_call.load();
       box.reset();  // the handle's destructor runs here, racing with the main thread's calls
       ++buried_;
+      if (during_call) ++buried_during_call_;
       lock.lock();
     }
   }
@@ -115,13 +121,15 @@ class Graveyard {
   std::deque<std::shared_ptr<void>> queue_;
   bool closing_ = false;
   std::atomic<std::uint64_t> buried_{0};
+  std::atomic<std::uint64_t> buried_during_call_{0};
 };
 
 /// Figures of a run.
 struct Figures {
   std::uint64_t seeds = 0, sequences = 0, actions = 0, calls = 0, ok_calls = 0, checks = 0, failures = 0;
-  std::map<std::string, std::uint64_t> errors;  // Errc name -> calls that gave it
-  std::map<std::string, std::uint64_t> kinds;   // CallKind name -> successful calls
+  std::uint64_t dropped_elsewhere = 0, dropped_during_call = 0;  // [threads]: handles the other thread dropped
+  std::map<std::string, std::uint64_t> errors;                   // Errc name -> calls that gave it
+  std::map<std::string, std::uint64_t> kinds;                    // CallKind name -> successful calls
   std::vector<std::string> failure_reports;
 };
 
@@ -568,8 +576,11 @@ class Sequence {
     const auto before_calls = pool_stats_calls();
     cgt::Result<cgt::host::Outputs> result = std::unexpected(cgt::Error{});
     try {
+      graveyard_.in_call = true;
       result = (*fn->handle)(std::span<const cgt::host::Arg>(args));
+      graveyard_.in_call = false;
     } catch (...) {
+      graveyard_.in_call = false;
       fn->control->throw_next = Control::Throw::none;
       fn->control->before_throw = nullptr;
       broken("an exception escaped the call " + text);
@@ -1019,6 +1030,8 @@ class Sequence {
       }
     }
     graveyard_.close();
+    figures_.dropped_elsewhere += graveyard_.buried();
+    figures_.dropped_during_call += graveyard_.buried_during_call();
   }
 
   const Config& config_;
@@ -1083,6 +1096,10 @@ void report(const char* mode, const Config& config, const Figures& figures) {
             << figures.ok_calls << " succeeded), checks " << figures.checks << ", failures " << figures.failures
             << "\n  call kinds:";
   for (const auto& [kind, count] : figures.kinds) std::cout << " " << kind << "=" << count;
+  if (figures.dropped_elsewhere > 0) {
+    std::cout << "\n  handles dropped on the other thread: " << figures.dropped_elsewhere << " ("
+              << figures.dropped_during_call << " while the main thread was in a call)";
+  }
   std::cout << "\n  errors:";
   for (const auto& [code, count] : figures.errors) std::cout << " " << code << "=" << count;
   std::cout << "\n  " << describe_moves(config.moves) << "\n";
