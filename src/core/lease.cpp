@@ -75,8 +75,7 @@ void Engine::drop_lease(Cell* cell) noexcept {
   apply_pending_drops();
 }
 
-void Engine::apply_pending_drops_locked() noexcept {
-  if (!has_pending_drops.load()) return;
+void Engine::apply_deferred_drops() noexcept {
   std::vector<Cell*> drops;
   {
     const std::lock_guard pending(pending_mutex);

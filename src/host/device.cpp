@@ -74,8 +74,9 @@ class HostRecording final : public backend::Recording {
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
     for (const Copy& copy : copies_) {
       const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
-      // The source fits its storage (Backend::describe checked it). Same sizes (the shape key says so) and type (the engine checks every call's element types
-      // against the first call's); with the slot's strides (a dense slot), one memcpy will do.
+      // The source fits its storage (Backend::describe checked it). Same sizes (the shape key says so) and type (the
+      // engine checks every call's element types against the first call's); with the slot's strides (a dense slot), one
+      // memcpy will do.
       if (copy.dense && same_strides(source, copy.slot)) {
         std::memcpy(copy.slot.data(), source.data(), copy.bytes);
       } else {
