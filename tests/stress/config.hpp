@@ -17,21 +17,28 @@ namespace stress {
 /// default, each named after what it does, so that the rest keeps running; the report of a run
 /// says which were off. See tests/host/test_stress.cpp for what each one exercises.
 struct Moves {
-  bool throw_std = true;                      // the function throws a std::exception after allocating
-  bool throw_non_std = true;                  // the function throws an int (issue 9 item 9)
-  bool drop_lease_then_throw = true;          // the function drops a held lease, then throws (item 11)
-  bool arena_limit = true;                    // small ArenaOptions::max_bytes: calls may fail with out_of_memory
-  bool copy_out = true;                       // Options::copy_out_on_new_step at random
-  bool graph_sizes_view = true;               // a function with graph_sizes returns a view of its input (item 1)
-  bool restrided_inputs = true;               // same data address, other strides (a transpose) (item 2)
-  bool overlapping_inputs = true;             // a copied input with stride 0 (item 3)
-  bool negative_stride_inputs = true;         // a copied input with a negative stride (item 3)
-  bool strided_static_inputs = false;         // a static input that is a slice or strided view, mutated in place
-  bool mutation_after_failure = true;         // an in-place function whose recording fails, then runs (item 4)
-  bool cached_pool_buffer = false;            // a function returns a pool buffer it kept from an earlier call (item 5)
+  bool throw_std = true;               // the function throws a std::exception after allocating
+  bool throw_non_std = true;           // the function throws an int (issue 9 item 9)
+  bool drop_lease_then_throw = true;   // the function drops a held lease, then throws (item 11)
+  bool arena_limit = true;             // small ArenaOptions::max_bytes: calls may fail with out_of_memory
+  bool copy_out = true;                // Options::copy_out_on_new_step at random
+  bool graph_sizes_view = true;        // a function with graph_sizes returns a view of its input (item 1)
+  bool restrided_inputs = true;        // same data address, other strides (a transpose) (item 2)
+  bool overlapping_inputs = true;      // a copied input with stride 0 (item 3)
+  bool negative_stride_inputs = true;  // a copied input with a negative stride (item 3)
+  // Off: a static input at an offset (a slice) and mutated in place is copied into a slot by a
+  // recording, so the mutation never reaches the caller (repro: "[repro]" case "a static input
+  // mutated in place by a recording keeps the mutation").
+  bool strided_static_inputs = false;
+  bool mutation_after_failure = true;  // an in-place function whose recording fails, then runs (item 4)
+  // Off: refused with function_failed in warm-ups, but a replay can still hand out a lease on the
+  // block of a held lease (CGT_STRESS_SEED=3 CGT_STRESS_SEEDS=1 CGT_STRESS_ENABLE=all, sequence 5).
+  bool cached_pool_buffer = false;  // a function returns a pool buffer it kept from an earlier call (item 5)
+  // Off: refused in the simple case ("[repro]"), accepted in CGT_STRESS_SEED=2 CGT_STRESS_SEEDS=1
+  // CGT_STRESS_ENABLE=stale_value_passed, sequence 2.
   bool stale_value_passed = false;            // a value escaped from a reclaimed lease, passed back in (item 6)
   bool moved_lease_into_failing_call = true;  // a failing call must leave a moved-in lease alone (item 12)
-  bool empty_outputs_untracked = true;        // a held empty output must not change replay into recording (item 17)
+  bool empty_outputs_untracked = true;        // an empty output must not be a pool block (item 17)
   bool moved_from_handles = true;             // calls on moved-from Function handles (item 10)
   bool throwing_log_sink = true;              // the log sink throws (item 9)
   bool shutdown_midway = true;                // Pool::shutdown() in the middle of a sequence
