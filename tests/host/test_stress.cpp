@@ -962,7 +962,9 @@ class Sequence {
       ++figures_.calls;
       last_attempt_step_ = step_;
       expect(!result && result.error().code == Errc::output_overwritten,
-             "an escaped value of a reclaimed lease passed into a call: expected output_overwritten, got " +
+             "an escaped value of a reclaimed lease (output of " + held.from + " in step " + std::to_string(held.step) +
+                 ", " + std::to_string(held.escaped.numel()) + " elements at offset " +
+                 std::to_string(held.escaped.offset()) + ") passed into a call: expected output_overwritten, got " +
                  (result ? std::string("a value") : result.error().describe()));
       ++figures_.errors[std::string(cgt::to_string(result.error().code))];
       verify_all("after passing an escaped value");
