@@ -131,6 +131,18 @@ struct FunctionRecord {
   std::set<Reason> logged;  ///< reasons already printed by the default sink
 };
 
+/// Kernels may assume this alignment of their inputs (PyTorch's ALIGNMENT); a static input that
+/// lacks it is copied into an aligned slot instead of being baked in mis-addressed.
+inline constexpr std::uintptr_t kInputAlignment = 16;
+
+/// Whether input `i` is a static input a graph can use in place: declared static, and aligned.
+/// A misaligned one is copied into a slot, so it is no longer static (a mutation of it would go
+/// to the slot: such a call runs eagerly, as PyTorch drops misaligned inputs from the static set).
+[[nodiscard]] inline bool is_usable_in_place(const FunctionRecord& function, std::size_t i,
+                                             const backend::ArgDesc& desc) noexcept {
+  return function.is_static[i] && desc.data % kInputAlignment == 0;
+}
+
 /// A recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode).
 struct Node {
   std::int64_t id = 0;

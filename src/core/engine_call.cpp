@@ -287,8 +287,8 @@ bool Engine::mutates_unmanaged_input(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   bool mutates = false;
   for (std::size_t i = 0; i < frame.descs.size() && !mutates; ++i) {
-    mutates = function.is_mutated[i] && !function.is_static[i] && frame.descs[i].kind == backend::ArgKind::value &&
-              !is_path_output(frame.descs[i].storage);
+    mutates = function.is_mutated[i] && frame.descs[i].kind == backend::ArgKind::value &&
+              !is_usable_in_place(function, i, frame.descs[i]) && !is_path_output(frame.descs[i].storage);
   }
   if (mutates && !function.warned_mutation) {
     // Decided per call, and warned once per function, as the reference does.

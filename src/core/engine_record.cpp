@@ -17,10 +17,6 @@ import :engine;
 namespace cgt::detail {
 namespace {
 
-// Kernels may assume this alignment of their inputs (PyTorch's ALIGNMENT); a static input that
-// lacks it is copied into an aligned slot instead of being baked in mis-addressed.
-constexpr std::uintptr_t kInputAlignment = 16;
-
 std::string moved_message(NodeReason reason, const FunctionRecord& function) {
   const std::string what =
       reason == NodeReason::static_input_moved ? "a static input" : "an input from an earlier graph";
@@ -109,7 +105,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     if (is_path_output(desc.storage)) {
       node->managed_inputs.push_back(index);
       node->recorded_data[i] = desc.data;
-    } else if (function.is_static[i] && desc.data % kInputAlignment == 0) {
+    } else if (is_usable_in_place(function, i, desc)) {
       node->static_inputs.push_back(index);
       node->recorded_data[i] = desc.data;
     } else {
