@@ -41,12 +41,14 @@ struct ArgDesc {
   /// `rank` strides in elements, valid during the call. Part of the shape key: a graph reads a
   /// static or pool input with the layout it was recorded with.
   const std::int64_t* strides = nullptr;
-  std::uint32_t expanded = 0;           ///< bit d set: dimension d has stride 0 (broadcast)
+  std::uint32_t expanded = 0;  ///< bit d set: dimension d has stride 0 (broadcast)
   std::int64_t scalar = 0;
   std::uint16_t dtype = 0;  ///< backend's element-type code
   std::uint8_t rank = 0;
   ArgKind kind = ArgKind::value;
   std::int32_t device = 0;  ///< index of the device holding the memory; -1: host memory
+  /// The lease generation the value was handed out in (`Device::stamp`); 0 where the backend keeps none.
+  std::uint64_t generation = 0;
 };
 
 /// What the engine knows of one output storage; shared by all outputs that view it.
@@ -69,7 +71,7 @@ struct OutputDesc {
   OutputKind kind = OutputKind::value;
   std::uintptr_t storage = 0;  ///< base address of its memory
   std::size_t storage_bytes = 0;
-  bool in_pool = false;                ///< its memory is a block of this pool (else: caller's or constant memory)
+  bool in_pool = false;  ///< its memory is a block of this pool (else: caller's or constant memory)
   /// With `in_pool`: the call itself allocated the block (false: pool memory it was given, or kept
   /// from an earlier call). The engine refuses pool memory that is neither this nor a live output.
   bool allocated_in_call = true;
@@ -223,6 +225,14 @@ class Device {
   /// in pool memory that no live lease holds (an escaped value whose memory was reclaimed).
   /// Backends whose stale values fail on their own (libtorch's poisoned storages) may answer false.
   [[nodiscard]] virtual bool owns(std::uintptr_t /*storage*/) const noexcept { return false; }
+
+  /// Records in a value the pool hands out the lease generation of its memory (a number that
+  /// changes whenever that memory dies and lives again). Backends whose values carry one (host,
+  /// cuda) let the engine tell a live value from an escaped copy of a dead one at the same
+  /// address; `owns` must then answer for their memory. The value is the backend's own object.
+  virtual void stamp(const void* /*value*/, std::uint64_t /*generation*/) const noexcept {}
+  /// Whether `stamp` does anything (read once; the engine skips the call otherwise).
+  [[nodiscard]] virtual bool stamps_values() const noexcept { return false; }
 
   /// Allocated blocks of the pool.
   [[nodiscard]] virtual std::vector<Block> live_blocks() const = 0;

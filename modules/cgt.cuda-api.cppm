@@ -77,11 +77,18 @@ class Buffer {
   /// Sets the elements (row-major order) from `values`; returns when they are on the device.
   [[nodiscard]] Result<void> write(std::span<const double> values) const;
 
+  /// For the pool: which lease generation of pool memory this value was handed out in (0: not
+  /// handed out by a pool). A copy of a value keeps it; the pool refuses an input whose generation
+  /// is not the current one of its memory (an escaped copy of an output whose memory was reused).
+  [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
+  inline void set_generation(std::uint64_t generation) noexcept { generation_ = generation; }
+
  private:
   std::shared_ptr<void> owner_;
   std::byte* storage_ = nullptr;
   std::size_t storage_bytes_ = 0;
   Layout layout_;
+  std::uint64_t generation_ = 0;
   int device_ = 0;
 };
 
@@ -200,6 +207,13 @@ class Device final : public backend::Device {
   [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
     return arena_ != nullptr && arena_->contains(storage);
   }
+  /// Buffers carry their lease generation: a stale copy of a reclaimed output is told apart.
+  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
+  void stamp(const void* value, std::uint64_t generation) const noexcept override {
+    // The engine passes the pool's own output objects (which it owns as mutable values).
+    const_cast<Buffer*>(static_cast<const Buffer*>(value))
+        ->set_generation(generation);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -253,6 +267,7 @@ struct Backend {
     desc.expanded = buffer.layout().expanded_dims();
     desc.dtype = static_cast<std::uint16_t>(buffer.type());
     desc.device = buffer.device();
+    desc.generation = buffer.generation();
     return {};
   }
   /// A copy in device memory of its own (same layout), complete when it returns: it waits for the

@@ -152,6 +152,13 @@ class Device final : public backend::Device {
   [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
     return arena_ != nullptr && arena_->contains(storage);
   }
+  /// Buffers carry their lease generation: a stale copy of a reclaimed output is told apart.
+  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
+  void stamp(const void* value, std::uint64_t generation) const noexcept override {
+    // The engine passes the pool's own output objects (which it owns as mutable values).
+    const_cast<Buffer*>(static_cast<const Buffer*>(value))
+        ->set_generation(generation);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -204,6 +211,7 @@ struct Backend {
     desc.expanded = buffer.expanded_dims();
     desc.dtype = static_cast<std::uint16_t>(buffer.type());
     desc.device = 0;  // host buffers are all memory of the one host device
+    desc.generation = buffer.generation();
     return {};
   }
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);

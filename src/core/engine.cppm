@@ -35,10 +35,13 @@ struct Node;
 struct Cell {
   backend::StorageHandle storage;
   Engine* engine = nullptr;
-  std::uint32_t refs = 0;         ///< owners of this object: leases and nodes
-  std::uint32_t leases = 0;       ///< leases on the storage: live while > 0
-  bool reclaimed = false;         ///< a new step took the memory back while leases existed
-  std::uint64_t step = 0;         ///< step in which the storage was handed out (for messages)
+  std::uint32_t refs = 0;    ///< owners of this object: leases and nodes
+  std::uint32_t leases = 0;  ///< leases on the storage: live while > 0
+  bool reclaimed = false;    ///< a new step took the memory back while leases existed
+  std::uint64_t step = 0;    ///< step in which the storage was handed out (for messages)
+  /// Changes whenever the storage comes to life (its first lease after none): values handed out
+  /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
+  std::uint64_t generation = 0;
   std::uint32_t function = 0;     ///< function that produced it (for messages)
   std::shared_ptr<void> rescued;  ///< copy of the memory, with `Options::copy_out_on_new_step`
 
@@ -247,6 +250,7 @@ class Engine {
   Options options;
   std::int32_t device_index = 0;  ///< the device's, read once
   bool releases_unowned = true;   ///< the device's releases_unowned_storage(), read once
+  bool stamps_values = false;     ///< the device's stamps_values(), read once
   Stats stats;
   std::atomic<bool> busy{false};
   bool shut_down = false;
@@ -273,6 +277,7 @@ class Engine {
   Node* current = nullptr;
   PathState state = PathState::none;
   std::atomic<std::uint64_t> step{0};  ///< bumped by mark_step_begin, from any thread
+  std::uint64_t generations = 0;       ///< the last Cell::generation given out
   std::uint64_t current_step = 0;      ///< the step in which the current path last ran
 
   // --- the per-call algorithm (engine_call.cpp) ---

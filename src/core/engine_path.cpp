@@ -29,7 +29,8 @@ void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, s
   lease.engine = EngineRef(&engine);
   if (cell != nullptr) {
     ++cell->refs;
-    ++cell->leases;
+    if (cell->leases++ == 0) cell->generation = ++engine.generations;
+    if (engine.stamps_values) engine.device->stamp(value, cell->generation);
     cell->step = engine.step.load(std::memory_order_relaxed);
     lease.cell = cell;
   }

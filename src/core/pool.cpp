@@ -19,7 +19,8 @@ Engine::Engine(std::unique_ptr<backend::Device> device_, Options options_)
     : device(std::move(device_)),
       options(std::move(options_)),
       device_index(device->device_index()),
-      releases_unowned(device->releases_unowned_storage()) {}
+      releases_unowned(device->releases_unowned_storage()),
+      stamps_values(device->stamps_values()) {}
 
 Engine::~Engine() {
   // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are

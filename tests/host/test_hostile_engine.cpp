@@ -361,3 +361,29 @@ TEST_CASE("an escaped copy of an output, passed back after its memory was reclai
   auto live = must(make({filled({4}, 1)}));
   CHECK(output_values(must(use({must(live.get(0))}))) == std::vector<double>{2, 2, 2, 2});
 }
+
+TEST_CASE("an escaped copy is refused even when its memory lives again for a newer output", "[hostile][host]") {
+  auto pool = make_pool({.debug_checks = true});
+  auto make = plus(pool, 1, {.name = "make"});
+  auto use = plus(pool, 0, {.name = "use"});
+  for (int step = 0; step < 3; ++step) {  // warm-up, recording, replay: `make` now replays
+    pool.mark_step_begin();
+    (void)must(make({filled({4}, 1)}));
+  }
+  pool.mark_step_begin();
+  Buffer escaped;
+  {
+    auto out = must(make({filled({4}, 1)}));
+    escaped = must(out.get(0)).get();
+  }
+  pool.mark_step_begin();
+  auto newer = must(make({filled({4}, 5)}));  // a replay: the same memory, alive again for `newer`
+  REQUIRE(newer.kind() == cgt::CallKind::replay);
+  REQUIRE(must(newer.get(0)).get().storage() == escaped.storage());
+  auto stale = use({escaped});  // reads 6s where it was handed 2s: refused
+  REQUIRE(!stale);
+  CHECK(stale.error().code == cgt::Errc::output_overwritten);
+  CHECK(output_values(must(use({must(newer.get(0))}))) == std::vector<double>{6, 6, 6, 6});
+  const Buffer slice = must(newer.get(0)).get().slice(1, 3);  // a view of a live value keeps its generation
+  CHECK(output_values(must(use({slice}))) == std::vector<double>{6, 6});
+}
