@@ -26,17 +26,13 @@ struct Moves {
   bool restrided_inputs = true;        // same data address, other strides (a transpose) (item 2)
   bool overlapping_inputs = true;      // a copied input with stride 0 (item 3)
   bool negative_stride_inputs = true;  // a copied input with a negative stride (item 3)
-  // Off: a static input at an offset (a slice) and mutated in place is copied into a slot by a
-  // recording, so the mutation never reaches the caller (repro: "[repro]" case "a static input
-  // mutated in place by a recording keeps the mutation").
-  bool strided_static_inputs = false;
+  bool strided_static_inputs = true;   // a misaligned static input mutated in place (copied: runs eagerly)
   bool mutation_after_failure = true;  // an in-place function whose recording fails, then runs (item 4)
-  // Off: refused with function_failed in warm-ups, but a replay can still hand out a lease on the
-  // block of a held lease (CGT_STRESS_SEED=3 CGT_STRESS_SEEDS=1 CGT_STRESS_ENABLE=all, sequence 5).
-  bool cached_pool_buffer = false;  // a function returns a pool buffer it kept from an earlier call (item 5)
-  // Off: refused in the simple case ("[repro]"), accepted in CGT_STRESS_SEED=2 CGT_STRESS_SEEDS=1
-  // CGT_STRESS_ENABLE=stale_value_passed, sequence 2.
-  bool stale_value_passed = false;            // a value escaped from a reclaimed lease, passed back in (item 6)
+  // Off: the engine refuses to hand out a kept block (function_failed), but the function's own
+  // kernels still write into memory it no longer owns during warm-ups and eager runs, and its heap
+  // buffer aliases across calls: wild writes no pool can prevent, which the model counts as failures.
+  bool cached_pool_buffer = false;            // a function returns a pool buffer it kept from an earlier call (item 5)
+  bool stale_value_passed = true;             // a value escaped from a reclaimed lease, passed back in (item 6)
   bool moved_lease_into_failing_call = true;  // a failing call must leave a moved-in lease alone (item 12)
   bool empty_outputs_untracked = true;        // an empty output must not be a pool block (item 17)
   bool moved_from_handles = true;             // calls on moved-from Function handles (item 10)
