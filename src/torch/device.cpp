@@ -2,6 +2,7 @@
 // description of tensors for the engine.
 module;
 #include <ATen/ATen.h>
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/core/StorageImpl.h>
@@ -251,6 +252,8 @@ void Device::shutdown() {
     synchronize_pool_streams(*state_);
     allocator::releasePool(state_->index, state_->pool);
     allocator::emptyCache(state_->pool);  // frees the pool's segments once nothing uses them
+    at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
+    for (; state_->host_pool_uses_kept > 0; --state_->host_pool_uses_kept) host->release_pool(state_->pool);
   } catch (const std::exception& error) {
     report_unreturnable("shutting the pool down", error);
   }

@@ -78,6 +78,9 @@ struct Device::State {
   c10::cuda::CUDAStream stream;
   c10::MempoolId_t pool;
   bool shut_down = false;
+  /// Uses of the pinned-host allocator's private pool that failed captures kept (see
+  /// end_failed_capture): given back at shutdown, when no graph of the pool is left.
+  std::size_t host_pool_uses_kept = 0;
   cudaStream_t own_stream = nullptr;  ///< `stream`, created for this pool; destroyed with it
   bool update_graphs_in_place = true;
   GraphCounts graph_counts;

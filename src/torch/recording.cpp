@@ -288,7 +288,10 @@ cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
   try {
     at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
     host->end_allocate_to_pool(state.pool);
-    host->release_pool(state.pool);
+    // The use capture_begin counted is kept, not given back: the host allocator refuses to count
+    // a new use of a private pool whose uses fell to 0 (an internal assert in the next
+    // capture_begin), and no other graph may hold one. Shutdown gives it back.
+    ++state.host_pool_uses_kept;
   } catch (const std::exception&) {  // NOLINT(bugprone-empty-catch): not routing, nothing to undo
   }
   // capture_begin put the default generator in capture mode for this graph; capture_end would

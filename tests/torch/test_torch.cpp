@@ -432,7 +432,7 @@ TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the ge
     CHECK(at::equal(must(failed_capture.get(0)).get(), x * 120));
   }
   REQUIRE(!logged.empty());
-  INFO(logged.front());
+  for (const std::string& message : logged) UNSCOPED_INFO(message);
   CHECK(std::ranges::any_of(logged, [](const std::string& message) {
     return message.find("capture failed: cudaError") != std::string::npos;
   }));
@@ -451,6 +451,10 @@ TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the ge
     CHECK(at::equal(must(out.get(0)).get(), input * 2 + 1));
   }
   using K = cgt::CallKind;
+  for (const std::string& message : logged) UNSCOPED_INFO(message);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(cgt::Reason::count_); ++r) {
+    UNSCOPED_INFO(cgt::to_string(static_cast<cgt::Reason>(r)) << ": " << pool.stats().by_reason[r]);
+  }
   CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay});
   CHECK_NOTHROW(at::rand({8}, cuda()).sum().item<float>());
   must(pool.check_memory());
