@@ -412,7 +412,7 @@ cgt::torch::Pool pool_logging_capture_failures(std::vector<std::string>& message
 // with Reason::capture_failed). Everything the capture touched is as before: random draws of the
 // process work (the generator left capture mode), pinned host memory is allocated as usual, and
 // the pool records and replays another function (the allocators' routing into the pool ended).
-TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the generator as they were", "[gpu]") {
+TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the generator as they were", "[gpu][provokes-api-errors]") {
   REQUIRE_GPU();
   std::vector<std::string> logged;
   auto pool = pool_logging_capture_failures(logged);
@@ -462,7 +462,7 @@ TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the ge
 
 // Issue 9, item 18, beyond PyTorch: a capture that failed for a reason that will not change is
 // not retried; the function runs eagerly from then on for that shape, counted and logged once.
-TEST_CASE("torch/a function whose capture fails runs eagerly from then on, with right values", "[gpu]") {
+TEST_CASE("torch/a function whose capture fails runs eagerly from then on, with right values", "[gpu][provokes-api-errors]") {
   REQUIRE_GPU();
   std::vector<std::string> logged;
   auto pool = pool_logging_capture_failures(logged);
@@ -488,7 +488,7 @@ TEST_CASE("torch/a function whose capture fails runs eagerly from then on, with 
 // their own pools at once, over several rounds, and every result equals eager execution. Nothing
 // synchronises the whole device while another thread captures. The functions draw no random
 // numbers (libtorch's default generator is one per device; a capture puts it in capture mode).
-TEST_CASE("torch/pools on three threads record and replay concurrently, each equal to eager", "[gpu]") {
+TEST_CASE("torch/pools on three threads record and replay concurrently, each equal to eager", "[gpu][threads]") {
   REQUIRE_GPU();
   constexpr int kThreads = 3;
   constexpr int kRounds = 6;
