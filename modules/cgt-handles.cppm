@@ -310,7 +310,8 @@ class Function {
   /// `pool_shut_down`, `concurrent_use`, `function_failed` (the function threw; the pool is
   /// restored), `out_of_memory`, `static_input_moved`, `graph_unavailable` (with `or_error`),
   /// `backend_error`, `invalid_argument` (an empty lease argument, an empty `Function`).
-  /// On failure nothing the caller holds is changed: a lease moved in still holds its value.
+  /// On failure nothing the caller holds is changed: a lease moved in still holds its value
+  /// (except after a `backend_error` or `invariant_violation` found once the work was done).
   /// The outputs are an `Owning` result: name it before borrowing from it.
   [[nodiscard]] Owning<Outputs<B>> operator()(std::span<const Arg<B>> args) const {
     if (!engine_) {

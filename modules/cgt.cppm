@@ -50,7 +50,13 @@
 // every state, gives a value or an `Errc`: a moved-from handle fails with `invalid_argument` (its
 // queries return empty values), and after `shutdown()` what needs the pool fails with
 // `pool_shut_down`. A call that fails changes nothing the caller holds: a lease moved into it
-// still holds its value.
+// still holds its value (unless the failure is a `backend_error` or `invariant_violation` found
+// after the call's work was done).
+//
+// Threads: a pool is called by one thread at a time (`concurrent_use` otherwise), but every handle
+// may be dropped or read on any thread, also during another thread's call of the same pool, and
+// `mark_step_begin()` may be called from any thread or from inside a pool function (the step
+// begins at the next call).
 module;
 export module cgt;
 
@@ -61,5 +67,5 @@ export import :layout;         // ElementType, Layout: strided views, for the ba
 export import :arena;          // Arena: the checkpointable best-fit allocator of the host and cuda pools
 export import :handles;        // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Owning<T>, Node
 export import :backend;        // for backend authors: Device, Recording, Checkpoint, ArgDesc, ...
-export import :arena_backend;  // for backend authors over an Arena: free_unreturned, describe_outputs
+export import :arena_backend;  // for backend authors over an Arena: settle_outputs, free_all, describe_outputs
 export import :detail;         // plumbing of the handle templates; not for direct use
