@@ -47,21 +47,27 @@ Result<Values> invoke(backend::Invoker& invoker, Context& context, const Inputs&
   return outputs;
 }
 
-// Whether the graph's byte-span copy copies `source` (copied input `input`) right: a view inside its
-// storage, whose elements do not overlap (broadcast dimensions aside) and do not run backwards.
-Result<void> copyable(const Buffer& source, std::size_t input) {
-  const auto refuse = [input](const char* why) {
-    return fail(Errc::invalid_argument,
-                "input " + std::to_string(input) + " is copied into the pool, and " + why +
-                    "; pass a contiguous copy of it (the cuda backend copies inputs as byte spans)",
-                {}, -1, static_cast<std::int32_t>(input));
-  };
-  if (!source.fits()) return refuse("its view is invalid or reaches outside its storage");
-  if (std::ranges::any_of(source.strides(), [](std::int64_t stride) { return stride < 0; })) {
-    return refuse("it has a negative stride");
+// Whether the graph's byte-span copy reproduces `source` (a view inside its storage, which
+// Backend::describe checked): its elements must not overlap (broadcast dimensions aside, copied
+// once) nor run backwards. Other views are gathered element by element into a contiguous slot.
+bool copies_as_span(const Buffer& source) {
+  return std::ranges::none_of(source.strides(), [](std::int64_t stride) { return stride < 0; }) &&
+         source.layout().is_injective_apart_from_broadcast();
+}
+
+// The gather of `source`'s elements, row-major, into the contiguous `slot`.
+kernels::Gather gather_of(const Buffer& source, const Buffer& slot) {
+  kernels::Gather gather;
+  gather.source = source.data();
+  gather.target = slot.data();
+  gather.rank = static_cast<int>(source.rank());
+  for (std::size_t d = 0; d < source.rank(); ++d) {
+    gather.sizes[d] = source.sizes()[d];      // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
+    gather.strides[d] = source.strides()[d];  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
   }
-  if (!source.layout().is_injective_apart_from_broadcast()) return refuse("its elements overlap in memory");
-  return {};
+  gather.element_bytes = static_cast<int>(element_size(source.type()));
+  gather.count = static_cast<long long>(source.numel());
+  return gather;
 }
 
 // An instantiated graph, shared by the recordings of one function at one place in the tree that
@@ -91,6 +97,9 @@ class CudaRecording final : public backend::Recording {
   struct Copy {
     std::size_t input = 0;
     Buffer slot;
+    /// Gathered element by element before each launch (its job in the copy node is empty): an
+    /// input whose elements overlap or run backwards, in a contiguous slot.
+    bool gathered = false;
   };
 
   // `graph` is null when it is `exec`'s origin (owned there), else owned here.
@@ -126,6 +135,13 @@ class CudaRecording final : public backend::Recording {
       for (int job = 0; job < batch.count; ++job) {
         const Copy& copy = copies_[first + static_cast<std::size_t>(job)];
         const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
+        if (copy.gathered) {
+          if (auto gathered = checked(kernels::gather(gather_of(source, copy.slot), stream_), "gathering an input");
+              !gathered) {
+            return gathered;
+          }
+          continue;
+        }
         // Backend::describe checked that the source fits its storage; its strides must be the slot's.
         if (!std::ranges::equal(source.strides(), copy.slot.strides())) {
           return fail(Errc::wrong_shape, "input " + std::to_string(copy.input) +
@@ -263,17 +279,16 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   Context context(*this, Context::Target::pool, true);
   // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span,
   // byte for byte. That is the view's elements only when no two share memory (broadcast aside,
-  // copied once) and the first is the lowest: overlapping and reversed views are refused.
+  // copied once) and the first is the lowest; other views get a contiguous slot, gathered element
+  // by element before each launch of the graph.
   std::vector<CudaRecording::Copy> copies;
   std::vector<kernels::CopyJob> jobs;  // the graph's copy nodes copy the covered spans
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!plan.copy_input[i]) continue;
     const Buffer& source = inputs.values[i];
-    if (auto usable = copyable(source, i); !usable) {
-      backend::free_all(*arena_, context.allocations_);
-      return std::unexpected(std::move(usable.error()));
-    }
-    const Layout layout = source.layout().restrided(0, source.sizes(), source.strides());
+    const bool gathered = !copies_as_span(source);
+    const Layout layout = gathered ? Layout::contiguous(source.type(), source.sizes())
+                                   : source.layout().restrided(0, source.sizes(), source.strides());
     const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
     auto memory = arena_->allocate(bytes);
     if (!memory) {
@@ -282,9 +297,16 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     }
     context.allocations_.push_back(backend::address_of(*memory));
     const Buffer slot = source.on_storage(*memory, bytes).with_layout(layout);
-    copies.push_back({i, slot});
-    // The covered span only (0 bytes for a view without elements: nothing to read).
-    jobs.push_back({.source = source.data(), .target = slot.data(), .bytes = layout.required_bytes()});
+    copies.push_back({.input = i, .slot = slot, .gathered = gathered});
+    if (gathered) {
+      // Filled now, before the capture (the graph's first launch reads it), and before each replay.
+      if (auto filled = checked(kernels::gather(gather_of(source, slot), stream_), "gathering an input"); !filled) {
+        backend::free_all(*arena_, context.allocations_);
+        return std::unexpected(filled.error());
+      }
+    }
+    // The covered span only (0 bytes for a view without elements, or one gathered apart).
+    jobs.push_back({.source = source.data(), .target = slot.data(), .bytes = gathered ? 0 : layout.required_bytes()});
     inputs.values[i] = slot;
   }
 

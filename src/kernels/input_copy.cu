@@ -27,6 +27,21 @@ __global__ void copy_kernel(CopyBatch batch) {
   for (; i < job.bytes; i += stride) to[i] = from[i];
 }
 
+// One thread per element: the row-major index gives the target, the strides the source.
+template <class Element>
+__global__ void gather_kernel(Gather g) {
+  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < g.count; i += step) {
+    long long rest = i;
+    long long offset = 0;
+    for (int d = g.rank - 1; d >= 0; --d) {
+      offset += (rest % g.sizes[d]) * g.strides[d];
+      rest /= g.sizes[d];
+    }
+    static_cast<Element*>(g.target)[i] = static_cast<const Element*>(g.source)[offset];
+  }
+}
+
 bool same_jobs(const CopyBatch& a, const CopyBatch& b) {
   if (a.count != b.count) return false;
   for (int j = 0; j < a.count; ++j) {
@@ -88,6 +103,21 @@ cudaError_t retarget_copy(cudaGraphExec_t exec, CopyNode& node, const CopyBatch&
   const cudaError_t set = cudaGraphExecKernelNodeSetParams(exec, node.node, &params);
   if (set == cudaSuccess) node.batch = batch;
   return set;
+}
+
+cudaError_t gather(const Gather& g, cudaStream_t stream) {
+  if (g.count == 0) return cudaSuccess;
+  constexpr long long max_blocks = 1024;
+  const long long wanted = (g.count + threads - 1) / threads;
+  const dim3 grid(static_cast<unsigned>(wanted < max_blocks ? wanted : max_blocks));
+  switch (g.element_bytes) {
+    case 1: gather_kernel<unsigned char><<<grid, threads, 0, stream>>>(g); break;
+    case 2: gather_kernel<unsigned short><<<grid, threads, 0, stream>>>(g); break;
+    case 4: gather_kernel<unsigned int><<<grid, threads, 0, stream>>>(g); break;
+    case 8: gather_kernel<unsigned long long><<<grid, threads, 0, stream>>>(g); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace cgt::kernels

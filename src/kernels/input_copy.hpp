@@ -48,6 +48,22 @@ cudaError_t capture_copies(const std::vector<CopyJob>& jobs, cudaStream_t stream
 /// the node already copies `batch`.
 cudaError_t retarget_copy(cudaGraphExec_t exec, CopyNode& node, const CopyBatch& batch);
 
+/// A strided view to gather into contiguous memory: the copy of an input whose elements overlap
+/// or run backwards, which a byte-span copy cannot reproduce.
+struct Gather {
+  static constexpr int max_rank = 6;
+  const void* source = nullptr;  // the view's first element
+  void* target = nullptr;        // contiguous, row-major
+  long long sizes[max_rank] = {};
+  long long strides[max_rank] = {};  // in elements, any sign
+  int rank = 0;
+  int element_bytes = 0;  // 1, 2, 4 or 8
+  long long count = 0;    // elements
+};
+
+/// Launches the gather on `stream` (an ordinary launch, before a graph's or in a capture).
+cudaError_t gather(const Gather& gather, cudaStream_t stream);
+
 /// What copy nodes copy now (after a capture: what they were captured with).
 inline std::vector<CopyBatch> batches_of(const std::vector<CopyNode>& nodes) {
   std::vector<CopyBatch> batches;
