@@ -3,6 +3,7 @@
 // the same way whatever the device: free a call's temporaries, describe its outputs to the engine, checkpoint and
 // restore the arena. Used by cgt.host and cgt.cuda.
 module;
+#include <expected>
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -87,6 +88,19 @@ RunResult describe_outputs(const Arena& arena, std::span<const std::uintptr_t> k
     result.values.push_back(&out);
   }
   result.owner = std::move(owned);
+  return result;
+}
+
+/// The end of a call over an arena: settles its outputs (`settle_outputs`), describes them, and
+/// forgets the call's allocations, which the outputs now hold; on failure frees all of them.
+template <class Buffer>
+Result<RunResult> finish_call(Arena& arena, std::vector<std::uintptr_t>& allocations, std::vector<Buffer>&& outputs) {
+  if (auto settled = settle_outputs(arena, allocations, std::span<Buffer>(outputs)); !settled) {
+    free_all(arena, allocations);
+    return std::unexpected(std::move(settled.error()));
+  }
+  RunResult result = describe_outputs(arena, allocations, std::move(outputs));
+  allocations.clear();
   return result;
 }
 

@@ -203,28 +203,50 @@ bool Layout::fits(std::size_t storage_bytes) const noexcept {
   return static_cast<std::size_t>(high) < storage_bytes / element_size(type_);
 }
 
+namespace {
+
+// The dimensions of a layout that step through memory (size > 1, stride not 0), as (|stride|,
+// size) pairs sorted by |stride|, innermost first; `reversed` says whether a stride was negative.
+struct Steps {
+  std::array<std::int64_t, max_rank> step{};
+  std::array<std::int64_t, max_rank> count{};
+  std::size_t n = 0;
+  bool reversed = false;
+  bool broadcast = false;
+};
+
+Steps sorted_steps(std::span<const std::int64_t> sizes, std::span<const std::int64_t> strides) noexcept {
+  Steps steps;
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] <= 1) continue;
+    if (strides[d] == 0) {
+      steps.broadcast = true;
+      continue;
+    }
+    steps.reversed = steps.reversed || strides[d] < 0;
+    steps.step[steps.n] = strides[d] < 0 ? -strides[d] : strides[d];  // a valid layout's reach fits: so does this
+    steps.count[steps.n++] = sizes[d];
+  }
+  for (std::size_t i = 1; i < steps.n; ++i) {  // insertion sort: at most max_rank entries
+    for (std::size_t j = i; j > 0 && steps.step[j - 1] > steps.step[j]; --j) {
+      std::swap(steps.step[j - 1], steps.step[j]);
+      std::swap(steps.count[j - 1], steps.count[j]);
+    }
+  }
+  return steps;
+}
+
+}  // namespace
+
 bool Layout::is_injective_apart_from_broadcast() const noexcept {
   if (!valid_) return false;
   if (numel() == 0) return true;
-  // Dimensions that step through memory, by |stride|: each must step past all the inner ones reach.
-  std::array<std::int64_t, max_rank> steps{};
-  std::array<std::int64_t, max_rank> counts{};
-  std::size_t n = 0;
-  for (std::size_t d = 0; d < rank_; ++d) {
-    if (sizes_[d] <= 1 || strides_[d] == 0) continue;
-    steps[n] = strides_[d] < 0 ? -strides_[d] : strides_[d];  // a valid layout's reach fits: so does this
-    counts[n++] = sizes_[d];
-  }
-  for (std::size_t i = 1; i < n; ++i) {  // insertion sort: at most max_rank entries
-    for (std::size_t j = i; j > 0 && steps[j - 1] > steps[j]; --j) {
-      std::swap(steps[j - 1], steps[j]);
-      std::swap(counts[j - 1], counts[j]);
-    }
-  }
+  // Each dimension must step past all that the inner ones reach.
+  const Steps steps = sorted_steps(sizes(), strides());
   std::int64_t reach = 0;  // of the inner dimensions, in elements
-  for (std::size_t i = 0; i < n; ++i) {
-    if (steps[i] <= reach) return false;
-    reach += (counts[i] - 1) * steps[i];
+  for (std::size_t i = 0; i < steps.n; ++i) {
+    if (steps.step[i] <= reach) return false;
+    reach += (steps.count[i] - 1) * steps.step[i];
   }
   return true;
 }
@@ -232,25 +254,12 @@ bool Layout::is_injective_apart_from_broadcast() const noexcept {
 bool Layout::is_dense() const noexcept {
   if (!valid_) return false;
   if (numel() == 0) return true;
-  std::array<std::int64_t, max_rank> steps{};
-  std::array<std::int64_t, max_rank> counts{};
-  std::size_t n = 0;
-  for (std::size_t d = 0; d < rank_; ++d) {
-    if (sizes_[d] == 1) continue;
-    if (strides_[d] <= 0) return false;  // broadcast or reversed
-    steps[n] = strides_[d];
-    counts[n++] = sizes_[d];
-  }
-  for (std::size_t i = 1; i < n; ++i) {
-    for (std::size_t j = i; j > 0 && steps[j - 1] > steps[j]; --j) {
-      std::swap(steps[j - 1], steps[j]);
-      std::swap(counts[j - 1], counts[j]);
-    }
-  }
+  const Steps steps = sorted_steps(sizes(), strides());
+  if (steps.reversed || steps.broadcast) return false;
   std::int64_t expected = 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (steps[i] != expected) return false;
-    expected *= counts[i];
+  for (std::size_t i = 0; i < steps.n; ++i) {
+    if (steps.step[i] != expected) return false;
+    expected *= steps.count[i];
   }
   return true;
 }

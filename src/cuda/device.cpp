@@ -249,13 +249,7 @@ Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<co
 Result<backend::RunResult> Device::finish(Context& context, Values&& outputs) {
   // Temporaries die with the call (kernels on the pool's stream that use them run before any
   // later allocation's kernels, so the memory can be reused at once).
-  if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(outputs)); !settled) {
-    backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(std::move(settled.error()));
-  }
-  auto result = backend::describe_outputs(*arena_, context.allocations_, std::move(outputs));
-  context.allocations_.clear();
-  return result;
+  return backend::finish_call(*arena_, context.allocations_, std::move(outputs));
 }
 
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
