@@ -211,8 +211,9 @@ class Device final : public backend::Device {
   [[nodiscard]] bool stamps_values() const noexcept override { return true; }
   void stamp(const void* value, std::uint64_t generation) const noexcept override {
     // The engine passes the pool's own output objects (which it owns as mutable values).
-    const_cast<Buffer*>(static_cast<const Buffer*>(value))
-        ->set_generation(generation);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+    auto* buffer =
+        const_cast<Buffer*>(static_cast<const Buffer*>(value));  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+    buffer->set_generation(generation);
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;

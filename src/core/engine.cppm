@@ -311,7 +311,7 @@ class Engine {
   // --- recording (engine_record.cpp) ---
   Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
   /// After a capture failure that will not go away: the shape runs eagerly from now on.
-  Result<CallOutputs> give_up_capture(CallFrame& frame, Error error);
+  Result<CallOutputs> give_up_capture(CallFrame& frame, const Error& error);
   void compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---

@@ -59,11 +59,12 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
       ++at;
       continue;
     }
-    if (at + (2 * desc.rank) + 1 > key.size()) return false;
+    const std::size_t rank = desc.rank;
+    if (at + (2 * rank) + 1 > key.size()) return false;
     for (std::size_t d = 0; d < desc.rank; ++d) {  // ranks are small: a loop beats memcmp here
-      if (key[at + d] != desc.sizes[d] || key[at + desc.rank + d] != desc.strides[d]) return false;
+      if (key[at + d] != desc.sizes[d] || key[at + rank + d] != desc.strides[d]) return false;
     }
-    at += 2 * desc.rank;
+    at += 2 * rank;
     if (key[at] != desc.expanded) return false;
     ++at;
   }

@@ -25,7 +25,7 @@ std::string moved_message(NodeReason reason, const FunctionRecord& function) {
 
 }  // namespace
 
-Result<CallOutputs> Engine::give_up_capture(CallFrame& frame, Error error) {
+Result<CallOutputs> Engine::give_up_capture(CallFrame& frame, const Error& error) {
   // A capture that fails for a reason that will not change (the function synchronises with the
   // host, say) would fail on every call: run this shape eagerly from now on, and say why once.
   FunctionRecord& function = *frame.function;
@@ -132,7 +132,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     if (auto restored = roll_back(**before, owned_before); !restored) {
       error.message += "; restoring the pool also failed: " + restored.error().message;
     }
-    if (backend::is_capture_failure(error)) return give_up_capture(frame, std::move(error));
+    if (backend::is_capture_failure(error)) return give_up_capture(frame, error);
     return std::unexpected(std::move(error));
   }
   node->recording = std::move(recorded->recording);

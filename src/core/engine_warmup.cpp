@@ -44,6 +44,7 @@ std::vector<std::uintptr_t> Engine::owned_live_storages() const {
   return owned;
 }
 
+// NOLINTNEXTLINE(readability-make-member-function-const): puts the pool's allocator back
 Result<void> Engine::roll_back(const backend::Checkpoint& before, const std::vector<std::uintptr_t>& owned_before) {
   std::vector<backend::StorageHandle*> live;
   for (Cell* cell : live_path_cells()) {

@@ -322,8 +322,7 @@ Layout Layout::select(std::int64_t index) const noexcept {
   if (rank_ == 0 || !valid_) return invalidated();
   if (index < 0 && index >= -sizes_[0]) index += sizes_[0];
   if (index < 0 || index >= sizes_[0]) {
-    Layout view = restrided(offset_, sizes().subspan(1), strides().subspan(1));
-    return view.invalidated();
+    return restrided(offset_, sizes().subspan(1), strides().subspan(1)).invalidated();
   }
   // In range: the offset stays inside the layout's extent, which fits.
   return restrided(offset_ + (index * strides_[0]), sizes().subspan(1), strides().subspan(1));

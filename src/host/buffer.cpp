@@ -18,7 +18,7 @@ Result<Buffer> Buffer::make(ElementType type, std::span<const std::int64_t> size
   auto bytes = contiguous_bytes(type, sizes);
   if (!bytes) return fail(Errc::invalid_argument, "Buffer::make: " + bytes.error().message);
   // nothrow: a size the system refuses is an error value, not std::bad_alloc.
-  std::byte* memory = new (std::nothrow) std::byte[*bytes]();  // NOLINT(cppcoreguidelines-owning-memory)
+  auto* memory = new (std::nothrow) std::byte[*bytes]();  // NOLINT(cppcoreguidelines-owning-memory)
   if (memory == nullptr) {
     return fail(Errc::out_of_memory, "Buffer::make: the system refused " + std::to_string(*bytes) + " bytes");
   }
