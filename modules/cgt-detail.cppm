@@ -54,6 +54,8 @@ class EngineRef {
 struct LeaseCore;
 /// Drops the lease (the memory may become dead); leaves it empty.
 void lease_drop(LeaseCore& lease) noexcept;
+/// Drops every lease of `leases` (one call's: one engine), holding the pool's state once.
+void leases_drop(std::span<LeaseCore> leases) noexcept;
 
 /// The state of one lease: the engine, the storage it keeps live, and the value it hands out.
 struct LeaseCore {

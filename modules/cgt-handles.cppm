@@ -218,7 +218,19 @@ class Outputs {
   using Value = typename B::Value;
 
   Outputs(Outputs&&) noexcept = default;
-  Outputs& operator=(Outputs&&) noexcept = default;
+  Outputs& operator=(Outputs&& other) noexcept {
+    if (this != &other) {
+      reset();
+      leases_ = std::move(other.leases_);
+      kind_ = other.kind_;
+      node_ = other.node_;
+    }
+    return *this;
+  }
+  Outputs(const Outputs&) = delete;
+  Outputs& operator=(const Outputs&) = delete;
+  /// Drops the leases still in the bundle (all at once: one hold of the pool's state).
+  ~Outputs() { reset(); }
 
   [[nodiscard]] std::size_t size() const noexcept { return leases_.size(); }
   /// What the call did: warm-up, recording, replay or eager fallback.
@@ -252,9 +264,7 @@ class Outputs {
     return OutputLease<B>(std::move(leases_[i]));
   }
   /// Drops every lease still in the bundle.
-  void reset() noexcept {
-    for (auto& lease : leases_) detail::lease_drop(lease);
-  }
+  void reset() noexcept { detail::leases_drop(leases_); }
 
   /// What `->` reaches on a temporary `Owning<Outputs>` (`(*f)({x})->take(0)`): only what is safe
   /// on a temporary. `take` and `release` return the call's error when it failed; `size`, `kind`

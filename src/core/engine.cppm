@@ -338,9 +338,9 @@ class Engine {
   void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept;
 
   // --- threads (lease.cpp) ---
-  /// Drops one lease on `cell`: now if this thread can take the state, else deferred to the
-  /// thread that holds it (applied when it lets go).
-  void drop_lease(Cell* cell) noexcept;
+  /// Drops one lease on each of `cells`: now if this thread can take the state, else deferred to
+  /// the thread that holds it (applied when it lets go).
+  void drop_leases(std::span<Cell* const> cells) noexcept;
   /// Applies the drops deferred by other threads; the caller holds the state. (Inline: every call
   /// and drop asks, and there is rarely anything to do.)
   inline void apply_pending_drops_locked() noexcept {

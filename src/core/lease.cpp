@@ -4,9 +4,11 @@
 module;
 #include <expected>
 #include <atomic>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <utility>
@@ -50,16 +52,16 @@ void apply_drop(Cell* cell) noexcept {
 
 }  // namespace
 
-void Engine::drop_lease(Cell* cell) noexcept {
+void Engine::drop_leases(std::span<Cell* const> cells) noexcept {
   const std::thread::id self = std::this_thread::get_id();
   if (holder.load(std::memory_order_relaxed) == self) {
-    apply_drop(cell);  // inside a call on this thread (a pool function dropping a lease)
+    for (Cell* cell : cells) apply_drop(cell);  // inside a call on this thread (a pool function dropping a lease)
     return;
   }
   if (state_mutex.try_lock()) {
     holder.store(self, std::memory_order_relaxed);
     apply_pending_drops_locked();
-    apply_drop(cell);
+    for (Cell* cell : cells) apply_drop(cell);
     holder.store(std::thread::id(), std::memory_order_relaxed);
     state_mutex.unlock();
     apply_pending_drops();
@@ -69,7 +71,7 @@ void Engine::drop_lease(Cell* cell) noexcept {
   // deadlock a function waiting for this thread. The holder applies the drop when it lets go.
   {
     const std::lock_guard pending(pending_mutex);
-    pending_drops.push_back(cell);
+    pending_drops.insert(pending_drops.end(), cells.begin(), cells.end());
     has_pending_drops.store(true);
   }
   apply_pending_drops();
@@ -110,10 +112,38 @@ LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
 }
 
 void lease_drop(LeaseCore& lease) noexcept {
-  if (Cell* cell = std::exchange(lease.cell, nullptr)) (*lease.engine).drop_lease(cell);
+  if (Cell* cell = std::exchange(lease.cell, nullptr)) (*lease.engine).drop_leases({&cell, 1});
   lease.value = nullptr;
   lease.owner.reset();
   lease.engine = EngineRef();
+}
+
+void leases_drop(std::span<LeaseCore> leases) noexcept {
+  // A call's leases share one engine: their cells go under one hold of its state.
+  std::array<Cell*, 8> few{};
+  std::vector<Cell*> many;  // only for a call with more outputs than `few` holds
+  if (leases.size() > few.size()) many.reserve(leases.size());
+  Engine* engine = nullptr;
+  std::size_t count = 0;
+  for (LeaseCore& lease : leases) {
+    Cell* cell = std::exchange(lease.cell, nullptr);
+    if (cell == nullptr) continue;
+    engine = lease.engine.get();
+    if (many.capacity() > 0) {
+      many.push_back(cell);
+    } else {
+      few[count] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < leases.size() <= 8
+    }
+    ++count;
+  }
+  if (engine != nullptr) {
+    engine->drop_leases(many.capacity() > 0 ? std::span<Cell* const>(many) : std::span<Cell* const>(few.data(), count));
+  }
+  for (LeaseCore& lease : leases) {  // engine references last: they may be the engine's last
+    lease.value = nullptr;
+    lease.owner.reset();
+    lease.engine = EngineRef();
+  }
 }
 
 bool lease_is_valid(const LeaseCore& lease) noexcept {
