@@ -190,6 +190,9 @@ class Device {
  public:
   virtual ~Device() = default;
 
+  /// The name of the backend's element-type code `dtype` (`ArgDesc::dtype`), for messages: "f32".
+  [[nodiscard]] virtual std::string type_name(std::uint16_t dtype) const { return "type " + std::to_string(dtype); }
+
   /// Index of the device whose memory the pool manages; inputs elsewhere run eagerly.
   [[nodiscard]] virtual std::int32_t device_index() const noexcept = 0;
 

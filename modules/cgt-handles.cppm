@@ -235,7 +235,9 @@ class Outputs {
   [[nodiscard]] std::size_t size() const noexcept { return leases_.size(); }
   /// What the call did: warm-up, recording, replay or eager fallback.
   [[nodiscard]] CallKind kind() const noexcept { return kind_; }
-  /// Id of the tree node the call ran (negative for warm-ups), -1 for eager calls.
+  /// Id of the tree node the call ran: recordings and replays give the graph's id (0, 1, ... in
+  /// recording order), warm-ups their own (-1, -2, ... in warm-up order); an eager call gives -1,
+  /// like the first warm-up: `kind()` tells them apart.
   [[nodiscard]] std::int64_t node() const noexcept { return node_; }
 
   /// Output `i`, borrowed: valid while this bundle (or the lease released from it) lives; see

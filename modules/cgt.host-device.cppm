@@ -153,6 +153,9 @@ class Device final : public backend::Device {
     return arena_ != nullptr && arena_->contains(storage);
   }
   /// Buffers carry their lease generation: a stale copy of a reclaimed output is told apart.
+  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
+    return std::string(to_string(static_cast<ElementType>(dtype)));
+  }
   [[nodiscard]] bool stamps_values() const noexcept override { return true; }
   void stamp(const void* value, std::uint64_t generation) const noexcept override {
     // The engine passes the pool's own output objects (which it owns as mutable values).

@@ -7,6 +7,7 @@ module;
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -74,6 +75,10 @@ class Device final : public backend::Device {
   /// How this pool's graphs came to be: instantiated, updated in place, switched.
   [[nodiscard]] const GraphCounts& graph_counts() const noexcept;
 
+  /// A tensor's element type by name ("Float"), for messages.
+  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
+    return c10::toString(static_cast<c10::ScalarType>(dtype));
+  }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,

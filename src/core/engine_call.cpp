@@ -195,8 +195,8 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     if (descs[i].dtype != signature.dtypes[i]) {
       return fail(Errc::wrong_input_type,
                   "input " + std::to_string(i) + " of " + quoted(function.name) + " has element type " +
-                      std::to_string(descs[i].dtype) + ", but its first call had " +
-                      std::to_string(signature.dtypes[i]),
+                      device->type_name(descs[i].dtype) + ", but its first call had " +
+                      device->type_name(signature.dtypes[i]),
                   function.name, -1, input);
     }
     if (descs[i].rank != signature.ranks[i]) {
@@ -332,9 +332,15 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     const Match match = find_replayable_child(frame);
     if (match.node != nullptr) {
       if (match.static_moved) {
+        // Every input that moved, so that one fix is enough.
+        std::string moved;
+        for (const std::uint32_t input : match.node->static_inputs) {
+          if (frame.descs[input].data == match.node->recorded_data[input]) continue;
+          moved += (moved.empty() ? "" : ", ") + std::to_string(input);
+        }
         return fail(Errc::static_input_moved,
-                    "static input " + std::to_string(match.moved_input) + " of " + quoted(frame.function->name) +
-                        " is not at the address its graph was recorded with; keep static inputs in place, or set "
+                    "static input(s) " + moved + " of " + quoted(frame.function->name) +
+                        " are not at the addresses its graph was recorded with; keep static inputs in place, or set "
                         "on_static_input_moved = rerecord",
                     frame.function->name, match.node->id, match.moved_input);
       }

@@ -161,6 +161,7 @@ TEST_CASE("wrong_input_type: another element type, or a scalar for a value", "[e
   CHECK(as_int.error().code == cgt::Errc::wrong_input_type);
   CHECK(as_int.error().input == 0);
   CHECK(names_function(as_int.error(), "twice"));
+  CHECK(as_int.error().message.find("element type i32, but its first call had f32") != std::string::npos);
   auto as_scalar = f({std::int64_t{3}});
   REQUIRE(!as_scalar);
   CHECK(as_scalar.error().code == cgt::Errc::wrong_input_type);

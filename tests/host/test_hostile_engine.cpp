@@ -387,3 +387,38 @@ TEST_CASE("an escaped copy is refused even when its memory lives again for a new
   const Buffer slice = must(newer.get(0)).get().slice(1, 3);  // a view of a live value keeps its generation
   CHECK(output_values(must(use({slice}))) == std::vector<double>{6, 6});
 }
+
+TEST_CASE("static_input_moved names every static input that moved", "[hostile][host]") {
+  auto pool = make_pool({.on_static_input_moved = cgt::OnStaticInputMoved::error});
+  auto sum = must(pool.add_function(
+      [](Context& ctx, Inputs in) {
+        Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([a = in[0], b = in[1], c = in[2], y] { y.set(0, a.get(0) + b.get(0) + c.get(0)); });
+        return Values{y};
+      },
+      {.name = "sum", .static_inputs = {0, 1, 2}}));
+  const Buffer a = filled({1}, 1);
+  const Buffer b = filled({1}, 2);
+  const Buffer c = filled({1}, 3);
+  for (int step = 0; step < 3; ++step) {
+    pool.mark_step_begin();
+    (void)must(sum({a, b, c}));
+  }
+  pool.mark_step_begin();
+  auto moved = sum({filled({1}, 1), b, filled({1}, 3)});
+  REQUIRE(!moved);
+  CHECK(moved.error().code == cgt::Errc::static_input_moved);
+  CHECK(moved.error().message.find("static input(s) 0, 2 of 'sum'") != std::string::npos);
+}
+
+TEST_CASE("output_overwritten names the ways to keep a value across steps", "[hostile][host]") {
+  auto pool = make_pool();
+  auto make = plus(pool, 1, {.name = "make"});
+  auto held = must(make({filled({1}, 1)}));
+  pool.mark_step_begin();
+  (void)must(make({filled({1}, 2)}));
+  auto stale = held.get(0);
+  REQUIRE(!stale);
+  CHECK(stale.error().message.find("take()") != std::string::npos);
+  CHECK(stale.error().message.find("copy_out_on_new_step") != std::string::npos);
+}
