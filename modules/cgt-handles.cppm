@@ -14,8 +14,10 @@
 // `OutputLease` (it would dangle at the end of the statement); name the result first.
 module;
 #include <expected>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <climits>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -133,8 +135,15 @@ class Arg {
   Arg(Ref<Value> value) noexcept : value_(&value.get()) {}                      // NOLINT(google-explicit-constructor)
   Arg(const OutputLease<B>& lease) noexcept : lease_(&lease) {}                 // NOLINT(google-explicit-constructor)
   Arg(OutputLease<B>&& lease) noexcept : lease_(&lease), is_consumed_(true) {}  // NOLINT(google-explicit-constructor)
-  Arg(std::int64_t scalar) noexcept : scalar_(scalar), is_scalar_(true) {}      // NOLINT(google-explicit-constructor)
-  Arg(int scalar) noexcept : Arg(static_cast<std::int64_t>(scalar)) {}          // NOLINT(google-explicit-constructor)
+  /// An integer scalar, of any integer type (baked into the graph: each value is a shape key). An
+  /// unsigned one above INT64_MAX fails the call with `invalid_argument`.
+  template <std::integral Integer>
+    requires(!std::same_as<Integer, bool>)
+  Arg(Integer scalar) noexcept  // NOLINT(google-explicit-constructor)
+      : scalar_(static_cast<std::int64_t>(scalar)),
+        is_scalar_(true),
+        scalar_too_large_(std::is_unsigned_v<Integer> &&
+                          static_cast<std::uint64_t>(scalar) > static_cast<std::uint64_t>(INT64_MAX)) {}
 
  private:
   friend class Function<B>;
@@ -143,6 +152,9 @@ class Arg {
   // A consumed lease is handed to the engine, which drops it only once the call has succeeded.
   Result<void> describe(backend::ArgSlot& slot, backend::ArgDesc& desc, bool consume) const {
     if (is_scalar_) {
+      if (scalar_too_large_) {
+        return fail(Errc::invalid_argument, "an unsigned scalar above INT64_MAX: scalars are 64-bit signed");
+      }
       slot.kind = desc.kind = backend::ArgKind::scalar;
       slot.scalar = desc.scalar = scalar_;
       return {};
@@ -163,6 +175,7 @@ class Arg {
   std::int64_t scalar_ = 0;
   bool is_consumed_ = false;
   bool is_scalar_ = false;
+  bool scalar_too_large_ = false;
 };
 
 /// A `Result<T>` of a handle that owns pool memory: the outputs of a call (`Function::operator()`)

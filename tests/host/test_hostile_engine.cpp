@@ -422,3 +422,23 @@ TEST_CASE("output_overwritten names the ways to keep a value across steps", "[ho
   CHECK(stale.error().message.find("take()") != std::string::npos);
   CHECK(stale.error().message.find("copy_out_on_new_step") != std::string::npos);
 }
+
+TEST_CASE("scalars of any integer type reach the function; an unsigned one too large is refused", "[hostile][host]") {
+  auto pool = make_pool();
+  auto add = must(pool.add_function(
+      [](Context& ctx, Inputs in) {
+        Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y, k = in.scalar(1)] { y.set(0, x.get(0) + static_cast<double>(k)); });
+        return Values{y};
+      },
+      {.name = "add"}));
+  const Buffer x = filled({1}, 1);
+  CHECK(output_values(must(add({x, 2}))) == std::vector<double>{3});
+  CHECK(output_values(must(add({x, std::uint32_t{5}}))) == std::vector<double>{6});
+  CHECK(output_values(must(add({x, std::size_t{7}}))) == std::vector<double>{8});
+  CHECK(output_values(must(add({x, 9LL}))) == std::vector<double>{10});
+  auto huge = add({x, std::uint64_t{1} << 63U});
+  REQUIRE(!huge);
+  CHECK(huge.error().code == cgt::Errc::invalid_argument);
+  CHECK(huge.error().input == 1);
+}
