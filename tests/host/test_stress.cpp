@@ -646,8 +646,8 @@ class Sequence {
       expect(def.keeps_pool_buffer || same(actual, expected.outputs[o].data),
              "output " + std::to_string(o) + " of " + text + " is " + show(actual) + ", eager gives " +
                  show(expected.outputs[o].data));
-      // Which memory it is: a view of an input when it shares the input's storage (else the
-      // input was copied into a slot), else new memory, shared by the outputs of one temp.
+      // Which memory it is: a view of an input when it shares the input's storage or the call was
+      // eager (else the input was copied into a slot), else new memory, shared by one temp's outputs.
       Held held;
       held.offsets = offsets_of(value);
       held.sizes = expected.outputs[o].sizes;
@@ -662,7 +662,10 @@ class Sequence {
                "output " + std::to_string(o) + " of " + text + " is empty but tracked as a pool block");
       }
       const Out out = def.outs[o];
-      if (out.input >= 0 && inputs[static_cast<std::size_t>(out.input)].storage == value.storage()) {
+      // An eager call copies no input into a slot: its view of an input is the input's memory,
+      // even where that memory moved during the call (a lease copied out by the step it began).
+      const bool eager = outputs->kind() == cgt::CallKind::eager;
+      if (out.input >= 0 && (eager || inputs[static_cast<std::size_t>(out.input)].storage == value.storage())) {
         held.object = inputs[static_cast<std::size_t>(out.input)].object;
       } else {
         const std::size_t t = out.temp >= 0 ? static_cast<std::size_t>(out.temp) : 3;
