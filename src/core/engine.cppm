@@ -282,7 +282,7 @@ class Engine {
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
-  Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs);
+  Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);
   std::optional<Reason> fallback_reason(CallFrame& frame);

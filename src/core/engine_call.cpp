@@ -133,7 +133,7 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   return out;
 }
 
-Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) {
+Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const {
   if (!function.signature) {
     // The first call fixes the signature, and lets us check the options' input indices.
     for (const std::size_t index : function.options.static_inputs) {
