@@ -325,6 +325,8 @@ class Engine {
   [[nodiscard]] std::vector<std::vector<bool>> path_liveness() const;
   [[nodiscard]] static std::vector<std::vector<bool>> liveness_of(const std::vector<Node*>& nodes);
   [[nodiscard]] std::optional<PathIndex> live_alias_in_path(std::uintptr_t storage) const;
+  /// The cell of the live output of the path whose storage is `storage`, or null.
+  [[nodiscard]] Cell* live_cell_in_path(std::uintptr_t storage) const;
   [[nodiscard]] bool is_path_output(std::uintptr_t storage) const;
   [[nodiscard]] std::vector<Cell*> live_path_cells() const;
   void cell_died(Cell& cell) noexcept;

@@ -103,6 +103,11 @@ std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) cons
   return std::nullopt;
 }
 
+Cell* Engine::live_cell_in_path(std::uintptr_t storage) const {
+  const auto alias = live_alias_in_path(storage);
+  return alias ? current->path[alias->depth]->cells[alias->output].get() : nullptr;
+}
+
 bool Engine::is_path_output(std::uintptr_t storage) const {
   if (current == nullptr || storage == 0) return false;
   return std::ranges::any_of(current->path, [storage](const Node* node) {

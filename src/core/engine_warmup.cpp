@@ -4,7 +4,6 @@ module;
 #include <cstdint>
 #include <algorithm>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,9 +104,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
     // output: its lease shares that output's cell, so it keeps the memory live and is reclaimed
     // with it, like any other lease on it.
     const backend::OutputDesc& desc = result->outputs[i];
-    std::optional<PathIndex> alias;
-    if (desc.kind == backend::OutputKind::value && desc.in_pool) alias = live_alias_in_path(desc.storage);
-    Cell* cell = alias ? current->path[alias->depth]->cells[alias->output].get() : nullptr;
+    Cell* cell = desc.kind == backend::OutputKind::value && desc.in_pool ? live_cell_in_path(desc.storage) : nullptr;
     out.leases.push_back(
         make_lease(*this, cell, result->values[i], result->owner, function.id, static_cast<std::uint32_t>(i)));
   }
@@ -165,8 +162,8 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
     if (desc.kind == backend::OutputKind::value && desc.in_pool) {
       node->output_storage[i] = desc.storage;
       node->output_bytes[i] = desc.storage_bytes;
-      if (auto alias = live_alias_in_path(desc.storage)) {
-        node->cells[i] = current->path[alias->depth]->cells[alias->output];
+      if (Cell* live = live_cell_in_path(desc.storage)) {
+        node->cells[i] = CellRef(live);
       } else {
         for (std::size_t j = 0; j < i && !node->cells[i]; ++j) {
           if (node->cells[j] && node->output_storage[j] == desc.storage) node->cells[i] = node->cells[j];
