@@ -119,3 +119,8 @@ struct HostHarness : scenario::HarnessTypes<cgt::host::Backend> {
         {.name = spec.name, .static_inputs = spec.static_inputs, .mutated_inputs = spec.mutated_inputs});
   }
 };
+
+/// A host buffer of `sizes` with every element `value` (the tests' usual input).
+inline cgt::host::Buffer filled(std::vector<std::int64_t> sizes, double value) {
+  return HostHarness::make(scenario::HostTensor::full(std::move(sizes), value));
+}

@@ -113,10 +113,6 @@ FlakyPool make_flaky_pool(cgt::Options options = {}) {
   return {raw, cgt::host::Pool::adopt(*cgt::detail::make_engine(std::move(device), std::move(options)))};
 }
 
-Buffer filled(std::vector<std::int64_t> sizes, double value) {
-  return HostHarness::make(HostTensor::full(std::move(sizes), value));
-}
-
 double first_value(const cgt::host::Outputs& outputs) {
   return must(outputs.get(0)).get().get(0);
 }

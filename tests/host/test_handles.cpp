@@ -33,10 +33,6 @@ using scenario::must;
 
 namespace {
 
-Buffer filled(std::vector<std::int64_t> sizes, double value) {
-  return HostHarness::make(HostTensor::full(std::move(sizes), value));
-}
-
 // y = 2 x, allocating in the pool; throws while `should_throw` is set.
 cgt::host::Function twice(cgt::host::Pool& pool, const bool* should_throw = nullptr) {
   return must(pool.add_function(

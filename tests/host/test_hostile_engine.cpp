@@ -36,10 +36,6 @@ using scenario::must;
 
 namespace {
 
-Buffer filled(std::vector<std::int64_t> sizes, double value) {
-  return HostHarness::make(HostTensor::full(std::move(sizes), value));
-}
-
 Buffer iota(std::vector<std::int64_t> sizes) {
   return HostHarness::make(HostTensor::iota(std::move(sizes)));
 }
