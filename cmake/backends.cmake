@@ -44,11 +44,19 @@ if(NOT CGT_WITH_TORCH STREQUAL "OFF")
   if(Torch_FOUND AND TARGET torch_cuda)
     set(CGT_HAVE_TORCH ON)
     list(APPEND CGT_BUILT_BACKENDS "torch")
+  elseif(CGT_WITH_TORCH STREQUAL "ON" AND NOT CGT_HAVE_CUDA)
+    # cgt.torch builds cgt's input-copy kernel with nvcc, and Torch's own CMake config enables CUDA.
+    if(CGT_WITH_CUDA STREQUAL "OFF")
+      message(FATAL_ERROR "CGT_WITH_TORCH=ON needs the CUDA compiler and toolkit, which CGT_WITH_CUDA=OFF turns off: "
+                          "set CGT_WITH_CUDA=ON (or AUTO), or CGT_WITH_TORCH=OFF")
+    endif()
+    message(FATAL_ERROR "CGT_WITH_TORCH=ON needs the CUDA compiler (nvcc) and toolkit, which were not found: "
+                        "install the CUDA toolkit, or set CGT_WITH_TORCH=OFF")
   elseif(CGT_WITH_TORCH STREQUAL "ON")
     message(FATAL_ERROR "CGT_WITH_TORCH=ON but no CUDA-enabled Torch was found: set CMAKE_PREFIX_PATH to "
                         "`python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'` or an unpacked libtorch")
   elseif(NOT CGT_HAVE_CUDA)
-    cgt_skip_backend(torch "needs the CUDA toolkit")
+    cgt_skip_backend(torch "needs the CUDA compiler and toolkit")
   elseif(NOT Torch_FOUND)
     cgt_skip_backend(torch "no Torch found on CMAKE_PREFIX_PATH")
   else()
