@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# The GPU test command, for the lent GPU machine (no package registry there: installs nothing).
-# Run it through the carried toolchain, from the project root:
-#   bash .carry/on-device.sh scripts/gpu-test.sh
+# The GPU test command, for any machine with a GPU, the CUDA toolkit, clang-19, CMake, Ninja,
+# Catch2 3 and a CUDA-enabled PyTorch or libtorch. Installs nothing (GPU machines often have no
+# package registry). From the project root:
+#   CMAKE_PREFIX_PATH=/path/to/libtorch scripts/gpu-test.sh   # or with Torch found through python3
+# Torch: CMAKE_PREFIX_PATH (the environment variable, read by CMake), then the python3 on the path
+# (torch.utils.cmake_prefix_path). The GPU architecture: TORCH_CUDA_ARCH_LIST and
+# CMAKE_CUDA_ARCHITECTURES, else the first GPU's compute capability (nvidia-smi). (A toolchain
+# carried to a machine without one, as this project's lent GPU machine is, goes on the PATH and
+# CMAKE_PREFIX_PATH first: `bash .carry/on-device.sh scripts/gpu-test.sh` does that there.)
 # Configures with Torch and CUDA, builds, runs every test including the [gpu] ones, runs the GPU
 # tests under compute-sanitizer (memcheck with a full leak check), runs the torch example, and
 # prints a table last. Logs go to $OUT (or build-gpu/logs).
@@ -28,9 +34,20 @@ timed() {  # timed <name> <log> <command...>: runs, logs, records
   return $rc
 }
 
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$logs/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader | tee "$logs/gpu.txt"
+if torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
+  export CMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH:+$CMAKE_PREFIX_PATH:}$torch_prefix"  # after the caller's
+  echo "the python3 on the path has Torch: $torch_prefix"
+fi
+capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
+arch_args=()
+if [ -n "$capability" ]; then
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$capability}"
+  arch_args+=(-DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-${capability/./}}")
+fi
 timed "configure (torch + cuda)" configure.log \
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON || { printf '%s\n' "${rows[@]}"; exit 1; }
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON "${arch_args[@]}" ||
+  { tail -20 "$logs/configure.log"; printf '%s\n' "${rows[@]}"; exit 1; }
 timed "build" build.log cmake --build "$build" -j "$jobs" || { tail -40 "$logs/build.log"; printf '%s\n' "${rows[@]}"; exit 1; }
 timed "ctest (host + gpu)" ctest.log ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
 grep -E "tests passed|tests failed|Not Run|Failed|\*\*\*" "$logs/ctest.log" | tail -20

@@ -15,6 +15,8 @@ function(step what)
 endfunction()
 
 file(REMOVE_RECURSE ${WORK_DIR})
+unset(ENV{CMAKE_PREFIX_PATH})  # the prefix path is exactly what the test gives
+unset(ENV{TORCH_CUDA_ARCH_LIST})
 if(README)
   set(SOURCE_DIR ${WORK_DIR}/source)
   step("extract project ${PROJECT} from the README" ${PYTHON} ${EXTRACT} project ${README} ${PROJECT} ${SOURCE_DIR})
@@ -23,12 +25,13 @@ set(prefix_path "${PREFIX}")
 if(EXTRA_PREFIX)
   list(APPEND prefix_path ${EXTRA_PREFIX})
 endif()
-# Only the generator and compiler are given, as a user's command line would: everything else is
-# the project's and cgt's config's business.
-set(configure ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G Ninja -DCMAKE_CXX_COMPILER=${CXX}
-    "-DCMAKE_PREFIX_PATH=${prefix_path}" ${CONFIGURE_ARGS})
+# Only the generator, compiler and prefix path are given, as a user's command line would: the rest
+# is the project's and cgt's config's business. (Written out, not through a list variable: the
+# prefix path is a list itself.)
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -G Ninja -DCMAKE_CXX_COMPILER=${CXX}
+                        "-DCMAKE_PREFIX_PATH=${prefix_path}" ${CONFIGURE_ARGS}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(DEFINED EXPECT_CONFIGURE_ERROR)
-  execute_process(COMMAND ${configure} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(rc EQUAL 0)
     message(FATAL_ERROR "the configure must fail, but it succeeded:\n${out}\n${err}")
   endif()
@@ -39,7 +42,10 @@ if(DEFINED EXPECT_CONFIGURE_ERROR)
   message(STATUS "the configure fails as it should:\n${err}")
   return()
 endif()
-step("configure the consumer" ${configure})
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "configure the consumer failed (${rc}):\n${out}\n${err}")
+endif()
+message(STATUS "configure the consumer: ok\n${out}")
 step("build the consumer" ${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 if(RUN STREQUAL "gpu")
   execute_process(COMMAND nvidia-smi -L RESULT_VARIABLE no_gpu OUTPUT_QUIET ERROR_QUIET)
