@@ -14,7 +14,7 @@ module;
 #include <vector>
 
 export module cgt.cuda:api;
-import cgt;
+import cgt.backend;  // the core and the backend interface (importers of cgt.cuda get `cgt` only)
 
 export namespace cgt::cuda {
 

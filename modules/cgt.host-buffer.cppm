@@ -9,7 +9,7 @@ module;
 #include <string_view>
 
 export module cgt.host:buffer;
-import cgt;
+import cgt.backend;  // the core and the backend interface (importers of cgt.host get `cgt` only)
 
 export namespace cgt::host {
 

@@ -14,7 +14,7 @@ module;
 #include <vector>
 
 export module cgt.host:device;
-import cgt;
+import cgt.backend;  // the core and the backend interface (importers of cgt.host get `cgt` only)
 import :buffer;
 
 export namespace cgt::host {

@@ -12,7 +12,7 @@ module;
 #include <vector>
 
 export module cgt.torch:api;
-import cgt;
+import cgt.backend;  // the core and the backend interface (importers of cgt.torch get `cgt` only)
 
 export namespace cgt::torch {
 

@@ -20,6 +20,7 @@
 
 import cgt;
 import cgt.host;
+import cgt.backend;  // drives the host device through the backend interface
 
 namespace {
 
