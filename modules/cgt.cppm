@@ -59,7 +59,7 @@
 // begins at the next call).
 //
 // This module is the whole user's surface: the names below, and what the backend modules add in
-// their namespaces (`cgt::host`, `cgt::cuda`, `cgt::torch`). Writing a backend of your own is done
+// their namespaces (`cgt::host`, `cgt::cuda`, `cgt::torch`). A backend of your own is written
 // against `cgt.backend` (modules/cgt.backend.cppm), which also has the backend interface
 // (`cgt::backend::Device`, ...) and the `cgt::Arena` allocator; `cgt` re-exports only the user's
 // names from it (as `import std;` re-exports the standard library's names).
@@ -72,46 +72,46 @@ export namespace cgt {
 // Errors (modules/cgt-error.cppm).
 using cgt::Errc;       // what went wrong
 using cgt::Error;      // a failure: code, message, function, node, input
-using cgt::Result;     // std::expected<T, Error>: what every fallible operation returns
 using cgt::fail;       // `return cgt::fail(Errc::..., "message")` in code returning a Result
+using cgt::Result;     // std::expected<T, Error>: what every fallible operation returns
 using cgt::to_string;  // names of Errc, Reason, CallKind, NodeReason, ElementType values
 
 // How a pool behaves and reports its decisions (modules/cgt-options.cppm).
-using cgt::Options;             // one pool's behaviour
-using cgt::OnStaticInputMoved;  // Options::on_static_input_moved
-using cgt::FunctionOptions;     // one function's static facts: name, static and mutated inputs, sizes
-using cgt::SizeSource;          // FunctionOptions::size_source
-using cgt::Reason;              // why a call did not replay, or why the pool warns
-using cgt::EventKind;           // what a logged decision did
 using cgt::Event;               // one logged decision
+using cgt::EventKind;           // what a logged decision did
+using cgt::FunctionOptions;     // one function's static facts: name, static and mutated inputs, sizes
 using cgt::LogSink;             // where decisions go
+using cgt::OnStaticInputMoved;  // Options::on_static_input_moved
+using cgt::Options;             // one pool's behaviour
+using cgt::Reason;              // why a call did not replay, or why the pool warns
+using cgt::SizeSource;          // FunctionOptions::size_source
 
 // What a pool tells about itself (modules/cgt-info.cppm).
+using cgt::Block;        // one allocated block
 using cgt::CallKind;     // what one call did: warm-up, recording, replay, eager
+using cgt::GraphCounts;  // how the CUDA graphs of cgt.cuda and cgt.torch pools came to be
+using cgt::MemoryInfo;   // the pool's memory
 using cgt::NodeKind;     // graph or warm-up
 using cgt::NodeReason;   // why a node was made
 using cgt::Stats;        // counters
-using cgt::MemoryInfo;   // the pool's memory
-using cgt::Block;        // one allocated block
-using cgt::GraphCounts;  // how the CUDA graphs of cgt.cuda and cgt.torch pools came to be
 
 // Element types and strided layouts of the host and cuda buffers (modules/cgt-layout.cppm).
-using cgt::ElementType;
 using cgt::element_size;
-using cgt::max_rank;
+using cgt::ElementType;
 using cgt::Layout;
+using cgt::max_rank;
 
 // The handles a program holds, templates over a backend (modules/cgt-handles.cppm); each backend
 // names them for its own type, e.g. `cgt::host::Pool`.
+using cgt::Arg;          // one argument of a call: a value, a lease (borrowed or moved in), an integer
+using cgt::Function;     // a function registered with a pool
+using cgt::Node;         // a read-only view of one node of the tree
+using cgt::OutputLease;  // a claim on one output: its memory is not reused while the lease lives
+using cgt::Outputs;      // the outputs of one call, each held by a lease
+using cgt::Owning;       // a Result of a handle that owns pool memory: no borrowing from a temporary
+using cgt::PathIndex;    // one output of one node of the current path
 using cgt::Pool;         // one graph tree and its memory pool
 using cgt::PoolBase;     // what every pool can do, whatever its backend
-using cgt::Function;     // a function registered with a pool
-using cgt::Arg;          // one argument of a call: a value, a lease (borrowed or moved in), an integer
-using cgt::Outputs;      // the outputs of one call, each held by a lease
-using cgt::OutputLease;  // a claim on one output: its memory is not reused while the lease lives
-using cgt::Owning;       // a Result of a handle that owns pool memory: no borrowing from a temporary
 using cgt::Ref;          // a read-only reference to the value a lease hands out
-using cgt::Node;         // a read-only view of one node of the tree
-using cgt::PathIndex;    // one output of one node of the current path
 
 }  // namespace cgt

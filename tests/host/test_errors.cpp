@@ -23,7 +23,8 @@
 
 import cgt;
 import cgt.host;
-import cgt.backend;  // a fake device stands in for the host one, through the backend interface
+// A fake device stands in for the host one, through the backend interface.
+import cgt.backend;
 
 #include "scenario/scenarios.hpp"
 #include "host/harness.hpp"

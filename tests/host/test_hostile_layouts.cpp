@@ -20,7 +20,8 @@
 
 import cgt;
 import cgt.host;
-import cgt.backend;  // drives the host device through the backend interface
+// Drives the host device through the backend interface.
+import cgt.backend;
 
 namespace {
 
