@@ -1,4 +1,4 @@
-// cgt:backend — the interface a backend (host, cuda, torch) implements for the tree engine.
+// cgt.backend:backend — the interface a backend (host, cuda, torch) implements for the tree engine.
 // Users of cgt do not need anything here; backend authors do. The engine in src/core knows a
 // device only through these types.
 module;
@@ -12,12 +12,12 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt:backend;
+export module cgt.backend:backend;
 import :error;
 import :info;
 
-export namespace cgt::detail {
-struct LeaseCore;
+namespace cgt::detail {
+struct LeaseCore;  // a lease's state (:detail); not exported
 }
 
 export namespace cgt::backend {

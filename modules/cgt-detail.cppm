@@ -1,5 +1,6 @@
-// cgt:detail — the non-template plumbing behind the handle templates of cgt:handles.
-// Nothing here is for users; it is exported only because the templates instantiate in user code.
+// cgt.backend:detail — the non-template plumbing behind the handle templates of :handles.
+// Nothing here is exported, to users or to backend authors: the handle templates name it where they
+// are defined, so their instantiations in a user's code work without the names being visible there.
 module;
 #include <expected>
 #include <array>
@@ -11,13 +12,13 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt:detail;
+export module cgt.backend:detail;
 import :error;
 import :options;
 import :info;
 import :backend;
 
-export namespace cgt::detail {
+namespace cgt::detail {
 
 class Engine;  // the tree and its state, defined in src/core
 struct Cell;   // one output storage and the leases on it

@@ -1,11 +1,11 @@
-// cgt:error — how every fallible operation of cgt reports failure.
+// cgt.backend:error — how every fallible operation of cgt reports failure.
 module;
 #include <cstdint>
 #include <expected>
 #include <string>
 #include <string_view>
 
-export module cgt:error;
+export module cgt.backend:error;
 
 export namespace cgt {
 

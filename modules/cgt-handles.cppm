@@ -1,4 +1,4 @@
-// cgt:handles — the handles a program holds: Pool, Function, Arg, Outputs, OutputLease, Node.
+// cgt.backend:handles — the handles a program holds: Pool, Function, Arg, Outputs, OutputLease, Node.
 // They are templates over a backend (cgt::host, cgt::torch, ...); each backend module names them,
 // e.g. `cgt::host::Pool`. A backend type `B` provides:
 //   using Value    = ...;  // what a call takes and a lease hands out (a buffer view, an at::Tensor)
@@ -32,7 +32,7 @@ module;
 // accepts earlier): the message is what a user who wrote a dangling borrow reads.
 #pragma clang diagnostic ignored "-Wc++26-extensions"
 
-export module cgt:handles;
+export module cgt.backend:handles;
 import :error;
 import :options;
 import :info;
@@ -45,6 +45,15 @@ template <class B>
 class Function;
 template <class B>
 class Outputs;
+template <class B>
+class Pool;
+
+namespace backend {
+/// For backends: a new pool of backend `B` over `device` (what a backend's own `make_pool` returns
+/// once it has made its device). Fails with `invalid_argument` for contradictory options.
+template <class B>
+[[nodiscard]] Result<Pool<B>> make_pool(std::unique_ptr<Device> device, Options options);
+}  // namespace backend
 
 /// A read-only reference to the value a lease hands out: converts to `const Value&`.
 template <class T>
@@ -508,15 +517,20 @@ class Pool : public PoolBase {
   [[nodiscard]] Result<std::reference_wrapper<typename B::Device>> device() && =
       delete("the device of a temporary Pool dies with it at the end of the statement: name the pool first");
 
-  /// For backends: wraps a new engine.
-  [[nodiscard]] static Pool adopt(detail::EngineRef engine) noexcept { return Pool(std::move(engine)); }
-
  private:
+  friend Result<Pool> backend::make_pool<B>(std::unique_ptr<backend::Device> device, Options options);
   explicit Pool(detail::EngineRef engine) noexcept : PoolBase(std::move(engine)) {}
   static std::unexpected<Error> moved_from(const char* what) {
     return fail(Errc::invalid_argument,
                 std::string(what) + " on an empty Pool handle (moved from); use the handle it was moved into");
   }
 };
+
+template <class B>
+Result<Pool<B>> backend::make_pool(std::unique_ptr<Device> device, Options options) {
+  auto engine = detail::make_engine(std::move(device), std::move(options));
+  if (!engine) return std::unexpected(std::move(engine.error()));
+  return Pool<B>(std::move(*engine));
+}
 
 }  // namespace cgt

@@ -1,11 +1,11 @@
-// cgt:info — what a pool can tell about itself: counters, memory, kinds of calls and nodes.
+// cgt.backend:info — what a pool can tell about itself: counters, memory, kinds of calls and nodes.
 module;
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-export module cgt:info;
+export module cgt.backend:info;
 import :options;
 
 export namespace cgt {

@@ -1,4 +1,4 @@
-// cgt:options — how a pool and its functions behave, and how the pool reports its decisions.
+// cgt.backend:options — how a pool and its functions behave, and how the pool reports its decisions.
 module;
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +7,7 @@ module;
 #include <string_view>
 #include <vector>
 
-export module cgt:options;
+export module cgt.backend:options;
 
 export namespace cgt {
 

@@ -57,15 +57,64 @@
 // may be dropped or read on any thread, also during another thread's call of the same pool, and
 // `mark_step_begin()` may be called from any thread or from inside a pool function (the step
 // begins at the next call).
+//
+// This module is the whole user's surface: the names below, and what the backend modules add in
+// their namespaces (`cgt::host`, `cgt::cuda`, `cgt::torch`). A backend of your own is written
+// against `cgt.backend` (modules/cgt.backend.cppm), which also has the backend interface
+// (`cgt::backend::Device`, ...) and the `cgt::Arena` allocator; `cgt` re-exports only the user's
+// names from it (as `import std;` re-exports the standard library's names).
 module;
 export module cgt;
+import cgt.backend;
 
-export import :error;          // Errc, Error, Result<T>
-export import :options;        // Options, FunctionOptions, Reason, Event, LogSink
-export import :info;           // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason
-export import :layout;         // ElementType, Layout: strided views, for the backends' buffers
-export import :arena;          // Arena: the checkpointable best-fit allocator of the host and cuda pools
-export import :handles;        // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Owning<T>, Node
-export import :backend;        // for backend authors: Device, Recording, Checkpoint, ArgDesc, ...
-export import :arena_backend;  // for backend authors over an Arena: settle_outputs, free_all, describe_outputs
-export import :detail;         // plumbing of the handle templates; not for direct use
+// clang-tidy 19 takes an exported using-declaration for an unused one.
+// NOLINTBEGIN(misc-unused-using-decls)
+export namespace cgt {
+
+// Errors (modules/cgt-error.cppm).
+using cgt::Errc;       // what went wrong
+using cgt::Error;      // a failure: code, message, function, node, input
+using cgt::fail;       // `return cgt::fail(Errc::..., "message")` in code returning a Result
+using cgt::Result;     // std::expected<T, Error>: what every fallible operation returns
+using cgt::to_string;  // names of Errc, Reason, CallKind, NodeReason, ElementType values
+
+// How a pool behaves and reports its decisions (modules/cgt-options.cppm).
+using cgt::Event;               // one logged decision
+using cgt::EventKind;           // what a logged decision did
+using cgt::FunctionOptions;     // one function's static facts: name, static and mutated inputs, sizes
+using cgt::LogSink;             // where decisions go
+using cgt::OnStaticInputMoved;  // Options::on_static_input_moved
+using cgt::Options;             // one pool's behaviour
+using cgt::Reason;              // why a call did not replay, or why the pool warns
+using cgt::SizeSource;          // FunctionOptions::size_source
+
+// What a pool tells about itself (modules/cgt-info.cppm).
+using cgt::Block;        // one allocated block
+using cgt::CallKind;     // what one call did: warm-up, recording, replay, eager
+using cgt::GraphCounts;  // how the CUDA graphs of cgt.cuda and cgt.torch pools came to be
+using cgt::MemoryInfo;   // the pool's memory
+using cgt::NodeKind;     // graph or warm-up
+using cgt::NodeReason;   // why a node was made
+using cgt::Stats;        // counters
+
+// Element types and strided layouts of the host and cuda buffers (modules/cgt-layout.cppm).
+using cgt::element_size;
+using cgt::ElementType;
+using cgt::Layout;
+using cgt::max_rank;
+
+// The handles a program holds, templates over a backend (modules/cgt-handles.cppm); each backend
+// names them for its own type, e.g. `cgt::host::Pool`.
+using cgt::Arg;          // one argument of a call: a value, a lease (borrowed or moved in), an integer
+using cgt::Function;     // a function registered with a pool
+using cgt::Node;         // a read-only view of one node of the tree
+using cgt::OutputLease;  // a claim on one output: its memory is not reused while the lease lives
+using cgt::Outputs;      // the outputs of one call, each held by a lease
+using cgt::Owning;       // a Result of a handle that owns pool memory: no borrowing from a temporary
+using cgt::PathIndex;    // one output of one node of the current path
+using cgt::Pool;         // one graph tree and its memory pool
+using cgt::PoolBase;     // what every pool can do, whatever its backend
+using cgt::Ref;          // a read-only reference to the value a lease hands out
+
+}  // namespace cgt
+// NOLINTEND(misc-unused-using-decls)

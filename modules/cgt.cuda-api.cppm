@@ -14,11 +14,16 @@ module;
 #include <vector>
 
 export module cgt.cuda:api;
-import cgt;
+// The core and the backend interface; importers of cgt.cuda get `cgt` only.
+import cgt.backend;
 
 export namespace cgt::cuda {
 
 using cgt::ElementType;
+// The pool's memory (`Device::arena()`, `PoolOptions::arena`): `cgt::Arena` is the backend API's.
+using cgt::Arena;            // NOLINT(misc-unused-using-decls): re-exported for users
+using cgt::ArenaCheckpoint;  // NOLINT(misc-unused-using-decls): re-exported for users
+using cgt::ArenaOptions;
 
 /// A typed, strided view of device memory: a storage (pointer and bytes) on one device and a
 /// `Layout`. Copying a buffer copies the view. `Buffer::make` and `take()` give buffers that own

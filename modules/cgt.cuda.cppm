@@ -1,6 +1,6 @@
 // cgt.cuda — CUDA graph trees for raw CUDA code.
 //
-// The pool's memory is the checkpointable arena (cgt::Arena) over segments from cudaMalloc. A pool
+// The pool's memory is the checkpointable arena (cgt::cuda::Arena) over segments from cudaMalloc. A pool
 // function receives a `Context`: it allocates pool buffers with `ctx.allocate` and launches its
 // kernels on `ctx.stream()`. Warm-ups run them; recordings capture them (cudaStreamBeginCapture in
 // thread-local mode) after a copy node per eight copied inputs, instantiate the graph and upload

@@ -9,7 +9,8 @@ module;
 #include <string_view>
 
 export module cgt.host:buffer;
-import cgt;
+// The core and the backend interface; importers of cgt.host get `cgt` only.
+import cgt.backend;
 
 export namespace cgt::host {
 

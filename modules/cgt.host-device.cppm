@@ -14,7 +14,8 @@ module;
 #include <vector>
 
 export module cgt.host:device;
-import cgt;
+// The core and the backend interface; importers of cgt.host get `cgt` only.
+import cgt.backend;
 import :buffer;
 
 export namespace cgt::host {

@@ -18,5 +18,6 @@
 module;
 export module cgt.host;
 export import cgt;
-export import :buffer;  // Buffer, copy (ElementType and Arena are the core's: cgt::ElementType, cgt::Arena)
-export import :device;  // Context, Inputs, Values, Stream, Graph, Device, PoolOptions, make_pool, Pool...
+export import :buffer;  // Buffer, copy, ElementType (cgt::ElementType)
+export import :device;  // Context, Inputs, Values, Stream, Graph, Device, PoolOptions, make_pool, Pool...,
+                        // Arena, ArenaOptions (the allocator of cgt.backend)

@@ -12,7 +12,8 @@ module;
 #include <vector>
 
 export module cgt.torch:api;
-import cgt;
+// The core and the backend interface; importers of cgt.torch get `cgt` only.
+import cgt.backend;
 
 export namespace cgt::torch {
 

@@ -1,4 +1,4 @@
-// cgt:engine (internal) — the tree engine's state: functions and their shape variants, the tree of
+// cgt.backend:engine (internal) — the tree engine's state: functions and their shape variants, the tree of
 // nodes, the storages that outputs view, the current path. The per-call algorithm lives in the
 // engine_*.cpp units beside this file.
 module;
@@ -18,7 +18,7 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt:engine;
+export module cgt.backend:engine;
 import :error;
 import :options;
 import :info;

@@ -12,7 +12,7 @@ module;
 #include <utility>
 #include <vector>
 
-module cgt;
+module cgt.backend;
 import :engine;
 
 namespace cgt::detail {

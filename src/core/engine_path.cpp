@@ -11,7 +11,7 @@ module;
 #include <utility>
 #include <vector>
 
-module cgt;
+module cgt.backend;
 import :engine;
 
 namespace cgt::detail {

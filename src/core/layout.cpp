@@ -12,7 +12,7 @@ module;
 #include <string_view>
 #include <utility>
 
-module cgt;
+module cgt.backend;
 
 namespace cgt {
 namespace {

@@ -13,6 +13,7 @@ module;
 #include <vector>
 
 module cgt.cuda;
+import cgt.backend;
 import :internal;
 
 namespace cgt::cuda {

@@ -18,6 +18,7 @@ module;
 #include <vector>
 
 module cgt.cuda;
+import cgt.backend;
 import :internal;
 
 namespace cgt::cuda {
@@ -464,9 +465,7 @@ Result<Pool> make_pool(PoolOptions options) {
   }
   auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory,
                                          options.update_graphs_in_place);
-  auto engine = detail::make_engine(std::move(device), std::move(options.tree));
-  if (!engine) return std::unexpected(std::move(engine.error()));
-  return Pool::adopt(std::move(*engine));
+  return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
 }
 
 }  // namespace cgt::cuda

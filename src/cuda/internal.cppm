@@ -10,7 +10,7 @@ module;
 #include <string>
 
 module cgt.cuda:internal;
-import cgt;
+import cgt.backend;
 
 namespace cgt::cuda {
 

@@ -11,6 +11,7 @@ module;
 #include <utility>
 
 module cgt.host;
+import cgt.backend;
 
 namespace cgt::host {
 

@@ -15,6 +15,7 @@ module;
 #include <vector>
 
 module cgt.host;
+import cgt.backend;
 
 namespace cgt::host {
 namespace {
@@ -275,9 +276,7 @@ std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
 
 Result<Pool> make_pool(PoolOptions options) {
   auto device = std::make_unique<Device>(options.arena, options.poison_dead_memory);
-  auto engine = detail::make_engine(std::move(device), std::move(options.tree));
-  if (!engine) return std::unexpected(std::move(engine.error()));
-  return Pool::adopt(std::move(*engine));
+  return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
 }
 
 }  // namespace cgt::host

@@ -27,6 +27,7 @@ module;
 #include <vector>
 
 module cgt.torch;
+import cgt.backend;
 import :internal;
 
 namespace cgt::torch {
@@ -316,9 +317,7 @@ Result<Pool> make_pool(PoolOptions options) {
     return std::make_unique<Device>(options.device, options.update_graphs_in_place);
   });
   if (!device) return std::unexpected(std::move(device.error()));
-  auto engine = detail::make_engine(std::move(*device), std::move(options.tree));
-  if (!engine) return std::unexpected(std::move(engine.error()));
-  return Pool::adopt(std::move(*engine));
+  return backend::make_pool<Backend>(std::move(*device), std::move(options.tree));
 }
 
 }  // namespace cgt::torch

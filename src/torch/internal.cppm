@@ -28,7 +28,7 @@ module;
 #include <vector>
 
 module cgt.torch:internal;
-import cgt;
+import cgt.backend;
 import :api;
 
 namespace cgt::torch {

@@ -25,6 +25,7 @@ module;
 #include <vector>
 
 module cgt.torch;
+import cgt.backend;
 import :internal;
 
 namespace cgt::torch {

@@ -19,6 +19,7 @@ module;
 #include <vector>
 
 module cgt.torch;
+import cgt.backend;
 import :internal;
 
 namespace cgt::torch {

@@ -23,6 +23,8 @@
 
 import cgt;
 import cgt.host;
+// A fake device stands in for the host one, through the backend interface.
+import cgt.backend;
 
 #include "scenario/scenarios.hpp"
 #include "host/harness.hpp"
@@ -110,7 +112,7 @@ struct FlakyPool {
 FlakyPool make_flaky_pool(cgt::Options options = {}) {
   auto device = std::make_unique<FlakyDevice>();
   FlakyDevice* raw = device.get();
-  return {raw, cgt::host::Pool::adopt(*cgt::detail::make_engine(std::move(device), std::move(options)))};
+  return {raw, *cgt::backend::make_pool<cgt::host::Backend>(std::move(device), std::move(options))};
 }
 
 double first_value(const cgt::host::Outputs& outputs) {

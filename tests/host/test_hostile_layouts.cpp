@@ -20,6 +20,8 @@
 
 import cgt;
 import cgt.host;
+// Drives the host device through the backend interface.
+import cgt.backend;
 
 namespace {
 
