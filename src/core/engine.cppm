@@ -28,7 +28,7 @@ import :handles;
 
 namespace cgt::detail {
 
-struct Node;
+struct TreeNode;
 
 /// One storage that outputs view. Liveness is the number of leases on it, nothing else: while a
 /// lease exists the memory is live; when the last lease goes, it is dead.
@@ -146,15 +146,16 @@ inline constexpr std::uintptr_t kInputAlignment = 16;
   return function.is_static[i] && desc.data % kInputAlignment == 0;
 }
 
-/// A recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode).
-struct Node {
+/// A node of the tree: a recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode). The
+/// public `cgt::Node` is a read-only view of one, by id.
+struct TreeNode {
   std::int64_t id = 0;
   NodeKind kind = NodeKind::graph;
   NodeReason reason = NodeReason::first_call;
   std::uint32_t variant = 0;
-  Node* parent = nullptr;
-  std::vector<Node*> path;  ///< root first, ending with this node (PyTorch's path_weakrefs)
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> children;  ///< by variant
+  TreeNode* parent = nullptr;
+  std::vector<TreeNode*> path;  ///< root first, ending with this node (PyTorch's path_weakrefs)
+  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> children;  ///< by variant
   std::vector<std::uint32_t> child_order;                     ///< variants in the order children were first added
   std::unordered_map<std::uint32_t, ChildFacts> child_facts;  ///< by variant
 
@@ -190,9 +191,9 @@ enum class PathState : std::uint8_t { none, warmup, recording, execution };
 
 /// What a search among the children of a node found.
 struct Match {
-  Node* node = nullptr;
-  bool static_moved = false;   ///< with `node`: matched, but a static input moved (error mode)
-  Node* moved_from = nullptr;  ///< rerecord mode: a child that matched but for a moved static input
+  TreeNode* node = nullptr;
+  bool static_moved = false;       ///< with `node`: matched, but a static input moved (error mode)
+  TreeNode* moved_from = nullptr;  ///< rerecord mode: a child that matched but for a moved static input
   bool managed_moved = false;
   bool liveness_differs = false;
   std::int32_t moved_input = -1;
@@ -206,7 +207,7 @@ struct CallFrame {
   Variant* variant = nullptr;
   /// Recording because a static input moved: the node recorded at the old address, whose graph
   /// the backend may update for the new one instead of instantiating another.
-  Node* rerecording_of = nullptr;
+  TreeNode* rerecording_of = nullptr;
   /// The step at the call's start: a `mark_step_begin()` from inside the function belongs to the
   /// next call, which must see it.
   std::uint64_t step = 0;
@@ -267,14 +268,14 @@ class Engine {
   /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
   mutable std::mutex functions_mutex;
   std::vector<std::unique_ptr<Variant>> variants;
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> roots;  ///< by variant
+  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> roots;  ///< by variant
   std::vector<std::uint32_t> root_order;
   std::unordered_map<std::uint32_t, ChildFacts> root_facts;
-  std::vector<Node*> graph_nodes;                   ///< by id
-  std::vector<std::unique_ptr<Node>> warmup_chain;  ///< warm-up nodes of the current path
+  std::vector<TreeNode*> graph_nodes;                   ///< by id
+  std::vector<std::unique_ptr<TreeNode>> warmup_chain;  ///< warm-up nodes of the current path
   std::int64_t next_warmup_id = -1;
 
-  Node* current = nullptr;
+  TreeNode* current = nullptr;
   PathState state = PathState::none;
   std::atomic<std::uint64_t> step{0};  ///< bumped by mark_step_begin, from any thread
   std::uint64_t generations = 0;       ///< the last Cell::generation given out
@@ -304,15 +305,15 @@ class Engine {
 
   // --- replay (engine_replay.cpp) ---
   Match find_replayable_child(CallFrame& frame);
-  [[nodiscard]] bool liveness_allows(const Node& child, const CallFrame& frame) const;
-  Result<CallOutputs> replay(Node& node, CallFrame& frame);
-  void bind_output_cells(Node& node);
+  [[nodiscard]] bool liveness_allows(const TreeNode& child, const CallFrame& frame) const;
+  Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
+  void bind_output_cells(TreeNode& node);
 
   // --- recording (engine_record.cpp) ---
   Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
   /// After a capture failure that will not go away: the shape runs eagerly from now on.
   Result<CallOutputs> give_up_capture(CallFrame& frame, const Error& error);
-  void compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame);
+  void compute_aliases(TreeNode& node, const backend::RunResult& first, const CallFrame& frame);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
   void end_path_if_done(std::uint64_t step_now);
@@ -321,9 +322,9 @@ class Engine {
   void end_path();
   void reclaim_path();
   Result<void> restore_checkpoint();
-  [[nodiscard]] std::vector<Node*> path() const;
+  [[nodiscard]] std::vector<TreeNode*> path() const;
   [[nodiscard]] std::vector<std::vector<bool>> path_liveness() const;
-  [[nodiscard]] static std::vector<std::vector<bool>> liveness_of(const std::vector<Node*>& nodes);
+  [[nodiscard]] static std::vector<std::vector<bool>> liveness_of(const std::vector<TreeNode*>& nodes);
   [[nodiscard]] std::optional<PathIndex> live_alias_in_path(std::uintptr_t storage) const;
   /// The cell of the live output of the path whose storage is `storage`, or null.
   [[nodiscard]] Cell* live_cell_in_path(std::uintptr_t storage) const;
@@ -331,7 +332,7 @@ class Engine {
   [[nodiscard]] std::vector<Cell*> live_path_cells() const;
   void cell_died(Cell& cell) noexcept;
   void consume_arguments(const CallFrame& frame) noexcept;
-  void enter(Node& node, PathState new_state, const CallFrame& frame);
+  void enter(TreeNode& node, PathState new_state, const CallFrame& frame);
   ChildFacts& facts_for(std::uint32_t variant);
 
   // --- checks and reporting (engine_checks.cpp) ---
@@ -354,7 +355,7 @@ class Engine {
   [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
 
   // --- introspection (introspection.cpp) ---
-  [[nodiscard]] const Node* find_node(std::int64_t id) const noexcept;
+  [[nodiscard]] const TreeNode* find_node(std::int64_t id) const noexcept;
   [[nodiscard]] std::string to_dot() const;
 
   /// Frees the tree and the device's memory; returns the functions' callables, for the caller to

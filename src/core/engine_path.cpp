@@ -62,7 +62,7 @@ std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& b
   return indices;
 }
 
-std::size_t Node::num_descendants() const {
+std::size_t TreeNode::num_descendants() const {
   std::size_t count = 0;
   for (const auto& [variant, nodes] : children) {
     for (const auto& child : nodes) count += 1 + child->num_descendants();
@@ -70,14 +70,14 @@ std::size_t Node::num_descendants() const {
   return count;
 }
 
-std::vector<Node*> Engine::path() const {
-  return current != nullptr ? current->path : std::vector<Node*>{};
+std::vector<TreeNode*> Engine::path() const {
+  return current != nullptr ? current->path : std::vector<TreeNode*>{};
 }
 
-std::vector<std::vector<bool>> Engine::liveness_of(const std::vector<Node*>& nodes) {
+std::vector<std::vector<bool>> Engine::liveness_of(const std::vector<TreeNode*>& nodes) {
   std::vector<std::vector<bool>> liveness;
   liveness.reserve(nodes.size());
-  for (const Node* node : nodes) {
+  for (const TreeNode* node : nodes) {
     std::vector<bool> outputs(node->output_count, false);
     for (std::size_t i = 0; i < node->output_count; ++i) outputs[i] = node->cells[i] && node->cells[i]->is_live();
     liveness.push_back(std::move(outputs));
@@ -110,7 +110,7 @@ Cell* Engine::live_cell_in_path(std::uintptr_t storage) const {
 
 bool Engine::is_path_output(std::uintptr_t storage) const {
   if (current == nullptr || storage == 0) return false;
-  return std::ranges::any_of(current->path, [storage](const Node* node) {
+  return std::ranges::any_of(current->path, [storage](const TreeNode* node) {
     return std::ranges::find(node->output_storage, storage) != node->output_storage.end();
   });
 }
@@ -118,7 +118,7 @@ bool Engine::is_path_output(std::uintptr_t storage) const {
 std::vector<Cell*> Engine::live_path_cells() const {
   std::vector<Cell*> live;
   if (current == nullptr) return live;
-  for (const Node* node : current->path) {
+  for (const TreeNode* node : current->path) {
     for (const CellRef& cell : node->cells) {
       if (cell && cell->is_live() && std::ranges::find(live, cell.get()) == live.end()) {
         live.push_back(cell.get());
@@ -140,7 +140,7 @@ bool Engine::all_outputs_dead() const {
   return live_path_cells().empty();
 }
 
-void Engine::enter(Node& node, PathState new_state, const CallFrame& frame) {
+void Engine::enter(TreeNode& node, PathState new_state, const CallFrame& frame) {
   current = &node;
   state = new_state;
   current_step = frame.step;
@@ -191,7 +191,7 @@ void Engine::reclaim_path() {
 }
 
 Result<void> Engine::restore_checkpoint() {
-  Node& node = *current;
+  TreeNode& node = *current;
   ++stats.checkpoint_restores;
   const std::vector<Cell*> live = live_path_cells();
   std::vector<backend::StorageHandle*> handles;

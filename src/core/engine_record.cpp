@@ -35,7 +35,7 @@ Result<CallOutputs> Engine::give_up_capture(CallFrame& frame, const Error& error
   return run_eager(frame, Reason::capture_failed);
 }
 
-void Engine::compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame) {
+void Engine::compute_aliases(TreeNode& node, const backend::RunResult& first, const CallFrame& frame) {
   const std::size_t count = first.outputs.size();
   node.output_count = count;
   node.aliases.assign(count, OutputAlias{});
@@ -83,13 +83,13 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
   }
 
-  auto node = std::make_unique<Node>();
+  auto node = std::make_unique<TreeNode>();
   node->id = static_cast<std::int64_t>(graph_nodes.size());
   node->kind = NodeKind::graph;
   node->reason = reason;
   node->variant = frame.variant->id;
   node->parent = current;
-  node->path = current != nullptr ? current->path : std::vector<Node*>{};
+  node->path = current != nullptr ? current->path : std::vector<TreeNode*>{};
   node->path.push_back(node.get());
 
   // Inputs: outputs of the path are used in place (pool-managed), aligned static inputs are used
@@ -173,7 +173,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     ++stats.by_reason[static_cast<std::size_t>(why)];
     log(EventKind::rerecord, why, function, moved_message(reason, function));
   }
-  Node* added = node.get();
+  TreeNode* added = node.get();
   graph_nodes.push_back(added);
   auto& siblings = current != nullptr ? current->children : roots;
   auto& order = current != nullptr ? current->child_order : root_order;

@@ -15,7 +15,7 @@ import :engine;
 namespace cgt::detail {
 namespace {
 
-bool all_dead(const Node& node, std::span<const PathIndex> indices) noexcept {
+bool all_dead(const TreeNode& node, std::span<const PathIndex> indices) noexcept {
   return std::ranges::none_of(indices, [&node](const PathIndex& index) {
     const CellRef& cell = node.path[index.depth]->cells[index.output];
     return cell && cell->is_live();
@@ -31,7 +31,7 @@ std::uint32_t consumed_leases(const CallFrame& frame, const Cell* cell) noexcept
 
 // True when every output has a storage of its own whose cell (dead since the last execution of the
 // node, so not owned by the allocator) can be handed out again as it is: the common replay.
-bool outputs_reusable_as_bound(const Node& node) noexcept {
+bool outputs_reusable_as_bound(const TreeNode& node) noexcept {
   if (!node.outputs_own_storage || node.bound.size() != node.output_count) return false;
   for (std::size_t i = 0; i < node.output_count; ++i) {
     const Cell* cell = node.cells[i].get();
@@ -44,7 +44,7 @@ bool outputs_reusable_as_bound(const Node& node) noexcept {
 
 }  // namespace
 
-bool Engine::liveness_allows(const Node& child, const CallFrame& frame) const {
+bool Engine::liveness_allows(const TreeNode& child, const CallFrame& frame) const {
   // An output that views an earlier graph's output must find that storage live.
   for (const OutputAlias& alias : child.aliases) {
     if (alias.kind != AliasKind::alias_of_prior) continue;
@@ -65,7 +65,7 @@ Match Engine::find_replayable_child(CallFrame& frame) {
   const auto found = siblings.find(frame.variant->id);
   if (found == siblings.end()) return match;
   for (const auto& owned : found->second) {
-    Node& child = *owned;
+    TreeNode& child = *owned;
     // Outputs of earlier graphs are baked into this graph at their recorded addresses.
     bool managed_in_place = true;
     for (const std::uint32_t input : child.managed_inputs) {
@@ -107,7 +107,7 @@ Match Engine::find_replayable_child(CallFrame& frame) {
   return match;
 }
 
-void Engine::bind_output_cells(Node& node) {
+void Engine::bind_output_cells(TreeNode& node) {
   if (outputs_reusable_as_bound(node)) return;
   bool changed = node.bound.size() != node.output_count;
   node.bound.resize(node.output_count, nullptr);
@@ -143,7 +143,7 @@ void Engine::bind_output_cells(Node& node) {
   if (changed) node.recording->bind_outputs(node.bound);
 }
 
-Result<CallOutputs> Engine::replay(Node& node, CallFrame& frame) {
+Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   const FunctionRecord& function = *frame.function;
   bind_output_cells(node);
   if (auto replayed = node.recording->replay(frame.args); !replayed) {

@@ -133,7 +133,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
     return std::unexpected(std::move(error));
   }
 
-  auto node = std::make_unique<Node>();
+  auto node = std::make_unique<TreeNode>();
   node->id = next_warmup_id--;
   node->kind = NodeKind::warmup;
   if (!variant.warmed_up)
@@ -144,7 +144,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
     node->reason = NodeReason::forced_warmup;
   node->variant = variant.id;
   node->parent = current;
-  node->path = current != nullptr ? current->path : std::vector<Node*>{};
+  node->path = current != nullptr ? current->path : std::vector<TreeNode*>{};
   node->path.push_back(node.get());
 
   const std::size_t count = result->outputs.size();
