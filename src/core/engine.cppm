@@ -42,8 +42,8 @@ struct Cell {
   /// Changes whenever the storage comes to life (its first lease after none): values handed out
   /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
   std::uint64_t generation = 0;
-  std::uint32_t function = 0;     ///< function that produced it (for messages)
-  std::shared_ptr<void> rescued;  ///< copy of the memory, with `Options::copy_out_on_new_step`
+  std::uint32_t function = 0;        ///< function that produced it (for messages)
+  std::shared_ptr<void> copied_out;  ///< the memory copied out when it was reclaimed (`copy_out_on_new_step`)
 
   [[nodiscard]] bool is_live() const noexcept { return leases > 0 && !reclaimed; }
 };
@@ -165,7 +165,7 @@ struct TreeNode {
   std::vector<std::uint32_t> managed_inputs;       ///< inputs that are outputs of the path
   std::vector<std::uint32_t> static_inputs;        ///< user-static inputs (not managed), aligned
   std::vector<std::uintptr_t> recorded_data;       ///< per input: data address if static/managed
-  std::vector<bool> copied;                        ///< per input: copied into a slot on replay
+  std::vector<bool> copied_to_slot;                ///< per input: copied into a pool slot on every replay
   std::vector<OutputAlias> aliases;                ///< per output
   std::vector<std::vector<bool>> liveness_before;  ///< path liveness before recording (without this node)
   std::vector<std::vector<bool>> liveness_after;   ///< path liveness after recording (with this node)
@@ -189,14 +189,20 @@ struct TreeNode {
 /// Where the current path is (PyTorch's ExecutionState).
 enum class PathState : std::uint8_t { none, warmup, recording, execution };
 
-/// What a search among the children of a node found.
+/// What a search among the children of the current node found. Each field says one thing,
+/// whatever the others hold.
 struct Match {
-  TreeNode* node = nullptr;
-  bool static_moved = false;       ///< with `node`: matched, but a static input moved (error mode)
-  TreeNode* moved_from = nullptr;  ///< rerecord mode: a child that matched but for a moved static input
-  bool managed_moved = false;
+  /// A child whose recorded invariants all hold for this call: replay it.
+  TreeNode* replayable = nullptr;
+  /// The first child that fits but for a static input at a new address. Under
+  /// `OnStaticInputMoved::error` the call fails naming it (it fit in every other way); under
+  /// `rerecord` the new recording replaces it.
+  TreeNode* static_moved_child = nullptr;
+  std::int32_t moved_static_input = -1;  ///< that input of `static_moved_child` (-1: none)
+  /// A pool-managed input (an output of an earlier graph) at a new address for some child (-1: none).
+  std::int32_t moved_managed_input = -1;
+  /// Some child fit but for which outputs of the path are live.
   bool liveness_differs = false;
-  std::int32_t moved_input = -1;
 };
 
 /// One call in flight: its arguments and what the engine learned about them.
@@ -286,6 +292,8 @@ class Engine {
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);
+  /// The `static_input_moved` error of a call whose only misfit is static inputs at new addresses.
+  [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
   std::optional<Reason> fallback_reason(CallFrame& frame);
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
   bool mutates_unmanaged_input(CallFrame& frame);
@@ -316,8 +324,14 @@ class Engine {
   void compute_aliases(TreeNode& node, const backend::RunResult& first, const CallFrame& frame);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
-  void end_path_if_done(std::uint64_t step_now);
-  void try_end_execution(std::uint64_t step_now);
+  /// When the engine asks whether the current path is over.
+  enum class PathCheck : std::uint8_t {
+    call_start,     ///< before a call: a replaying path is kept, since a child of it may follow
+    no_child_fits,  ///< no child of the current node fits the call: a replaying path may end too
+  };
+  /// Ends the current path if it is over: reclaims it if a new step began since it last ran, or
+  /// ends it if no output of the path is live (at `call_start`, only a path warming up or recording).
+  void end_path_if_over(std::uint64_t step_now, PathCheck when);
   [[nodiscard]] bool all_outputs_dead() const;
   void end_path();
   void reclaim_path();

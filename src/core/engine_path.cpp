@@ -152,22 +152,14 @@ void Engine::end_path() {
   warmup_chain.clear();
 }
 
-void Engine::end_path_if_done(std::uint64_t step_now) {
+void Engine::end_path_if_over(std::uint64_t step_now, PathCheck when) {
   if (current == nullptr) return;
   if (current_step != step_now) {
     reclaim_path();
     return;
   }
-  // Replays end lazily (when no child matches); warm-ups and recordings are checked up front.
-  if ((state == PathState::recording || state == PathState::warmup) && all_outputs_dead()) end_path();
-}
-
-void Engine::try_end_execution(std::uint64_t step_now) {
-  if (current == nullptr) return;
-  if (current_step != step_now) {
-    reclaim_path();
-    return;
-  }
+  // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
+  if (when == PathCheck::call_start && state == PathState::execution) return;
   if (all_outputs_dead()) end_path();
 }
 
@@ -175,14 +167,14 @@ void Engine::reclaim_path() {
   const std::vector<Cell*> live = live_path_cells();
   if (!live.empty()) ++stats.steps_reclaimed;
   for (Cell* cell : live) {
-    bool rescued = false;
+    bool copied_out = false;
     if (options.copy_out_on_new_step) {
       if (auto copy = device->rescue(cell->storage)) {
-        cell->rescued = std::move(*copy);
-        rescued = true;
+        cell->copied_out = std::move(*copy);
+        copied_out = true;
       }
     }
-    (rescued ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases;
+    (copied_out ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases;
     cell->reclaimed = true;
     device->release(cell->storage, backend::Release::reclaimed, functions[cell->function]->name);
     cell->storage.owned_by_allocator = false;

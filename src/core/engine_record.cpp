@@ -96,7 +96,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   // in place, everything else is copied into a pool slot on every replay.
   const std::size_t inputs = frame.descs.size();
   node->recorded_data.assign(inputs, 0);
-  node->copied.assign(inputs, false);
+  node->copied_to_slot.assign(inputs, false);
   auto copy_input = std::make_unique<bool[]>(inputs);
   for (std::size_t i = 0; i < inputs; ++i) {
     const backend::ArgDesc& desc = frame.descs[i];
@@ -109,7 +109,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
       node->static_inputs.push_back(index);
       node->recorded_data[i] = desc.data;
     } else {
-      node->copied[i] = true;
+      node->copied_to_slot[i] = true;
       copy_input[i] = true;
     }
   }
@@ -149,7 +149,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   }
   consume_arguments(frame);
 
-  // What died during the call (inputs moved in) must die during every replay too.
+  // What died during the call (leases the call consumed) must die during every replay too.
   if (current != nullptr) node->expected_dead_after = differing_indices(node->liveness_before, path_liveness());
   node->liveness_after = liveness_of(node->path);
   for (std::size_t d = 0; d < node->path.size(); ++d) {

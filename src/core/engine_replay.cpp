@@ -22,7 +22,17 @@ bool all_dead(const TreeNode& node, std::span<const PathIndex> indices) noexcept
   });
 }
 
-// Leases the call itself gives up on `cell` (arguments moved in).
+// The first of `inputs` (read in place by `child`) that is not at the address it was recorded
+// with, or -1.
+std::int32_t first_moved_input(std::span<const std::uint32_t> inputs, const TreeNode& child,
+                               const CallFrame& frame) noexcept {
+  for (const std::uint32_t input : inputs) {
+    if (frame.descs[input].data != child.recorded_data[input]) return static_cast<std::int32_t>(input);
+  }
+  return -1;
+}
+
+// Leases the call itself gives up on `cell` (leases it consumed: arguments moved into it).
 std::uint32_t consumed_leases(const CallFrame& frame, const Cell* cell) noexcept {
   std::uint32_t count = 0;
   for (const backend::ArgSlot& slot : frame.args) count += slot.consumed != nullptr && slot.consumed->cell == cell;
@@ -51,7 +61,7 @@ bool Engine::liveness_allows(const TreeNode& child, const CallFrame& frame) cons
     const CellRef& cell = child.path[alias.prior.depth]->cells[alias.prior.output];
     if (!cell || !cell->is_live()) return false;
   }
-  // Storages that died during the recording (inputs moved in) must die during this call too,
+  // Storages that died during the recording (leases the call consumed) must die during this call too,
   // or the graph would overwrite memory the caller still holds.
   return std::ranges::none_of(child.expected_dead_after, [&child, &frame](const PathIndex& index) {
     const CellRef& cell = child.path[index.depth]->cells[index.output];
@@ -67,41 +77,33 @@ Match Engine::find_replayable_child(CallFrame& frame) {
   for (const auto& owned : found->second) {
     TreeNode& child = *owned;
     // Outputs of earlier graphs are baked into this graph at their recorded addresses.
-    bool managed_in_place = true;
-    for (const std::uint32_t input : child.managed_inputs) {
-      if (frame.descs[input].data != child.recorded_data[input]) {
-        managed_in_place = false;
-        match.managed_moved = true;
-        match.moved_input = static_cast<std::int32_t>(input);
-        break;
-      }
+    if (const std::int32_t moved = first_moved_input(child.managed_inputs, child, frame); moved >= 0) {
+      match.moved_managed_input = moved;
+      continue;
     }
-    if (!managed_in_place) continue;
     // Memory this graph reuses must be dead now, as it was when the graph was recorded.
     if (!all_dead(child, child.expected_dead_before)) {
       match.liveness_differs = true;
       continue;
     }
-    std::int32_t moved_static = -1;
-    for (const std::uint32_t input : child.static_inputs) {
-      if (frame.descs[input].data != child.recorded_data[input]) {
-        moved_static = static_cast<std::int32_t>(input);
-        break;
-      }
-    }
+    const std::int32_t moved_static = first_moved_input(child.static_inputs, child, frame);
     if (moved_static >= 0 && options.on_static_input_moved == OnStaticInputMoved::rerecord) {
-      match.static_moved = true;
-      match.moved_input = moved_static;
-      if (match.moved_from == nullptr) match.moved_from = &child;
+      if (match.static_moved_child == nullptr) {
+        match.static_moved_child = &child;
+        match.moved_static_input = moved_static;
+      }
       continue;
     }
     if (!liveness_allows(child, frame)) {
       match.liveness_differs = true;
       continue;
     }
-    match.node = &child;
-    match.static_moved = moved_static >= 0;
-    match.moved_input = moved_static;
+    if (moved_static >= 0) {  // OnStaticInputMoved::error: the call fails on this child
+      match.static_moved_child = &child;
+      match.moved_static_input = moved_static;
+    } else {
+      match.replayable = &child;
+    }
     return match;
   }
   return match;
@@ -157,7 +159,7 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
     LeaseCore& lease = out.leases.emplace_back();
     lease_to(lease, *this, node.cells[i].get(), node.recording->output(i), function.id, static_cast<std::uint32_t>(i));
   }
-  // Arguments moved in die now, after the outputs that may alias them took their leases.
+  // Leases the call consumed die now, after the outputs that may alias them took their leases.
   consume_arguments(frame);
   enter(node, PathState::execution, frame);
   ++stats.replays;

@@ -112,8 +112,8 @@ std::vector<PathIndex> Node::expected_dead_after() const {
 std::vector<std::size_t> Node::copied_inputs() const {
   return read_node(*this, std::vector<std::size_t>{}, [](const detail::Engine&, const detail::TreeNode& node) {
     std::vector<std::size_t> copied;
-    for (std::size_t i = 0; i < node.copied.size(); ++i) {
-      if (node.copied[i]) copied.push_back(i);
+    for (std::size_t i = 0; i < node.copied_to_slot.size(); ++i) {
+      if (node.copied_to_slot[i]) copied.push_back(i);
     }
     return copied;
   });
