@@ -28,7 +28,7 @@ import :handles;
 
 namespace cgt::detail {
 
-struct TreeNode;
+class TreeNode;
 
 /// One storage that outputs view. Liveness is the number of leases on it, nothing else: while a
 /// lease exists the memory is live; when the last lease goes, it is dead.
@@ -146,45 +146,153 @@ inline constexpr std::uintptr_t kInputAlignment = 16;
   return function.is_static[i] && desc.data % kInputAlignment == 0;
 }
 
-/// A node of the tree: a recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode). The
-/// public `cgt::Node` is a read-only view of one, by id.
-struct TreeNode {
-  std::int64_t id = 0;
-  NodeKind kind = NodeKind::graph;
-  NodeReason reason = NodeReason::first_call;
-  std::uint32_t variant = 0;
-  TreeNode* parent = nullptr;
-  std::vector<TreeNode*> path;  ///< root first, ending with this node (PyTorch's path_weakrefs)
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> children;  ///< by variant
-  std::vector<std::uint32_t> child_order;                     ///< variants in the order children were first added
-  std::unordered_map<std::uint32_t, ChildFacts> child_facts;  ///< by variant
-
-  // Graph nodes only.
-  std::unique_ptr<backend::Recording> recording;
-  std::unique_ptr<backend::Checkpoint> checkpoint;
-  std::vector<std::uint32_t> managed_inputs;       ///< inputs that are outputs of the path
-  std::vector<std::uint32_t> static_inputs;        ///< user-static inputs (not managed), aligned
-  std::vector<std::uintptr_t> recorded_data;       ///< per input: data address if static/managed
-  std::vector<bool> copied_to_slot;                ///< per input: copied into a pool slot on every replay
-  std::vector<OutputAlias> aliases;                ///< per output
-  std::vector<std::vector<bool>> liveness_before;  ///< path liveness before recording (without this node)
-  std::vector<std::vector<bool>> liveness_after;   ///< path liveness after recording (with this node)
-  std::vector<PathIndex> expected_dead_before;
-  std::vector<PathIndex> expected_dead_after;
-  std::vector<PathIndex> live_after;           ///< everything live right after recording
-  std::vector<backend::StorageHandle*> bound;  ///< storages the recording's outputs view now
-  std::vector<const void*> bound_native;       ///< and their native records at that time
-  bool outputs_own_storage = false;            ///< every output is new_storage: replays may skip rebinding
-
-  // Both kinds: the storage of each output in the current execution (null: no pool memory).
-  std::vector<CellRef> cells;
-  std::vector<std::uintptr_t> output_storage;  ///< per output: recorded storage address (0: not pool memory)
-  std::vector<std::size_t> output_bytes;
-  std::size_t output_count = 0;
-
-  [[nodiscard]] std::size_t depth() const noexcept { return path.size() - 1; }
-  [[nodiscard]] std::size_t num_descendants() const;
+/// How a graph reads one input.
+enum class InputUse : std::uint8_t {
+  scalar,           ///< baked into the graph (a scalar is part of the shape key)
+  managed,          ///< pool-managed: an output of an earlier graph of the path, read in place
+  static_in_place,  ///< a static input, aligned: read in place
+  copied,           ///< copied into a pool slot on every replay
 };
+
+/// The nodes under one parent (or the roots of the tree), by variant, with per-variant facts.
+class Children {
+ public:
+  /// The nodes of `variant`, in the order they were recorded (empty: none).
+  [[nodiscard]] std::span<const std::unique_ptr<TreeNode>> of(std::uint32_t variant) const noexcept {
+    const auto found = by_variant_.find(variant);
+    if (found == by_variant_.end()) return {};
+    return found->second;
+  }
+  [[nodiscard]] bool has(std::uint32_t variant) const noexcept { return by_variant_.contains(variant); }
+  /// Variants in the order their first node was added.
+  [[nodiscard]] const std::vector<std::uint32_t>& order() const noexcept { return order_; }
+  /// Adds `node` after the others of its variant; returns it.
+  TreeNode& add(std::unique_ptr<TreeNode> node);
+  /// What is known of `variant` at this place of the tree, whether or not a node of it exists.
+  [[nodiscard]] ChildFacts& facts(std::uint32_t variant) { return facts_[variant]; }
+  [[nodiscard]] std::size_t count_descendants() const;
+  void clear() noexcept;
+
+ private:
+  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> by_variant_;
+  std::vector<std::uint32_t> order_;
+  std::unordered_map<std::uint32_t, ChildFacts> facts_;
+};
+
+/// A node of the tree: a recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode). The
+/// public `cgt::Node` is a read-only view of one, by id. Its fields derive from one another (a
+/// cell per output, aliases that share cells, liveness snapshots): they change only through the
+/// methods below, each of which keeps them consistent.
+class TreeNode {
+ public:
+  /// A node for a call of `variant` right after `parent` (null: a root). Graph nodes are numbered
+  /// from 0 in recording order, warm-up nodes count down from -1.
+  TreeNode(NodeKind kind, std::int64_t id, NodeReason reason, std::uint32_t variant, TreeNode* parent);
+  TreeNode(const TreeNode&) = delete;
+  TreeNode& operator=(const TreeNode&) = delete;
+  ~TreeNode();
+
+  // --- identity, fixed when made ---
+  [[nodiscard]] std::int64_t id() const noexcept { return id_; }
+  [[nodiscard]] NodeKind kind() const noexcept { return kind_; }
+  [[nodiscard]] NodeReason reason() const noexcept { return reason_; }
+  [[nodiscard]] std::uint32_t variant() const noexcept { return variant_; }
+  [[nodiscard]] TreeNode* parent() const noexcept { return parent_; }
+  /// Root first, ending with this node (PyTorch's path_weakrefs).
+  [[nodiscard]] const std::vector<TreeNode*>& path() const noexcept { return path_; }
+  [[nodiscard]] std::size_t depth() const noexcept { return path_.size() - 1; }
+  [[nodiscard]] Children& children() noexcept { return children_; }
+  [[nodiscard]] const Children& children() const noexcept { return children_; }
+  [[nodiscard]] std::size_t num_descendants() const { return children_.count_descendants(); }
+
+  // --- inputs (graph nodes) ---
+  /// Records how the graph reads each input, and the address of those it reads in place.
+  void take_inputs(std::span<const InputUse> uses, std::span<const backend::ArgDesc> descs);
+  [[nodiscard]] const std::vector<std::uint32_t>& managed_inputs() const noexcept { return managed_inputs_; }
+  [[nodiscard]] const std::vector<std::uint32_t>& static_inputs() const noexcept { return static_inputs_; }
+  /// Per input: the data address it was recorded with, if read in place (else 0).
+  [[nodiscard]] const std::vector<std::uintptr_t>& recorded_data() const noexcept { return recorded_data_; }
+  /// Per input: copied into a pool slot on every replay.
+  [[nodiscard]] const std::vector<bool>& copied_to_slot() const noexcept { return copied_to_slot_; }
+
+  // --- outputs (both kinds) ---
+  /// Takes the outputs of the node's warm-up or recording: where each lives, and how it aliases
+  /// other memory (`AliasKind`): an output viewing a live output of the path or an earlier output
+  /// of this call shares that one's cell; a new storage of the pool gets a new cell. Called before
+  /// the node is entered: the path searched is its parent's.
+  void take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function);
+  [[nodiscard]] std::size_t output_count() const noexcept { return output_count_; }
+  /// Per output: the storage it views in the current execution (null: not pool memory).
+  [[nodiscard]] const std::vector<CellRef>& cells() const noexcept { return cells_; }
+  [[nodiscard]] const std::vector<OutputAlias>& aliases() const noexcept { return aliases_; }
+  /// Per output: the storage address it was made at (0: not pool memory).
+  [[nodiscard]] const std::vector<std::uintptr_t>& output_storage() const noexcept { return output_storage_; }
+  /// The cell of output `index.output` of the node at `index.depth` of this node's path.
+  [[nodiscard]] const CellRef& cell_at(PathIndex index) const noexcept {
+    return path_[index.depth]->cells_[index.output];
+  }
+  /// The live output of this node's path (root to this node) at `storage`, if any.
+  [[nodiscard]] std::optional<PathIndex> live_output_at(std::uintptr_t storage) const noexcept;
+
+  // --- recording (graph nodes) ---
+  void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept { recording_ = std::move(recording); }
+  /// Marks the graph recorded, its outputs handed out: keeps `checkpoint` (the allocator right
+  /// after) and derives, from the path's liveness before the call (`liveness_before`, without this
+  /// node) and now, what must be dead before and after each replay.
+  void mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
+                     const std::vector<std::vector<bool>>& liveness_before);
+  [[nodiscard]] backend::Recording* recording() const noexcept { return recording_.get(); }
+  [[nodiscard]] const backend::Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
+  /// Path liveness right after recording (with this node).
+  [[nodiscard]] const std::vector<std::vector<bool>>& liveness_after() const noexcept { return liveness_after_; }
+  /// Outputs of the path live when the parent was recorded but dead when this was: they must be
+  /// dead before a replay, which reuses their memory.
+  [[nodiscard]] const std::vector<PathIndex>& expected_dead_before() const noexcept { return expected_dead_before_; }
+  /// Outputs of the path that died during the recording (leases the call consumed): they must die
+  /// during every replay too.
+  [[nodiscard]] const std::vector<PathIndex>& expected_dead_after() const noexcept { return expected_dead_after_; }
+  /// Everything live right after recording.
+  [[nodiscard]] const std::vector<PathIndex>& live_after() const noexcept { return live_after_; }
+
+  // --- replay (engine_replay.cpp: the hot path) ---
+  /// Points each output at the storage this replay writes (a new cell where the last one is
+  /// still held or was reclaimed), and tells the recording if that changed.
+  void bind_outputs_for_replay(Engine& engine);
+
+ private:
+  [[nodiscard]] bool is_bound_as_is() const noexcept;
+
+  std::int64_t id_;
+  NodeKind kind_;
+  NodeReason reason_;
+  std::uint32_t variant_;
+  TreeNode* parent_;
+  std::vector<TreeNode*> path_;
+  Children children_;
+
+  std::unique_ptr<backend::Recording> recording_;
+  std::unique_ptr<backend::Checkpoint> checkpoint_;
+  std::vector<std::uint32_t> managed_inputs_;
+  std::vector<std::uint32_t> static_inputs_;
+  std::vector<std::uintptr_t> recorded_data_;
+  std::vector<bool> copied_to_slot_;
+  std::vector<std::vector<bool>> liveness_after_;
+  std::vector<PathIndex> expected_dead_before_;
+  std::vector<PathIndex> expected_dead_after_;
+  std::vector<PathIndex> live_after_;
+
+  std::size_t output_count_ = 0;
+  std::vector<OutputAlias> aliases_;
+  std::vector<CellRef> cells_;
+  std::vector<std::uintptr_t> output_storage_;
+  std::vector<std::size_t> output_bytes_;
+  bool outputs_own_storage_ = false;            ///< every output is new_storage: a replay may skip rebinding
+  std::vector<backend::StorageHandle*> bound_;  ///< storages the recording's outputs view now
+  std::vector<const void*> bound_native_;       ///< and their native records at that time
+};
+
+/// Each node's outputs along `nodes`: live or not.
+[[nodiscard]] std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes);
 
 /// Where the current path is (PyTorch's ExecutionState).
 enum class PathState : std::uint8_t { none, warmup, recording, execution };
@@ -203,6 +311,12 @@ struct Match {
   std::int32_t moved_managed_input = -1;
   /// Some child fit but for which outputs of the path are live.
   bool liveness_differs = false;
+};
+
+/// The allocator as it was before a warm-up or recording: what a failed one puts back.
+struct PoolSnapshot {
+  std::unique_ptr<backend::Checkpoint> checkpoint;
+  std::vector<std::uintptr_t> owned_live;  ///< storages the allocator owned for live leases then
 };
 
 /// One call in flight: its arguments and what the engine learned about them.
@@ -274,9 +388,7 @@ class Engine {
   /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
   mutable std::mutex functions_mutex;
   std::vector<std::unique_ptr<Variant>> variants;
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> roots;  ///< by variant
-  std::vector<std::uint32_t> root_order;
-  std::unordered_map<std::uint32_t, ChildFacts> root_facts;
+  Children roots;
   std::vector<TreeNode*> graph_nodes;                   ///< by id
   std::vector<std::unique_ptr<TreeNode>> warmup_chain;  ///< warm-up nodes of the current path
   std::int64_t next_warmup_id = -1;
@@ -302,26 +414,42 @@ class Engine {
   // --- eager fallback and warm-up (engine_warmup.cpp) ---
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);
   Result<CallOutputs> warm_up(CallFrame& frame);
+  [[nodiscard]] NodeReason warmup_reason(const Variant& variant) const noexcept;
   /// Fails for an output in pool memory that the call neither allocated nor received as an input
   /// (a buffer the function kept from an earlier call): the pool may have given it to another lease.
   Result<void> check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const;
-  /// The storages the allocator owns for live leases now: what a failed run must give back to.
-  [[nodiscard]] std::vector<std::uintptr_t> owned_live_storages() const;
-  /// Puts the allocator back to `before` after a failed warm-up or recording. `owned_before` were
-  /// live then; those that died during the call (a lease dropped inside the function) are freed.
-  Result<void> roll_back(const backend::Checkpoint& before, const std::vector<std::uintptr_t>& owned_before);
+
+  // --- shared by warm-ups and recordings (engine_warmup.cpp) ---
+  /// Runs `run` (a warm-up or a recording, returning `Result<T>`, whose outputs `outputs_of`
+  /// reads) in the pool. If it fails, or returns pool memory it cannot have made, the pool is put
+  /// back as it was and the error, told in terms of the call `doing` what, returned.
+  template <class T, class Run, class OutputsOf>
+  Result<T> run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of);
+  Result<PoolSnapshot> snapshot_pool(const FunctionRecord& function, const char* doing);
+  /// Puts the allocator back to `before` after a failed warm-up or recording whose outputs are
+  /// gone: `error`, with the restore's failure added if it failed too. Storages live in `before`
+  /// that died during the call (a lease dropped inside the function) are freed.
+  [[nodiscard]] Error roll_back(const PoolSnapshot& before, Error error);
+  /// Leases on `node`'s outputs handing out `result`'s values; then drops the leases the call consumed.
+  CallOutputs hand_out(const TreeNode& node, const backend::RunResult& result, const CallFrame& frame, CallKind kind);
 
   // --- replay (engine_replay.cpp) ---
   Match find_replayable_child(CallFrame& frame);
   [[nodiscard]] bool liveness_allows(const TreeNode& child, const CallFrame& frame) const;
   Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
-  void bind_output_cells(TreeNode& node);
 
   // --- recording (engine_record.cpp) ---
   Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
+  [[nodiscard]] std::vector<InputUse> classify_inputs(const CallFrame& frame) const;
+  /// Captures the function into a graph in the pool (rolled back if it fails).
+  Result<backend::Recorded> capture(const CallFrame& frame, std::span<const InputUse> uses);
+  /// Checkpoints the allocator after a recording and marks `node` recorded.
+  Result<void> finish_recording(TreeNode& node, const std::vector<std::vector<bool>>& liveness_before);
+  void count_recording(NodeReason reason, FunctionRecord& function);
+  /// Adds a recorded node under the current node (or as a root); returns it.
+  TreeNode& add_to_tree(std::unique_ptr<TreeNode> node);
   /// After a capture failure that will not go away: the shape runs eagerly from now on.
   Result<CallOutputs> give_up_capture(CallFrame& frame, const Error& error);
-  void compute_aliases(TreeNode& node, const backend::RunResult& first, const CallFrame& frame);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
   /// When the engine asks whether the current path is over.
@@ -336,9 +464,8 @@ class Engine {
   void end_path();
   void reclaim_path();
   Result<void> restore_checkpoint();
-  [[nodiscard]] std::vector<TreeNode*> path() const;
+  [[nodiscard]] std::span<TreeNode* const> path() const noexcept;
   [[nodiscard]] std::vector<std::vector<bool>> path_liveness() const;
-  [[nodiscard]] static std::vector<std::vector<bool>> liveness_of(const std::vector<TreeNode*>& nodes);
   [[nodiscard]] std::optional<PathIndex> live_alias_in_path(std::uintptr_t storage) const;
   /// The cell of the live output of the path whose storage is `storage`, or null.
   [[nodiscard]] Cell* live_cell_in_path(std::uintptr_t storage) const;
@@ -415,5 +542,17 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 /// replay's hot path, filling leases in place.
 void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
               std::uint32_t output) noexcept;
+
+template <class T, class Run, class OutputsOf>
+Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of) {
+  auto before = snapshot_pool(*frame.function, doing);
+  if (!before) return std::unexpected(std::move(before.error()));
+  Result<T> ran = run();
+  Result<void> ours = ran ? check_outputs_are_ours(outputs_of(*ran), frame) : Result<void>();
+  if (ran && ours) return ran;
+  Error error = !ran ? in_call(std::move(ran.error()), *frame.function, doing) : std::move(ours.error());
+  ran = Result<T>();  // the outputs go before the pool is put back
+  return std::unexpected(roll_back(*before, std::move(error)));
+}
 
 }  // namespace cgt::detail

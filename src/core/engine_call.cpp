@@ -318,15 +318,15 @@ Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match
   // Every input that moved, so that one fix is enough.
   const TreeNode& child = *match.static_moved_child;
   std::string moved;
-  for (const std::uint32_t input : child.static_inputs) {
-    if (frame.descs[input].data == child.recorded_data[input]) continue;
+  for (const std::uint32_t input : child.static_inputs()) {
+    if (frame.descs[input].data == child.recorded_data()[input]) continue;
     moved += (moved.empty() ? "" : ", ") + std::to_string(input);
   }
   return fail(Errc::static_input_moved,
               "static input(s) " + moved + " of " + quoted(frame.function->name) +
                   " are not at the addresses its graph was recorded with; keep static inputs in place, or set "
                   "on_static_input_moved = rerecord",
-              frame.function->name, child.id, match.moved_static_input);
+              frame.function->name, child.id(), match.moved_static_input);
 }
 
 Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
@@ -350,7 +350,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     }
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
-    if (current != nullptr && roots.contains(frame.variant->id)) {
+    if (current != nullptr && roots.has(frame.variant->id)) {
       end_path_if_over(frame.step, PathCheck::no_child_fits);
       if (current == nullptr) return run_tree(frame);
     }

@@ -62,27 +62,9 @@ std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& b
   return indices;
 }
 
-std::size_t TreeNode::num_descendants() const {
-  std::size_t count = 0;
-  for (const auto& [variant, nodes] : children) {
-    for (const auto& child : nodes) count += 1 + child->num_descendants();
-  }
-  return count;
-}
-
-std::vector<TreeNode*> Engine::path() const {
-  return current != nullptr ? current->path : std::vector<TreeNode*>{};
-}
-
-std::vector<std::vector<bool>> Engine::liveness_of(const std::vector<TreeNode*>& nodes) {
-  std::vector<std::vector<bool>> liveness;
-  liveness.reserve(nodes.size());
-  for (const TreeNode* node : nodes) {
-    std::vector<bool> outputs(node->output_count, false);
-    for (std::size_t i = 0; i < node->output_count; ++i) outputs[i] = node->cells[i] && node->cells[i]->is_live();
-    liveness.push_back(std::move(outputs));
-  }
-  return liveness;
+std::span<TreeNode* const> Engine::path() const noexcept {
+  if (current == nullptr) return {};
+  return current->path();
 }
 
 std::vector<std::vector<bool>> Engine::path_liveness() const {
@@ -91,35 +73,26 @@ std::vector<std::vector<bool>> Engine::path_liveness() const {
 
 std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) const {
   if (current == nullptr) return std::nullopt;
-  const auto& nodes = current->path;
-  for (std::size_t d = 0; d < nodes.size(); ++d) {
-    for (std::size_t i = 0; i < nodes[d]->output_count; ++i) {
-      const CellRef& cell = nodes[d]->cells[i];
-      if (cell && cell->is_live() && cell->storage.address == storage) {
-        return PathIndex{.depth = static_cast<std::uint32_t>(d), .output = static_cast<std::uint32_t>(i)};
-      }
-    }
-  }
-  return std::nullopt;
+  return current->live_output_at(storage);
 }
 
 Cell* Engine::live_cell_in_path(std::uintptr_t storage) const {
   const auto alias = live_alias_in_path(storage);
-  return alias ? current->path[alias->depth]->cells[alias->output].get() : nullptr;
+  return alias ? current->cell_at(*alias).get() : nullptr;
 }
 
 bool Engine::is_path_output(std::uintptr_t storage) const {
   if (current == nullptr || storage == 0) return false;
-  return std::ranges::any_of(current->path, [storage](const TreeNode* node) {
-    return std::ranges::find(node->output_storage, storage) != node->output_storage.end();
+  return std::ranges::any_of(current->path(), [storage](const TreeNode* node) {
+    return std::ranges::find(node->output_storage(), storage) != node->output_storage().end();
   });
 }
 
 std::vector<Cell*> Engine::live_path_cells() const {
   std::vector<Cell*> live;
   if (current == nullptr) return live;
-  for (const TreeNode* node : current->path) {
-    for (const CellRef& cell : node->cells) {
+  for (const TreeNode* node : current->path()) {
+    for (const CellRef& cell : node->cells()) {
       if (cell && cell->is_live() && std::ranges::find(live, cell.get()) == live.end()) {
         live.push_back(cell.get());
       }
@@ -130,10 +103,10 @@ std::vector<Cell*> Engine::live_path_cells() const {
 
 bool Engine::all_outputs_dead() const {
   if (current == nullptr) return true;
-  if (current->kind == NodeKind::graph) {
+  if (current->kind() == NodeKind::graph) {
     // Everything live after the recording is listed; what was dead then cannot revive.
-    return std::ranges::none_of(current->live_after, [this](const PathIndex& index) {
-      const CellRef& cell = current->path[index.depth]->cells[index.output];
+    return std::ranges::none_of(current->live_after(), [this](const PathIndex& index) {
+      const CellRef& cell = current->cell_at(index);
       return cell && cell->is_live();
     });
   }
@@ -193,13 +166,13 @@ Result<void> Engine::restore_checkpoint() {
   // What was live right after recording is allocated in the checkpoint; what died since must
   // be freed again (aliases share a storage: free it once).
   std::vector<std::uintptr_t> dead;
-  for (const PathIndex& index : differing_indices(node.liveness_after, path_liveness())) {
-    const std::uintptr_t address = node.path[index.depth]->output_storage[index.output];
+  for (const PathIndex& index : differing_indices(node.liveness_after(), path_liveness())) {
+    const std::uintptr_t address = node.path()[index.depth]->output_storage()[index.output];
     if (address != 0 && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
   }
-  if (auto restored = device->restore(*node.checkpoint, handles, dead); !restored) {
+  if (auto restored = device->restore(node.checkpoint(), handles, dead); !restored) {
     Error error = std::move(restored.error());
-    error.node = node.id;
+    error.node = node.id();
     return std::unexpected(std::move(error));
   }
   for (Cell* cell : live) cell->storage.owned_by_allocator = true;
@@ -221,7 +194,7 @@ void Engine::consume_arguments(const CallFrame& frame) noexcept {
 }
 
 ChildFacts& Engine::facts_for(std::uint32_t variant) {
-  return current != nullptr ? current->child_facts[variant] : root_facts[variant];
+  return (current != nullptr ? current->children() : roots).facts(variant);
 }
 
 }  // namespace cgt::detail
