@@ -31,21 +31,60 @@ namespace cgt::detail {
 class TreeNode;
 
 /// One storage that outputs view. Liveness is the number of leases on it, nothing else: while a
-/// lease exists the memory is live; when the last lease goes, it is dead.
-struct Cell {
+/// lease exists the memory is live; when the last lease goes, it is dead. Its liveness changes
+/// only through the methods below.
+struct Cell {  // a struct: declared so in :detail
+ public:
+  Cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) noexcept
+      : storage(storage), engine(&engine), function(function) {}
+
+  /// The device's handle on the memory (the device fills in its native record; who owns the
+  /// block, the allocator or a replay, changes as the path does).
   backend::StorageHandle storage;
-  Engine* engine = nullptr;
-  std::uint32_t refs = 0;    ///< owners of this object: leases and nodes
-  std::uint32_t leases = 0;  ///< leases on the storage: live while > 0
-  bool reclaimed = false;    ///< a new step took the memory back while leases existed
-  std::uint64_t step = 0;    ///< step in which the storage was handed out (for messages)
+  Engine* const engine;
+  const std::uint32_t function;  ///< function that produced it (for messages)
+
+  [[nodiscard]] bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
+  [[nodiscard]] std::uint32_t leases() const noexcept { return leases_; }
+  /// A new step took the memory back while leases existed.
+  [[nodiscard]] bool is_reclaimed() const noexcept { return reclaimed_; }
   /// Changes whenever the storage comes to life (its first lease after none): values handed out
   /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
-  std::uint64_t generation = 0;
-  std::uint32_t function = 0;        ///< function that produced it (for messages)
-  std::shared_ptr<void> copied_out;  ///< the memory copied out when it was reclaimed (`copy_out_on_new_step`)
+  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  /// Step in which the storage was last handed out (for messages).
+  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  /// The memory copied out when it was reclaimed (`copy_out_on_new_step`), or null.
+  [[nodiscard]] const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
 
-  [[nodiscard]] bool is_live() const noexcept { return leases > 0 && !reclaimed; }
+  /// A lease on it is handed out in `step`; the first after none brings the memory to life, with
+  /// the next of the engine's `generations`.
+  void add_lease(std::uint64_t& generations, std::uint64_t step) noexcept {
+    ++refs_;
+    if (leases_++ == 0) generation_ = ++generations;
+    step_ = step;
+  }
+  /// A lease on it goes (its reference is let go by the caller). True when it was the last: the
+  /// memory dies now, and a copy kept for `copy_out_on_new_step` goes with it.
+  [[nodiscard]] bool drop_lease() noexcept {
+    if (--leases_ > 0) return false;
+    copied_out_.reset();
+    return true;
+  }
+  /// A new step takes the memory back while leases hold it; from now on they read `copy` (or
+  /// fail, where there is none).
+  void mark_reclaimed(std::shared_ptr<void> copy) noexcept {
+    reclaimed_ = true;
+    copied_out_ = std::move(copy);
+  }
+
+ private:
+  friend class CellRef;
+  std::uint32_t refs_ = 0;    ///< owners of this object: leases and nodes
+  std::uint32_t leases_ = 0;  ///< leases on the storage: live while > 0
+  bool reclaimed_ = false;
+  std::uint64_t step_ = 0;
+  std::uint64_t generation_ = 0;
+  std::shared_ptr<void> copied_out_;
 };
 
 /// Shared ownership of a cell by nodes (leases count their reference by hand).
@@ -53,7 +92,7 @@ class CellRef {
  public:
   CellRef() = default;
   explicit CellRef(Cell* cell) noexcept : cell_(cell) {
-    if (cell_ != nullptr) ++cell_->refs;
+    if (cell_ != nullptr) ++cell_->refs_;
   }
   CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
   CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
@@ -69,7 +108,7 @@ class CellRef {
 
   /// Drops one reference, deleting the cell when none is left.
   static void unref(Cell* cell) noexcept {
-    if (cell != nullptr && --cell->refs == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
+    if (cell != nullptr && --cell->refs_ == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
   }
 
  private:

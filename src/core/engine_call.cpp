@@ -275,7 +275,7 @@ Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
     // Live memory is not enough: it may live again for another output since this value escaped
     // (where the backend stamps values, their generation must be the memory's current one).
     if (const Cell* cell = live_cell_in_path(desc.storage)) {
-      if (!stamps_values || desc.generation == cell->generation) continue;
+      if (!stamps_values || desc.generation == cell->generation()) continue;
     }
     return fail(Errc::output_overwritten,
                 "input " + std::to_string(i) + " of " + quoted(frame.function->name) +

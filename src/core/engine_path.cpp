@@ -17,21 +17,16 @@ import :engine;
 namespace cgt::detail {
 
 CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) {
-  auto* cell = new Cell{};  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
-  cell->storage = storage;
-  cell->engine = &engine;
-  cell->function = function;
-  return CellRef(cell);
+  return CellRef(
+      new Cell(engine, storage, function));  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
 }
 
 void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
               std::uint32_t output) noexcept {
   lease.engine = EngineRef(&engine);
   if (cell != nullptr) {
-    ++cell->refs;
-    if (cell->leases++ == 0) cell->generation = ++engine.generations;
-    if (engine.stamps_values) engine.device->stamp(value, cell->generation);
-    cell->step = engine.step.load(std::memory_order_relaxed);
+    cell->add_lease(engine.generations, engine.step.load(std::memory_order_relaxed));
+    if (engine.stamps_values) engine.device->stamp(value, cell->generation());
     lease.cell = cell;
   }
   lease.value = value;
@@ -140,15 +135,12 @@ void Engine::reclaim_path() {
   const std::vector<Cell*> live = live_path_cells();
   if (!live.empty()) ++stats.steps_reclaimed;
   for (Cell* cell : live) {
-    bool copied_out = false;
+    std::shared_ptr<void> copy;
     if (options.copy_out_on_new_step) {
-      if (auto copy = device->rescue(cell->storage)) {
-        cell->copied_out = std::move(*copy);
-        copied_out = true;
-      }
+      if (auto rescued = device->rescue(cell->storage)) copy = std::move(*rescued);
     }
-    (copied_out ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases;
-    cell->reclaimed = true;
+    (copy != nullptr ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases();
+    cell->mark_reclaimed(std::move(copy));
     device->release(cell->storage, backend::Release::reclaimed, functions[cell->function]->name);
     cell->storage.owned_by_allocator = false;
   }

@@ -52,7 +52,7 @@ bool Engine::liveness_allows(const TreeNode& child, const CallFrame& frame) cons
   // or the graph would overwrite memory the caller still holds.
   return std::ranges::none_of(child.expected_dead_after(), [&child, &frame](const PathIndex& index) {
     const CellRef& cell = child.cell_at(index);
-    return cell && cell->is_live() && cell->leases > consumed_leases(frame, cell.get());
+    return cell && cell->is_live() && cell->leases() > consumed_leases(frame, cell.get());
   });
 }
 
@@ -100,7 +100,7 @@ bool TreeNode::is_bound_as_is() const noexcept {
   if (!outputs_own_storage_ || bound_.size() != output_count_) return false;
   for (std::size_t i = 0; i < output_count_; ++i) {
     const Cell* cell = cells_[i].get();
-    if (cell == nullptr || cell->reclaimed || cell->leases > 0 || cell->storage.native != bound_native_[i]) {
+    if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0 || cell->storage.native != bound_native_[i]) {
       return false;
     }
   }
@@ -118,7 +118,7 @@ void TreeNode::bind_outputs_for_replay(Engine& engine) {
       case AliasKind::new_storage: {
         Cell* cell = cells_[i].get();
         // A storage reclaimed by a new step may still be referenced by stale leases: use a new cell.
-        if (cell == nullptr || cell->reclaimed || cell->leases > 0) {
+        if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0) {
           const backend::StorageHandle storage{
               .address = output_storage_[i], .bytes = output_bytes_[i], .owned_by_allocator = false};
           cells_[i] = make_cell(engine, storage, engine.variants[variant_]->function);
