@@ -18,6 +18,8 @@ module;
 #include <utility>
 #include <vector>
 
+#include <gsl/pointers>
+
 export module cgt:engine;
 import :error;
 import :options;
@@ -41,7 +43,7 @@ struct Cell {  // a struct: declared so in :detail
   /// The device's handle on the memory (the device fills in its native record; who owns the
   /// block, the allocator or a replay, changes as the path does).
   backend::StorageHandle storage;
-  Engine* const engine;
+  const gsl::not_null<Engine*> engine;
   const std::uint32_t function;  ///< function that produced it (for messages)
 
   [[nodiscard]] bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
@@ -362,8 +364,8 @@ struct PoolSnapshot {
 struct CallFrame {
   std::span<const backend::ArgSlot> args;
   std::span<const backend::ArgDesc> descs;
-  FunctionRecord* function = nullptr;
-  Variant* variant = nullptr;
+  gsl::not_null<FunctionRecord*> function;
+  Variant* variant = nullptr;  ///< null until the call's shape variant is chosen
   /// Recording because a static input moved: the node recorded at the old address, whose graph
   /// the backend may update for the new one instead of instantiating another.
   TreeNode* rerecording_of = nullptr;
@@ -428,7 +430,7 @@ class Engine {
   mutable std::mutex functions_mutex;
   std::vector<std::unique_ptr<Variant>> variants;
   Children roots;
-  std::vector<TreeNode*> graph_nodes;                   ///< by id
+  std::vector<gsl::not_null<TreeNode*>> graph_nodes;    ///< by id
   std::vector<std::unique_ptr<TreeNode>> warmup_chain;  ///< warm-up nodes of the current path
   std::int64_t next_warmup_id = -1;
 

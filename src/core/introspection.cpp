@@ -142,7 +142,8 @@ namespace cgt::detail {
 
 const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
   if (id >= 0)
-    return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)] : nullptr;
+    return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)].get()
+                                                             : nullptr;
   for (const auto& node : warmup_chain) {
     if (node->id() == id) return node.get();
   }
