@@ -37,7 +37,7 @@ class TreeNode;
 /// only through the methods below.
 struct Cell {  // a struct: declared so in :detail
  public:
-  Cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) noexcept
+  inline Cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) noexcept
       : storage(storage), engine(&engine), function(function) {}
 
   /// The device's handle on the memory (the device fills in its native record; who owns the
@@ -46,35 +46,35 @@ struct Cell {  // a struct: declared so in :detail
   const gsl::not_null<Engine*> engine;
   const std::uint32_t function;  ///< function that produced it (for messages)
 
-  [[nodiscard]] bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
-  [[nodiscard]] std::uint32_t leases() const noexcept { return leases_; }
+  [[nodiscard]] inline bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
+  [[nodiscard]] inline std::uint32_t leases() const noexcept { return leases_; }
   /// A new step took the memory back while leases existed.
-  [[nodiscard]] bool is_reclaimed() const noexcept { return reclaimed_; }
+  [[nodiscard]] inline bool is_reclaimed() const noexcept { return reclaimed_; }
   /// Changes whenever the storage comes to life (its first lease after none): values handed out
   /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
-  [[nodiscard]] std::uint64_t generation() const noexcept { return generation_; }
+  [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
   /// Step in which the storage was last handed out (for messages).
-  [[nodiscard]] std::uint64_t step() const noexcept { return step_; }
+  [[nodiscard]] inline std::uint64_t step() const noexcept { return step_; }
   /// The memory copied out when it was reclaimed (`copy_out_on_new_step`), or null.
-  [[nodiscard]] const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
+  [[nodiscard]] inline const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
 
   /// A lease on it is handed out in `step`; the first after none brings the memory to life, with
   /// the next of the engine's `generations`.
-  void add_lease(std::uint64_t& generations, std::uint64_t step) noexcept {
+  inline void add_lease(std::uint64_t& generations, std::uint64_t step) noexcept {
     ++refs_;
     if (leases_++ == 0) generation_ = ++generations;
     step_ = step;
   }
   /// A lease on it goes (its reference is let go by the caller). True when it was the last: the
   /// memory dies now, and a copy kept for `copy_out_on_new_step` goes with it.
-  [[nodiscard]] bool drop_lease() noexcept {
+  [[nodiscard]] inline bool drop_lease() noexcept {
     if (--leases_ > 0) return false;
     copied_out_.reset();
     return true;
   }
   /// A new step takes the memory back while leases hold it; from now on they read `copy` (or
   /// fail, where there is none).
-  void mark_reclaimed(std::shared_ptr<void> copy) noexcept {
+  inline void mark_reclaimed(std::shared_ptr<void> copy) noexcept {
     reclaimed_ = true;
     copied_out_ = std::move(copy);
   }
@@ -93,23 +93,23 @@ struct Cell {  // a struct: declared so in :detail
 class CellRef {
  public:
   CellRef() = default;
-  explicit CellRef(Cell* cell) noexcept : cell_(cell) {
+  inline explicit CellRef(Cell* cell) noexcept : cell_(cell) {
     if (cell_ != nullptr) ++cell_->refs_;
   }
-  CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
-  CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
+  inline CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
+  inline CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
   CellRef& operator=(CellRef other) noexcept {
     std::swap(cell_, other.cell_);
     return *this;
   }
-  ~CellRef() { unref(cell_); }
-  [[nodiscard]] Cell* get() const noexcept { return cell_; }
+  inline ~CellRef() { unref(cell_); }
+  [[nodiscard]] inline Cell* get() const noexcept { return cell_; }
   Cell* operator->() const noexcept { return cell_; }
-  explicit operator bool() const noexcept { return cell_ != nullptr; }
+  inline explicit operator bool() const noexcept { return cell_ != nullptr; }
   friend bool operator==(const CellRef& a, const CellRef& b) noexcept { return a.cell_ == b.cell_; }
 
   /// Drops one reference, deleting the cell when none is left.
-  static void unref(Cell* cell) noexcept {
+  inline static void unref(Cell* cell) noexcept {
     if (cell != nullptr && --cell->refs_ == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
   }
 
@@ -199,18 +199,18 @@ enum class InputUse : std::uint8_t {
 class Children {
  public:
   /// The nodes of `variant`, in the order they were recorded (empty: none).
-  [[nodiscard]] std::span<const std::unique_ptr<TreeNode>> of(std::uint32_t variant) const noexcept {
+  [[nodiscard]] inline std::span<const std::unique_ptr<TreeNode>> of(std::uint32_t variant) const noexcept {
     const auto found = by_variant_.find(variant);
     if (found == by_variant_.end()) return {};
     return found->second;
   }
-  [[nodiscard]] bool has(std::uint32_t variant) const noexcept { return by_variant_.contains(variant); }
+  [[nodiscard]] inline bool has(std::uint32_t variant) const noexcept { return by_variant_.contains(variant); }
   /// Variants in the order their first node was added.
-  [[nodiscard]] const std::vector<std::uint32_t>& order() const noexcept { return order_; }
+  [[nodiscard]] inline const std::vector<std::uint32_t>& order() const noexcept { return order_; }
   /// Adds `node` after the others of its variant; returns it.
   TreeNode& add(std::unique_ptr<TreeNode> node);
   /// What is known of `variant` at this place of the tree, whether or not a node of it exists.
-  [[nodiscard]] ChildFacts& facts(std::uint32_t variant) { return facts_[variant]; }
+  [[nodiscard]] inline ChildFacts& facts(std::uint32_t variant) { return facts_[variant]; }
   [[nodiscard]] std::size_t count_descendants() const;
   void clear() noexcept;
 
@@ -234,27 +234,27 @@ class TreeNode {
   ~TreeNode();
 
   // --- identity, fixed when made ---
-  [[nodiscard]] std::int64_t id() const noexcept { return id_; }
-  [[nodiscard]] NodeKind kind() const noexcept { return kind_; }
-  [[nodiscard]] NodeReason reason() const noexcept { return reason_; }
-  [[nodiscard]] std::uint32_t variant() const noexcept { return variant_; }
-  [[nodiscard]] TreeNode* parent() const noexcept { return parent_; }
+  [[nodiscard]] inline std::int64_t id() const noexcept { return id_; }
+  [[nodiscard]] inline NodeKind kind() const noexcept { return kind_; }
+  [[nodiscard]] inline NodeReason reason() const noexcept { return reason_; }
+  [[nodiscard]] inline std::uint32_t variant() const noexcept { return variant_; }
+  [[nodiscard]] inline TreeNode* parent() const noexcept { return parent_; }
   /// Root first, ending with this node (PyTorch's path_weakrefs).
-  [[nodiscard]] const std::vector<TreeNode*>& path() const noexcept { return path_; }
-  [[nodiscard]] std::size_t depth() const noexcept { return path_.size() - 1; }
-  [[nodiscard]] Children& children() noexcept { return children_; }
-  [[nodiscard]] const Children& children() const noexcept { return children_; }
-  [[nodiscard]] std::size_t num_descendants() const { return children_.count_descendants(); }
+  [[nodiscard]] inline const std::vector<TreeNode*>& path() const noexcept { return path_; }
+  [[nodiscard]] inline std::size_t depth() const noexcept { return path_.size() - 1; }
+  [[nodiscard]] inline Children& children() noexcept { return children_; }
+  [[nodiscard]] inline const Children& children() const noexcept { return children_; }
+  [[nodiscard]] inline std::size_t num_descendants() const { return children_.count_descendants(); }
 
   // --- inputs (graph nodes) ---
   /// Records how the graph reads each input, and the address of those it reads in place.
   void take_inputs(std::span<const InputUse> uses, std::span<const backend::ArgDesc> descs);
-  [[nodiscard]] const std::vector<std::uint32_t>& managed_inputs() const noexcept { return managed_inputs_; }
-  [[nodiscard]] const std::vector<std::uint32_t>& static_inputs() const noexcept { return static_inputs_; }
+  [[nodiscard]] inline const std::vector<std::uint32_t>& managed_inputs() const noexcept { return managed_inputs_; }
+  [[nodiscard]] inline const std::vector<std::uint32_t>& static_inputs() const noexcept { return static_inputs_; }
   /// Per input: the data address it was recorded with, if read in place (else 0).
-  [[nodiscard]] const std::vector<std::uintptr_t>& recorded_data() const noexcept { return recorded_data_; }
+  [[nodiscard]] inline const std::vector<std::uintptr_t>& recorded_data() const noexcept { return recorded_data_; }
   /// Per input: copied into a pool slot on every replay.
-  [[nodiscard]] const std::vector<bool>& copied_to_slot() const noexcept { return copied_to_slot_; }
+  [[nodiscard]] inline const std::vector<bool>& copied_to_slot() const noexcept { return copied_to_slot_; }
 
   // --- outputs (both kinds) ---
   /// Takes the outputs of the node's warm-up or recording: where each lives, and how it aliases
@@ -262,38 +262,44 @@ class TreeNode {
   /// of this call shares that one's cell; a new storage of the pool gets a new cell. Called before
   /// the node is entered: the path searched is its parent's.
   void take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function);
-  [[nodiscard]] std::size_t output_count() const noexcept { return output_count_; }
+  [[nodiscard]] inline std::size_t output_count() const noexcept { return output_count_; }
   /// Per output: the storage it views in the current execution (null: not pool memory).
-  [[nodiscard]] const std::vector<CellRef>& cells() const noexcept { return cells_; }
-  [[nodiscard]] const std::vector<OutputAlias>& aliases() const noexcept { return aliases_; }
+  [[nodiscard]] inline const std::vector<CellRef>& cells() const noexcept { return cells_; }
+  [[nodiscard]] inline const std::vector<OutputAlias>& aliases() const noexcept { return aliases_; }
   /// Per output: the storage address it was made at (0: not pool memory).
-  [[nodiscard]] const std::vector<std::uintptr_t>& output_storage() const noexcept { return output_storage_; }
+  [[nodiscard]] inline const std::vector<std::uintptr_t>& output_storage() const noexcept { return output_storage_; }
   /// The cell of output `index.output` of the node at `index.depth` of this node's path.
-  [[nodiscard]] const CellRef& cell_at(PathIndex index) const noexcept {
+  [[nodiscard]] inline const CellRef& cell_at(PathIndex index) const noexcept {
     return path_[index.depth]->cells_[index.output];
   }
   /// The live output of this node's path (root to this node) at `storage`, if any.
   [[nodiscard]] std::optional<PathIndex> live_output_at(std::uintptr_t storage) const noexcept;
 
   // --- recording (graph nodes) ---
-  void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept { recording_ = std::move(recording); }
+  inline void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept {
+    recording_ = std::move(recording);
+  }
   /// Marks the graph recorded, its outputs handed out: keeps `checkpoint` (the allocator right
   /// after) and derives, from the path's liveness before the call (`liveness_before`, without this
   /// node) and now, what must be dead before and after each replay.
   void mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
                      const std::vector<std::vector<bool>>& liveness_before);
-  [[nodiscard]] backend::Recording* recording() const noexcept { return recording_.get(); }
-  [[nodiscard]] const backend::Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
+  [[nodiscard]] inline backend::Recording* recording() const noexcept { return recording_.get(); }
+  [[nodiscard]] inline const backend::Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
   /// Path liveness right after recording (with this node).
-  [[nodiscard]] const std::vector<std::vector<bool>>& liveness_after() const noexcept { return liveness_after_; }
+  [[nodiscard]] inline const std::vector<std::vector<bool>>& liveness_after() const noexcept { return liveness_after_; }
   /// Outputs of the path live when the parent was recorded but dead when this was: they must be
   /// dead before a replay, which reuses their memory.
-  [[nodiscard]] const std::vector<PathIndex>& expected_dead_before() const noexcept { return expected_dead_before_; }
+  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_before() const noexcept {
+    return expected_dead_before_;
+  }
   /// Outputs of the path that died during the recording (leases the call consumed): they must die
   /// during every replay too.
-  [[nodiscard]] const std::vector<PathIndex>& expected_dead_after() const noexcept { return expected_dead_after_; }
+  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_after() const noexcept {
+    return expected_dead_after_;
+  }
   /// Everything live right after recording.
-  [[nodiscard]] const std::vector<PathIndex>& live_after() const noexcept { return live_after_; }
+  [[nodiscard]] inline const std::vector<PathIndex>& live_after() const noexcept { return live_after_; }
 
   // --- replay (engine_replay.cpp: the hot path) ---
   /// Points each output at the storage this replay writes (a new cell where the last one is
