@@ -18,6 +18,8 @@ module;
 #include <utility>
 #include <vector>
 
+#include <gsl/pointers>
+
 export module cgt.backend:engine;
 import :error;
 import :options;
@@ -28,48 +30,87 @@ import :handles;
 
 namespace cgt::detail {
 
-struct Node;
+class TreeNode;
 
 /// One storage that outputs view. Liveness is the number of leases on it, nothing else: while a
-/// lease exists the memory is live; when the last lease goes, it is dead.
-struct Cell {
+/// lease exists the memory is live; when the last lease goes, it is dead. Its liveness changes
+/// only through the methods below.
+struct Cell {  // a struct: declared so in :detail
+ public:
+  inline Cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) noexcept
+      : storage(storage), engine(&engine), function(function) {}
+
+  /// The device's handle on the memory (the device fills in its native record; who owns the
+  /// block, the allocator or a replay, changes as the path does).
   backend::StorageHandle storage;
-  Engine* engine = nullptr;
-  std::uint32_t refs = 0;    ///< owners of this object: leases and nodes
-  std::uint32_t leases = 0;  ///< leases on the storage: live while > 0
-  bool reclaimed = false;    ///< a new step took the memory back while leases existed
-  std::uint64_t step = 0;    ///< step in which the storage was handed out (for messages)
+  const gsl::not_null<Engine*> engine;
+  const std::uint32_t function;  ///< function that produced it (for messages)
+
+  [[nodiscard]] inline bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
+  [[nodiscard]] inline std::uint32_t leases() const noexcept { return leases_; }
+  /// A new step took the memory back while leases existed.
+  [[nodiscard]] inline bool is_reclaimed() const noexcept { return reclaimed_; }
   /// Changes whenever the storage comes to life (its first lease after none): values handed out
   /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
-  std::uint64_t generation = 0;
-  std::uint32_t function = 0;     ///< function that produced it (for messages)
-  std::shared_ptr<void> rescued;  ///< copy of the memory, with `Options::copy_out_on_new_step`
+  [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
+  /// Step in which the storage was last handed out (for messages).
+  [[nodiscard]] inline std::uint64_t step() const noexcept { return step_; }
+  /// The memory copied out when it was reclaimed (`copy_out_on_new_step`), or null.
+  [[nodiscard]] inline const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
 
-  [[nodiscard]] bool is_live() const noexcept { return leases > 0 && !reclaimed; }
+  /// A lease on it is handed out in `step`; the first after none brings the memory to life, with
+  /// the next of the engine's `generations`.
+  inline void add_lease(std::uint64_t& generations, std::uint64_t step) noexcept {
+    ++refs_;
+    if (leases_++ == 0) generation_ = ++generations;
+    step_ = step;
+  }
+  /// A lease on it goes (its reference is let go by the caller). True when it was the last: the
+  /// memory dies now, and a copy kept for `copy_out_on_new_step` goes with it.
+  [[nodiscard]] inline bool drop_lease() noexcept {
+    if (--leases_ > 0) return false;
+    copied_out_.reset();
+    return true;
+  }
+  /// A new step takes the memory back while leases hold it; from now on they read `copy` (or
+  /// fail, where there is none).
+  inline void mark_reclaimed(std::shared_ptr<void> copy) noexcept {
+    reclaimed_ = true;
+    copied_out_ = std::move(copy);
+  }
+
+ private:
+  friend class CellRef;
+  std::uint32_t refs_ = 0;    ///< owners of this object: leases and nodes
+  std::uint32_t leases_ = 0;  ///< leases on the storage: live while > 0
+  bool reclaimed_ = false;
+  std::uint64_t step_ = 0;
+  std::uint64_t generation_ = 0;
+  std::shared_ptr<void> copied_out_;
 };
 
 /// Shared ownership of a cell by nodes (leases count their reference by hand).
 class CellRef {
  public:
   CellRef() = default;
-  explicit CellRef(Cell* cell) noexcept : cell_(cell) {
-    if (cell_ != nullptr) ++cell_->refs;
+  inline explicit CellRef(Cell* cell) noexcept : cell_(cell) {
+    if (cell_ != nullptr) ++cell_->refs_;
   }
-  CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
-  CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
+  inline CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
+  inline CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
   CellRef& operator=(CellRef other) noexcept {
     std::swap(cell_, other.cell_);
     return *this;
   }
-  ~CellRef() { unref(cell_); }
-  [[nodiscard]] Cell* get() const noexcept { return cell_; }
+  inline ~CellRef() { unref(cell_); }
+  [[nodiscard]] inline Cell* get() const noexcept { return cell_; }
   Cell* operator->() const noexcept { return cell_; }
-  explicit operator bool() const noexcept { return cell_ != nullptr; }
+  inline explicit operator bool() const noexcept { return cell_ != nullptr; }
   friend bool operator==(const CellRef& a, const CellRef& b) noexcept { return a.cell_ == b.cell_; }
 
   /// Drops one reference, deleting the cell when none is left.
-  static void unref(Cell* cell) noexcept {
-    if (cell != nullptr && --cell->refs == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
+  inline static void unref(Cell* cell) noexcept {
+    if (cell != nullptr && --cell->refs_ == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
   }
 
  private:
@@ -146,67 +187,194 @@ inline constexpr std::uintptr_t kInputAlignment = 16;
   return function.is_static[i] && desc.data % kInputAlignment == 0;
 }
 
-/// A recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode).
-struct Node {
-  std::int64_t id = 0;
-  NodeKind kind = NodeKind::graph;
-  NodeReason reason = NodeReason::first_call;
-  std::uint32_t variant = 0;
-  Node* parent = nullptr;
-  std::vector<Node*> path;  ///< root first, ending with this node (PyTorch's path_weakrefs)
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> children;  ///< by variant
-  std::vector<std::uint32_t> child_order;                     ///< variants in the order children were first added
-  std::unordered_map<std::uint32_t, ChildFacts> child_facts;  ///< by variant
-
-  // Graph nodes only.
-  std::unique_ptr<backend::Recording> recording;
-  std::unique_ptr<backend::Checkpoint> checkpoint;
-  std::vector<std::uint32_t> managed_inputs;       ///< inputs that are outputs of the path
-  std::vector<std::uint32_t> static_inputs;        ///< user-static inputs (not managed), aligned
-  std::vector<std::uintptr_t> recorded_data;       ///< per input: data address if static/managed
-  std::vector<bool> copied;                        ///< per input: copied into a slot on replay
-  std::vector<OutputAlias> aliases;                ///< per output
-  std::vector<std::vector<bool>> liveness_before;  ///< path liveness before recording (without this node)
-  std::vector<std::vector<bool>> liveness_after;   ///< path liveness after recording (with this node)
-  std::vector<PathIndex> expected_dead_before;
-  std::vector<PathIndex> expected_dead_after;
-  std::vector<PathIndex> live_after;           ///< everything live right after recording
-  std::vector<backend::StorageHandle*> bound;  ///< storages the recording's outputs view now
-  std::vector<const void*> bound_native;       ///< and their native records at that time
-  bool outputs_own_storage = false;            ///< every output is new_storage: replays may skip rebinding
-
-  // Both kinds: the storage of each output in the current execution (null: no pool memory).
-  std::vector<CellRef> cells;
-  std::vector<std::uintptr_t> output_storage;  ///< per output: recorded storage address (0: not pool memory)
-  std::vector<std::size_t> output_bytes;
-  std::size_t output_count = 0;
-
-  [[nodiscard]] std::size_t depth() const noexcept { return path.size() - 1; }
-  [[nodiscard]] std::size_t num_descendants() const;
+/// How a graph reads one input.
+enum class InputUse : std::uint8_t {
+  scalar,           ///< baked into the graph (a scalar is part of the shape key)
+  managed,          ///< pool-managed: an output of an earlier graph of the path, read in place
+  static_in_place,  ///< a static input, aligned: read in place
+  copied,           ///< copied into a pool slot on every replay
 };
+
+/// The nodes under one parent (or the roots of the tree), by variant, with per-variant facts.
+class Children {
+ public:
+  /// The nodes of `variant`, in the order they were recorded (empty: none).
+  [[nodiscard]] inline std::span<const std::unique_ptr<TreeNode>> of(std::uint32_t variant) const noexcept {
+    const auto found = by_variant_.find(variant);
+    if (found == by_variant_.end()) return {};
+    return found->second;
+  }
+  [[nodiscard]] inline bool has(std::uint32_t variant) const noexcept { return by_variant_.contains(variant); }
+  /// Variants in the order their first node was added.
+  [[nodiscard]] inline const std::vector<std::uint32_t>& order() const noexcept { return order_; }
+  /// Adds `node` after the others of its variant; returns it.
+  TreeNode& add(std::unique_ptr<TreeNode> node);
+  /// What is known of `variant` at this place of the tree, whether or not a node of it exists.
+  [[nodiscard]] inline ChildFacts& facts(std::uint32_t variant) { return facts_[variant]; }
+  [[nodiscard]] std::size_t count_descendants() const;
+  void clear() noexcept;
+
+ private:
+  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> by_variant_;
+  std::vector<std::uint32_t> order_;
+  std::unordered_map<std::uint32_t, ChildFacts> facts_;
+};
+
+/// A node of the tree: a recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode). The
+/// public `cgt::Node` is a read-only view of one, by id. Its fields derive from one another (a
+/// cell per output, aliases that share cells, liveness snapshots): they change only through the
+/// methods below, each of which keeps them consistent.
+class TreeNode {
+ public:
+  /// A node for a call of `variant` right after `parent` (null: a root). Graph nodes are numbered
+  /// from 0 in recording order, warm-up nodes count down from -1.
+  TreeNode(NodeKind kind, std::int64_t id, NodeReason reason, std::uint32_t variant, TreeNode* parent);
+  TreeNode(const TreeNode&) = delete;
+  TreeNode& operator=(const TreeNode&) = delete;
+  ~TreeNode();
+
+  // --- identity, fixed when made ---
+  [[nodiscard]] inline std::int64_t id() const noexcept { return id_; }
+  [[nodiscard]] inline NodeKind kind() const noexcept { return kind_; }
+  [[nodiscard]] inline NodeReason reason() const noexcept { return reason_; }
+  [[nodiscard]] inline std::uint32_t variant() const noexcept { return variant_; }
+  [[nodiscard]] inline TreeNode* parent() const noexcept { return parent_; }
+  /// Root first, ending with this node (PyTorch's path_weakrefs).
+  [[nodiscard]] inline const std::vector<TreeNode*>& path() const noexcept { return path_; }
+  [[nodiscard]] inline std::size_t depth() const noexcept { return path_.size() - 1; }
+  [[nodiscard]] inline Children& children() noexcept { return children_; }
+  [[nodiscard]] inline const Children& children() const noexcept { return children_; }
+  [[nodiscard]] inline std::size_t num_descendants() const { return children_.count_descendants(); }
+
+  // --- inputs (graph nodes) ---
+  /// Records how the graph reads each input, and the address of those it reads in place.
+  void take_inputs(std::span<const InputUse> uses, std::span<const backend::ArgDesc> descs);
+  [[nodiscard]] inline const std::vector<std::uint32_t>& managed_inputs() const noexcept { return managed_inputs_; }
+  [[nodiscard]] inline const std::vector<std::uint32_t>& static_inputs() const noexcept { return static_inputs_; }
+  /// Per input: the data address it was recorded with, if read in place (else 0).
+  [[nodiscard]] inline const std::vector<std::uintptr_t>& recorded_data() const noexcept { return recorded_data_; }
+  /// Per input: copied into a pool slot on every replay.
+  [[nodiscard]] inline const std::vector<bool>& copied_to_slot() const noexcept { return copied_to_slot_; }
+
+  // --- outputs (both kinds) ---
+  /// Takes the outputs of the node's warm-up or recording: where each lives, and how it aliases
+  /// other memory (`AliasKind`): an output viewing a live output of the path or an earlier output
+  /// of this call shares that one's cell; a new storage of the pool gets a new cell. Called before
+  /// the node is entered: the path searched is its parent's.
+  void take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function);
+  [[nodiscard]] inline std::size_t output_count() const noexcept { return output_count_; }
+  /// Per output: the storage it views in the current execution (null: not pool memory).
+  [[nodiscard]] inline const std::vector<CellRef>& cells() const noexcept { return cells_; }
+  [[nodiscard]] inline const std::vector<OutputAlias>& aliases() const noexcept { return aliases_; }
+  /// Per output: the storage address it was made at (0: not pool memory).
+  [[nodiscard]] inline const std::vector<std::uintptr_t>& output_storage() const noexcept { return output_storage_; }
+  /// The cell of output `index.output` of the node at `index.depth` of this node's path.
+  [[nodiscard]] inline const CellRef& cell_at(PathIndex index) const noexcept {
+    return path_[index.depth]->cells_[index.output];
+  }
+  /// The live output of this node's path (root to this node) at `storage`, if any.
+  [[nodiscard]] std::optional<PathIndex> live_output_at(std::uintptr_t storage) const noexcept;
+
+  // --- recording (graph nodes) ---
+  inline void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept {
+    recording_ = std::move(recording);
+  }
+  /// Marks the graph recorded, its outputs handed out: keeps `checkpoint` (the allocator right
+  /// after) and derives, from the path's liveness before the call (`liveness_before`, without this
+  /// node) and now, what must be dead before and after each replay.
+  void mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
+                     const std::vector<std::vector<bool>>& liveness_before);
+  [[nodiscard]] inline backend::Recording* recording() const noexcept { return recording_.get(); }
+  [[nodiscard]] inline const backend::Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
+  /// Path liveness right after recording (with this node).
+  [[nodiscard]] inline const std::vector<std::vector<bool>>& liveness_after() const noexcept { return liveness_after_; }
+  /// Outputs of the path live when the parent was recorded but dead when this was: they must be
+  /// dead before a replay, which reuses their memory.
+  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_before() const noexcept {
+    return expected_dead_before_;
+  }
+  /// Outputs of the path that died during the recording (leases the call consumed): they must die
+  /// during every replay too.
+  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_after() const noexcept {
+    return expected_dead_after_;
+  }
+  /// Everything live right after recording.
+  [[nodiscard]] inline const std::vector<PathIndex>& live_after() const noexcept { return live_after_; }
+
+  // --- replay (engine_replay.cpp: the hot path) ---
+  /// Points each output at the storage this replay writes (a new cell where the last one is
+  /// still held or was reclaimed), and tells the recording if that changed.
+  void bind_outputs_for_replay(Engine& engine);
+
+ private:
+  [[nodiscard]] bool is_bound_as_is() const noexcept;
+
+  std::int64_t id_;
+  NodeKind kind_;
+  NodeReason reason_;
+  std::uint32_t variant_;
+  TreeNode* parent_;
+  std::vector<TreeNode*> path_;
+  Children children_;
+
+  std::unique_ptr<backend::Recording> recording_;
+  std::unique_ptr<backend::Checkpoint> checkpoint_;
+  std::vector<std::uint32_t> managed_inputs_;
+  std::vector<std::uint32_t> static_inputs_;
+  std::vector<std::uintptr_t> recorded_data_;
+  std::vector<bool> copied_to_slot_;
+  std::vector<std::vector<bool>> liveness_after_;
+  std::vector<PathIndex> expected_dead_before_;
+  std::vector<PathIndex> expected_dead_after_;
+  std::vector<PathIndex> live_after_;
+
+  std::size_t output_count_ = 0;
+  std::vector<OutputAlias> aliases_;
+  std::vector<CellRef> cells_;
+  std::vector<std::uintptr_t> output_storage_;
+  std::vector<std::size_t> output_bytes_;
+  bool outputs_own_storage_ = false;            ///< every output is new_storage: a replay may skip rebinding
+  std::vector<backend::StorageHandle*> bound_;  ///< storages the recording's outputs view now
+  std::vector<const void*> bound_native_;       ///< and their native records at that time
+};
+
+/// Each node's outputs along `nodes`: live or not.
+[[nodiscard]] std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes);
 
 /// Where the current path is (PyTorch's ExecutionState).
 enum class PathState : std::uint8_t { none, warmup, recording, execution };
 
-/// What a search among the children of a node found.
+/// What a search among the children of the current node found. Each field says one thing,
+/// whatever the others hold.
 struct Match {
-  Node* node = nullptr;
-  bool static_moved = false;   ///< with `node`: matched, but a static input moved (error mode)
-  Node* moved_from = nullptr;  ///< rerecord mode: a child that matched but for a moved static input
-  bool managed_moved = false;
+  /// A child whose recorded invariants all hold for this call: replay it.
+  TreeNode* replayable = nullptr;
+  /// The first child that fits but for a static input at a new address. Under
+  /// `OnStaticInputMoved::error` the call fails naming it (it fit in every other way); under
+  /// `rerecord` the new recording replaces it.
+  TreeNode* static_moved_child = nullptr;
+  std::int32_t moved_static_input = -1;  ///< that input of `static_moved_child` (-1: none)
+  /// A pool-managed input (an output of an earlier graph) at a new address for some child (-1: none).
+  std::int32_t moved_managed_input = -1;
+  /// Some child fit but for which outputs of the path are live.
   bool liveness_differs = false;
-  std::int32_t moved_input = -1;
+};
+
+/// The allocator as it was before a warm-up or recording: what a failed one puts back.
+struct PoolSnapshot {
+  std::unique_ptr<backend::Checkpoint> checkpoint;
+  std::vector<std::uintptr_t> owned_live;  ///< storages the allocator owned for live leases then
 };
 
 /// One call in flight: its arguments and what the engine learned about them.
 struct CallFrame {
   std::span<const backend::ArgSlot> args;
   std::span<const backend::ArgDesc> descs;
-  FunctionRecord* function = nullptr;
-  Variant* variant = nullptr;
+  gsl::not_null<FunctionRecord*> function;
+  Variant* variant = nullptr;  ///< null until the call's shape variant is chosen
   /// Recording because a static input moved: the node recorded at the old address, whose graph
   /// the backend may update for the new one instead of instantiating another.
-  Node* rerecording_of = nullptr;
+  TreeNode* rerecording_of = nullptr;
   /// The step at the call's start: a `mark_step_begin()` from inside the function belongs to the
   /// next call, which must see it.
   std::uint64_t step = 0;
@@ -267,14 +435,12 @@ class Engine {
   /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
   mutable std::mutex functions_mutex;
   std::vector<std::unique_ptr<Variant>> variants;
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<Node>>> roots;  ///< by variant
-  std::vector<std::uint32_t> root_order;
-  std::unordered_map<std::uint32_t, ChildFacts> root_facts;
-  std::vector<Node*> graph_nodes;                   ///< by id
-  std::vector<std::unique_ptr<Node>> warmup_chain;  ///< warm-up nodes of the current path
+  Children roots;
+  std::vector<gsl::not_null<TreeNode*>> graph_nodes;    ///< by id
+  std::vector<std::unique_ptr<TreeNode>> warmup_chain;  ///< warm-up nodes of the current path
   std::int64_t next_warmup_id = -1;
 
-  Node* current = nullptr;
+  TreeNode* current = nullptr;
   PathState state = PathState::none;
   std::atomic<std::uint64_t> step{0};  ///< bumped by mark_step_begin, from any thread
   std::uint64_t generations = 0;       ///< the last Cell::generation given out
@@ -285,6 +451,8 @@ class Engine {
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);
+  /// The `static_input_moved` error of a call whose only misfit is static inputs at new addresses.
+  [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
   std::optional<Reason> fallback_reason(CallFrame& frame);
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
   bool mutates_unmanaged_input(CallFrame& frame);
@@ -293,37 +461,58 @@ class Engine {
   // --- eager fallback and warm-up (engine_warmup.cpp) ---
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);
   Result<CallOutputs> warm_up(CallFrame& frame);
+  [[nodiscard]] NodeReason warmup_reason(const Variant& variant) const noexcept;
   /// Fails for an output in pool memory that the call neither allocated nor received as an input
   /// (a buffer the function kept from an earlier call): the pool may have given it to another lease.
   Result<void> check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const;
-  /// The storages the allocator owns for live leases now: what a failed run must give back to.
-  [[nodiscard]] std::vector<std::uintptr_t> owned_live_storages() const;
-  /// Puts the allocator back to `before` after a failed warm-up or recording. `owned_before` were
-  /// live then; those that died during the call (a lease dropped inside the function) are freed.
-  Result<void> roll_back(const backend::Checkpoint& before, const std::vector<std::uintptr_t>& owned_before);
+
+  // --- shared by warm-ups and recordings (engine_warmup.cpp) ---
+  /// Runs `run` (a warm-up or a recording, returning `Result<T>`, whose outputs `outputs_of`
+  /// reads) in the pool. If it fails, or returns pool memory it cannot have made, the pool is put
+  /// back as it was and the error, told in terms of the call `doing` what, returned.
+  template <class T, class Run, class OutputsOf>
+  Result<T> run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of);
+  Result<PoolSnapshot> snapshot_pool(const FunctionRecord& function, const char* doing);
+  /// Puts the allocator back to `before` after a failed warm-up or recording whose outputs are
+  /// gone: `error`, with the restore's failure added if it failed too. Storages live in `before`
+  /// that died during the call (a lease dropped inside the function) are freed.
+  [[nodiscard]] Error roll_back(const PoolSnapshot& before, Error error);
+  /// Leases on `node`'s outputs handing out `result`'s values; then drops the leases the call consumed.
+  CallOutputs hand_out(const TreeNode& node, const backend::RunResult& result, const CallFrame& frame, CallKind kind);
 
   // --- replay (engine_replay.cpp) ---
   Match find_replayable_child(CallFrame& frame);
-  [[nodiscard]] bool liveness_allows(const Node& child, const CallFrame& frame) const;
-  Result<CallOutputs> replay(Node& node, CallFrame& frame);
-  void bind_output_cells(Node& node);
+  [[nodiscard]] bool liveness_allows(const TreeNode& child, const CallFrame& frame) const;
+  Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
 
   // --- recording (engine_record.cpp) ---
   Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
+  [[nodiscard]] std::vector<InputUse> classify_inputs(const CallFrame& frame) const;
+  /// Captures the function into a graph in the pool (rolled back if it fails).
+  Result<backend::Recorded> capture(const CallFrame& frame, std::span<const InputUse> uses);
+  /// Checkpoints the allocator after a recording and marks `node` recorded.
+  Result<void> finish_recording(TreeNode& node, const std::vector<std::vector<bool>>& liveness_before);
+  void count_recording(NodeReason reason, FunctionRecord& function);
+  /// Adds a recorded node under the current node (or as a root); returns it.
+  TreeNode& add_to_tree(std::unique_ptr<TreeNode> node);
   /// After a capture failure that will not go away: the shape runs eagerly from now on.
   Result<CallOutputs> give_up_capture(CallFrame& frame, const Error& error);
-  void compute_aliases(Node& node, const backend::RunResult& first, const CallFrame& frame);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
-  void end_path_if_done(std::uint64_t step_now);
-  void try_end_execution(std::uint64_t step_now);
+  /// When the engine asks whether the current path is over.
+  enum class PathCheck : std::uint8_t {
+    call_start,     ///< before a call: a replaying path is kept, since a child of it may follow
+    no_child_fits,  ///< no child of the current node fits the call: a replaying path may end too
+  };
+  /// Ends the current path if it is over: reclaims it if a new step began since it last ran, or
+  /// ends it if no output of the path is live (at `call_start`, only a path warming up or recording).
+  void end_path_if_over(std::uint64_t step_now, PathCheck when);
   [[nodiscard]] bool all_outputs_dead() const;
   void end_path();
   void reclaim_path();
   Result<void> restore_checkpoint();
-  [[nodiscard]] std::vector<Node*> path() const;
+  [[nodiscard]] std::span<TreeNode* const> path() const noexcept;
   [[nodiscard]] std::vector<std::vector<bool>> path_liveness() const;
-  [[nodiscard]] static std::vector<std::vector<bool>> liveness_of(const std::vector<Node*>& nodes);
   [[nodiscard]] std::optional<PathIndex> live_alias_in_path(std::uintptr_t storage) const;
   /// The cell of the live output of the path whose storage is `storage`, or null.
   [[nodiscard]] Cell* live_cell_in_path(std::uintptr_t storage) const;
@@ -331,7 +520,7 @@ class Engine {
   [[nodiscard]] std::vector<Cell*> live_path_cells() const;
   void cell_died(Cell& cell) noexcept;
   void consume_arguments(const CallFrame& frame) noexcept;
-  void enter(Node& node, PathState new_state, const CallFrame& frame);
+  void enter(TreeNode& node, PathState new_state, const CallFrame& frame);
   ChildFacts& facts_for(std::uint32_t variant);
 
   // --- checks and reporting (engine_checks.cpp) ---
@@ -354,7 +543,7 @@ class Engine {
   [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
 
   // --- introspection (introspection.cpp) ---
-  [[nodiscard]] const Node* find_node(std::int64_t id) const noexcept;
+  [[nodiscard]] const TreeNode* find_node(std::int64_t id) const noexcept;
   [[nodiscard]] std::string to_dot() const;
 
   /// Frees the tree and the device's memory; returns the functions' callables, for the caller to
@@ -400,5 +589,17 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 /// replay's hot path, filling leases in place.
 void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
               std::uint32_t output) noexcept;
+
+template <class T, class Run, class OutputsOf>
+Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of) {
+  auto before = snapshot_pool(*frame.function, doing);
+  if (!before) return std::unexpected(std::move(before.error()));
+  Result<T> ran = run();
+  Result<void> ours = ran ? check_outputs_are_ours(outputs_of(*ran), frame) : Result<void>();
+  if (ran && ours) return ran;
+  Error error = !ran ? in_call(std::move(ran.error()), *frame.function, doing) : std::move(ours.error());
+  ran = Result<T>();  // the outputs go before the pool is put back
+  return std::unexpected(roll_back(*before, std::move(error)));
+}
 
 }  // namespace cgt::detail

@@ -101,7 +101,7 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
 
   // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
   // be passing in, and the arguments must be read after that.
-  end_path_if_done(step_now);
+  end_path_if_over(step_now, PathCheck::call_start);
 
   const std::size_t count = source.size();
   SmallArray<backend::ArgSlot, 8> slot_array(count);
@@ -277,7 +277,7 @@ Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
     // Live memory is not enough: it may live again for another output since this value escaped
     // (where the backend stamps values, their generation must be the memory's current one).
     if (const Cell* cell = live_cell_in_path(desc.storage)) {
-      if (!stamps_values || desc.generation == cell->generation) continue;
+      if (!stamps_values || desc.generation == cell->generation()) continue;
     }
     return fail(Errc::output_overwritten,
                 "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
@@ -316,6 +316,21 @@ std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
   return std::nullopt;
 }
 
+Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match& match) const {
+  // Every input that moved, so that one fix is enough.
+  const TreeNode& child = *match.static_moved_child;
+  std::string moved;
+  for (const std::uint32_t input : child.static_inputs()) {
+    if (frame.descs[input].data == child.recorded_data()[input]) continue;
+    moved += (moved.empty() ? "" : ", ") + std::to_string(input);
+  }
+  return fail(Errc::static_input_moved,
+              "static input(s) " + moved + " of " + quoted(frame.function->name) +
+                  " are not at the addresses its graph was recorded with; keep static inputs in place, or set "
+                  "on_static_input_moved = rerecord",
+              frame.function->name, child.id(), match.moved_static_input);
+}
+
 Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   if (auto reason = fallback_reason(frame)) return run_eager(frame, *reason);
 
@@ -331,50 +346,38 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   NodeReason reason = NodeReason::first_call;
   if (state != PathState::recording) {
     const Match match = find_replayable_child(frame);
-    if (match.node != nullptr) {
-      if (match.static_moved) {
-        // Every input that moved, so that one fix is enough.
-        std::string moved;
-        for (const std::uint32_t input : match.node->static_inputs) {
-          if (frame.descs[input].data == match.node->recorded_data[input]) continue;
-          moved += (moved.empty() ? "" : ", ") + std::to_string(input);
-        }
-        return fail(Errc::static_input_moved,
-                    "static input(s) " + moved + " of " + quoted(frame.function->name) +
-                        " are not at the addresses its graph was recorded with; keep static inputs in place, or set "
-                        "on_static_input_moved = rerecord",
-                    frame.function->name, match.node->id, match.moved_input);
-      }
-      return replay(*match.node, frame);
+    if (match.replayable != nullptr) return replay(*match.replayable, frame);
+    if (match.static_moved_child != nullptr && options.on_static_input_moved == OnStaticInputMoved::error) {
+      return std::unexpected(fail_static_input_moved(frame, match).error());
     }
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
-    if (current != nullptr && roots.contains(frame.variant->id)) {
-      try_end_execution(frame.step);
+    if (current != nullptr && roots.has(frame.variant->id)) {
+      end_path_if_over(frame.step, PathCheck::no_child_fits);
       if (current == nullptr) return run_tree(frame);
     }
-    if (match.managed_moved) {
+    if (match.moved_managed_input >= 0) {
       ChildFacts& facts = facts_for(frame.variant->id);
       ++facts.rerecords;
       if (facts.rerecords > options.rerecord_limit) {
         log(EventKind::eager_fallback, Reason::rerecord_limit, *frame.function,
             "skipping graphs for " + quoted(frame.function->name) + ": re-recorded more than " +
                 std::to_string(options.rerecord_limit) + " times under one node because input " +
-                std::to_string(match.moved_input) + " (an output of an earlier graph) keeps moving");
+                std::to_string(match.moved_managed_input) + " (an output of an earlier graph) keeps moving");
         return run_eager(frame, Reason::rerecord_limit);
       }
     }
     ++stats.failed_matches;
-    if (match.static_moved) {
+    if (match.static_moved_child != nullptr) {
       reason = NodeReason::static_input_moved;
-      frame.rerecording_of = match.moved_from;
-    } else if (match.managed_moved) {
+      frame.rerecording_of = match.static_moved_child;
+    } else if (match.moved_managed_input >= 0) {
       reason = NodeReason::managed_input_moved;
     } else if (match.liveness_differs) {
       reason = NodeReason::new_liveness_pattern;
     }
 
-    try_end_execution(frame.step);
+    end_path_if_over(frame.step, PathCheck::no_child_fits);
     if (current != nullptr) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));

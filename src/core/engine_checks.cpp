@@ -81,7 +81,7 @@ void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const 
 std::string Engine::overwritten_message(const Cell& cell, std::uint32_t output) const {
   return "output " + std::to_string(output) + " of '" + functions[cell.function]->name +
          "' was reclaimed when a new step began (mark_step_begin was called after it was produced in step " +
-         std::to_string(cell.step) +
+         std::to_string(cell.step()) +
          "); to keep a value across steps, take() it before the next step, set Options::copy_out_on_new_step "
          "(a new step then copies held outputs out of the pool), or call mark_step_begin() only after you are done "
          "with it";

@@ -17,21 +17,16 @@ import :engine;
 namespace cgt::detail {
 
 CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) {
-  auto* cell = new Cell{};  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
-  cell->storage = storage;
-  cell->engine = &engine;
-  cell->function = function;
-  return CellRef(cell);
+  return CellRef(
+      new Cell(engine, storage, function));  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
 }
 
 void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
               std::uint32_t output) noexcept {
   lease.engine = EngineRef(&engine);
   if (cell != nullptr) {
-    ++cell->refs;
-    if (cell->leases++ == 0) cell->generation = ++engine.generations;
-    if (engine.stamps_values) engine.device->stamp(value, cell->generation);
-    cell->step = engine.step.load(std::memory_order_relaxed);
+    cell->add_lease(engine.generations, engine.step.load(std::memory_order_relaxed));
+    if (engine.stamps_values) engine.device->stamp(value, cell->generation());
     lease.cell = cell;
   }
   lease.value = value;
@@ -62,27 +57,9 @@ std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& b
   return indices;
 }
 
-std::size_t Node::num_descendants() const {
-  std::size_t count = 0;
-  for (const auto& [variant, nodes] : children) {
-    for (const auto& child : nodes) count += 1 + child->num_descendants();
-  }
-  return count;
-}
-
-std::vector<Node*> Engine::path() const {
-  return current != nullptr ? current->path : std::vector<Node*>{};
-}
-
-std::vector<std::vector<bool>> Engine::liveness_of(const std::vector<Node*>& nodes) {
-  std::vector<std::vector<bool>> liveness;
-  liveness.reserve(nodes.size());
-  for (const Node* node : nodes) {
-    std::vector<bool> outputs(node->output_count, false);
-    for (std::size_t i = 0; i < node->output_count; ++i) outputs[i] = node->cells[i] && node->cells[i]->is_live();
-    liveness.push_back(std::move(outputs));
-  }
-  return liveness;
+std::span<TreeNode* const> Engine::path() const noexcept {
+  if (current == nullptr) return {};
+  return current->path();
 }
 
 std::vector<std::vector<bool>> Engine::path_liveness() const {
@@ -91,35 +68,26 @@ std::vector<std::vector<bool>> Engine::path_liveness() const {
 
 std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) const {
   if (current == nullptr) return std::nullopt;
-  const auto& nodes = current->path;
-  for (std::size_t d = 0; d < nodes.size(); ++d) {
-    for (std::size_t i = 0; i < nodes[d]->output_count; ++i) {
-      const CellRef& cell = nodes[d]->cells[i];
-      if (cell && cell->is_live() && cell->storage.address == storage) {
-        return PathIndex{.depth = static_cast<std::uint32_t>(d), .output = static_cast<std::uint32_t>(i)};
-      }
-    }
-  }
-  return std::nullopt;
+  return current->live_output_at(storage);
 }
 
 Cell* Engine::live_cell_in_path(std::uintptr_t storage) const {
   const auto alias = live_alias_in_path(storage);
-  return alias ? current->path[alias->depth]->cells[alias->output].get() : nullptr;
+  return alias ? current->cell_at(*alias).get() : nullptr;
 }
 
 bool Engine::is_path_output(std::uintptr_t storage) const {
   if (current == nullptr || storage == 0) return false;
-  return std::ranges::any_of(current->path, [storage](const Node* node) {
-    return std::ranges::find(node->output_storage, storage) != node->output_storage.end();
+  return std::ranges::any_of(current->path(), [storage](const TreeNode* node) {
+    return std::ranges::find(node->output_storage(), storage) != node->output_storage().end();
   });
 }
 
 std::vector<Cell*> Engine::live_path_cells() const {
   std::vector<Cell*> live;
   if (current == nullptr) return live;
-  for (const Node* node : current->path) {
-    for (const CellRef& cell : node->cells) {
+  for (const TreeNode* node : current->path()) {
+    for (const CellRef& cell : node->cells()) {
       if (cell && cell->is_live() && std::ranges::find(live, cell.get()) == live.end()) {
         live.push_back(cell.get());
       }
@@ -130,17 +98,17 @@ std::vector<Cell*> Engine::live_path_cells() const {
 
 bool Engine::all_outputs_dead() const {
   if (current == nullptr) return true;
-  if (current->kind == NodeKind::graph) {
+  if (current->kind() == NodeKind::graph) {
     // Everything live after the recording is listed; what was dead then cannot revive.
-    return std::ranges::none_of(current->live_after, [this](const PathIndex& index) {
-      const CellRef& cell = current->path[index.depth]->cells[index.output];
+    return std::ranges::none_of(current->live_after(), [this](const PathIndex& index) {
+      const CellRef& cell = current->cell_at(index);
       return cell && cell->is_live();
     });
   }
   return live_path_cells().empty();
 }
 
-void Engine::enter(Node& node, PathState new_state, const CallFrame& frame) {
+void Engine::enter(TreeNode& node, PathState new_state, const CallFrame& frame) {
   current = &node;
   state = new_state;
   current_step = frame.step;
@@ -152,22 +120,14 @@ void Engine::end_path() {
   warmup_chain.clear();
 }
 
-void Engine::end_path_if_done(std::uint64_t step_now) {
+void Engine::end_path_if_over(std::uint64_t step_now, PathCheck when) {
   if (current == nullptr) return;
   if (current_step != step_now) {
     reclaim_path();
     return;
   }
-  // Replays end lazily (when no child matches); warm-ups and recordings are checked up front.
-  if ((state == PathState::recording || state == PathState::warmup) && all_outputs_dead()) end_path();
-}
-
-void Engine::try_end_execution(std::uint64_t step_now) {
-  if (current == nullptr) return;
-  if (current_step != step_now) {
-    reclaim_path();
-    return;
-  }
+  // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
+  if (when == PathCheck::call_start && state == PathState::execution) return;
   if (all_outputs_dead()) end_path();
 }
 
@@ -175,15 +135,12 @@ void Engine::reclaim_path() {
   const std::vector<Cell*> live = live_path_cells();
   if (!live.empty()) ++stats.steps_reclaimed;
   for (Cell* cell : live) {
-    bool rescued = false;
+    std::shared_ptr<void> copy;
     if (options.copy_out_on_new_step) {
-      if (auto copy = device->rescue(cell->storage)) {
-        cell->rescued = std::move(*copy);
-        rescued = true;
-      }
+      if (auto rescued = device->rescue(cell->storage)) copy = std::move(*rescued);
     }
-    (rescued ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases;
-    cell->reclaimed = true;
+    (copy != nullptr ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases();
+    cell->mark_reclaimed(std::move(copy));
     device->release(cell->storage, backend::Release::reclaimed, functions[cell->function]->name);
     cell->storage.owned_by_allocator = false;
   }
@@ -191,7 +148,7 @@ void Engine::reclaim_path() {
 }
 
 Result<void> Engine::restore_checkpoint() {
-  Node& node = *current;
+  TreeNode& node = *current;
   ++stats.checkpoint_restores;
   const std::vector<Cell*> live = live_path_cells();
   std::vector<backend::StorageHandle*> handles;
@@ -201,13 +158,13 @@ Result<void> Engine::restore_checkpoint() {
   // What was live right after recording is allocated in the checkpoint; what died since must
   // be freed again (aliases share a storage: free it once).
   std::vector<std::uintptr_t> dead;
-  for (const PathIndex& index : differing_indices(node.liveness_after, path_liveness())) {
-    const std::uintptr_t address = node.path[index.depth]->output_storage[index.output];
+  for (const PathIndex& index : differing_indices(node.liveness_after(), path_liveness())) {
+    const std::uintptr_t address = node.path()[index.depth]->output_storage()[index.output];
     if (address != 0 && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
   }
-  if (auto restored = device->restore(*node.checkpoint, handles, dead); !restored) {
+  if (auto restored = device->restore(node.checkpoint(), handles, dead); !restored) {
     Error error = std::move(restored.error());
-    error.node = node.id;
+    error.node = node.id();
     return std::unexpected(std::move(error));
   }
   for (Cell* cell : live) cell->storage.owned_by_allocator = true;
@@ -229,7 +186,7 @@ void Engine::consume_arguments(const CallFrame& frame) noexcept {
 }
 
 ChildFacts& Engine::facts_for(std::uint32_t variant) {
-  return current != nullptr ? current->child_facts[variant] : root_facts[variant];
+  return (current != nullptr ? current->children() : roots).facts(variant);
 }
 
 }  // namespace cgt::detail

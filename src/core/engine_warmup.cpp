@@ -35,28 +35,51 @@ std::string fallback_message(Reason reason, const std::string& function) {
 
 }  // namespace
 
-std::vector<std::uintptr_t> Engine::owned_live_storages() const {
-  std::vector<std::uintptr_t> owned;
-  for (const Cell* cell : live_path_cells()) {
-    if (cell->storage.owned_by_allocator) owned.push_back(cell->storage.address);
+Result<PoolSnapshot> Engine::snapshot_pool(const FunctionRecord& function, const char* doing) {
+  if (auto checked = debug_check(options.debug_checks ? ("before " + std::string(doing)).c_str() : doing); !checked) {
+    return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
   }
-  return owned;
+  auto checkpoint = device->checkpoint();
+  if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, doing));
+  PoolSnapshot snapshot{.checkpoint = std::move(*checkpoint), .owned_live = {}};
+  for (const Cell* cell : live_path_cells()) {
+    if (cell->storage.owned_by_allocator) snapshot.owned_live.push_back(cell->storage.address);
+  }
+  return snapshot;
 }
 
-// NOLINTNEXTLINE(readability-make-member-function-const): puts the pool's allocator back
-Result<void> Engine::roll_back(const backend::Checkpoint& before, const std::vector<std::uintptr_t>& owned_before) {
+Error Engine::roll_back(const PoolSnapshot& before, Error error) {
   std::vector<backend::StorageHandle*> live;
   for (Cell* cell : live_path_cells()) {
     if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
   }
   // A lease dropped inside the function freed its block, which `before` still counts as allocated.
   std::vector<std::uintptr_t> died;
-  for (const std::uintptr_t address : owned_before) {
+  for (const std::uintptr_t address : before.owned_live) {
     if (std::ranges::none_of(live, [address](const backend::StorageHandle* h) { return h->address == address; })) {
       died.push_back(address);
     }
   }
-  return device->restore(before, live, died);
+  if (auto restored = device->restore(*before.checkpoint, live, died); !restored) {
+    error.message += "; restoring the pool also failed: " + restored.error().message;
+  }
+  return error;
+}
+
+CallOutputs Engine::hand_out(const TreeNode& node, const backend::RunResult& result, const CallFrame& frame,
+                             CallKind kind) {
+  const FunctionRecord& function = *frame.function;
+  CallOutputs out;
+  out.kind = kind;
+  out.node = node.id();
+  out.leases.reserve(node.output_count());
+  for (std::size_t i = 0; i < node.output_count(); ++i) {
+    out.leases.push_back(make_lease(*this, node.cells()[i].get(), result.values[i], result.owner, function.id,
+                                    static_cast<std::uint32_t>(i)));
+  }
+  // Leases the call consumed die now, after the outputs that may alias them took their leases.
+  consume_arguments(frame);
+  return out;
 }
 
 Result<void> Engine::check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const {
@@ -112,76 +135,23 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   return out;
 }
 
+NodeReason Engine::warmup_reason(const Variant& variant) const noexcept {
+  if (!variant.warmed_up) return NodeReason::first_call;
+  return state == PathState::warmup ? NodeReason::path_warming_up : NodeReason::forced_warmup;
+}
+
 Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   Variant& variant = *frame.variant;
-  if (auto checked = debug_check("before a warm-up"); !checked) {
-    return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
-  }
-  auto before = device->checkpoint();
-  if (!before) return std::unexpected(in_call(std::move(before.error()), function, "warming up"));
-  const std::vector<std::uintptr_t> owned_before = owned_live_storages();
+  auto result = run_in_pool<backend::RunResult>(
+      frame, "warming up", [&] { return device->run(*function.invoker, frame.args, backend::RunMode::warmup); },
+      [](const backend::RunResult& run) -> const backend::RunResult& { return run; });
+  if (!result) return std::unexpected(std::move(result.error()));
 
-  auto result = device->run(*function.invoker, frame.args, backend::RunMode::warmup);
-  Result<void> ours = result ? check_outputs_are_ours(*result, frame) : Result<void>();
-  if (!result || !ours) {
-    Error error = !result ? in_call(std::move(result.error()), function, "warming up") : std::move(ours.error());
-    result = {};  // the outputs' values go before the pool is put back
-    if (auto rolled_back = roll_back(**before, owned_before); !rolled_back) {
-      error.message += "; restoring the pool also failed: " + rolled_back.error().message;
-    }
-    return std::unexpected(std::move(error));
-  }
-
-  auto node = std::make_unique<Node>();
-  node->id = next_warmup_id--;
-  node->kind = NodeKind::warmup;
-  if (!variant.warmed_up)
-    node->reason = NodeReason::first_call;
-  else if (state == PathState::warmup)
-    node->reason = NodeReason::path_warming_up;
-  else
-    node->reason = NodeReason::forced_warmup;
-  node->variant = variant.id;
-  node->parent = current;
-  node->path = current != nullptr ? current->path : std::vector<Node*>{};
-  node->path.push_back(node.get());
-
-  const std::size_t count = result->outputs.size();
-  node->output_count = count;
-  node->cells.resize(count);
-  node->output_storage.assign(count, 0);
-  node->output_bytes.assign(count, 0);
-  CallOutputs out;
-  out.kind = CallKind::warmup;
-  out.node = node->id;
-  out.leases.reserve(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    const backend::OutputDesc& desc = result->outputs[i];
-    // Only pool memory is tracked: an output viewing an input or a constant stays the caller's.
-    if (desc.kind == backend::OutputKind::value && desc.in_pool) {
-      node->output_storage[i] = desc.storage;
-      node->output_bytes[i] = desc.storage_bytes;
-      if (Cell* live = live_cell_in_path(desc.storage)) {
-        node->cells[i] = CellRef(live);
-      } else {
-        for (std::size_t j = 0; j < i && !node->cells[i]; ++j) {
-          if (node->cells[j] && node->output_storage[j] == desc.storage) node->cells[i] = node->cells[j];
-        }
-        if (!node->cells[i]) {
-          const backend::StorageHandle storage{.address = desc.storage,
-                                               .bytes = desc.storage_bytes,
-                                               .native = desc.native,
-                                               .native_owner = desc.native_owner,
-                                               .owned_by_allocator = true};
-          node->cells[i] = make_cell(*this, storage, function.id);
-        }
-      }
-    }
-    out.leases.push_back(make_lease(*this, node->cells[i].get(), result->values[i], result->owner, function.id,
-                                    static_cast<std::uint32_t>(i)));
-  }
-  consume_arguments(frame);
+  auto node =
+      std::make_unique<TreeNode>(NodeKind::warmup, next_warmup_id--, warmup_reason(variant), variant.id, current);
+  node->take_outputs(*this, result->outputs, function.id);
+  CallOutputs out = hand_out(*node, *result, frame, CallKind::warmup);
   variant.warmed_up = true;
   ++stats.warmups;
   warmup_chain.push_back(std::move(node));

@@ -5,6 +5,7 @@ module;
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,17 +24,15 @@ struct NodeAccess {
 
 namespace {
 
-std::vector<Node> children_views(
-    const detail::EngineRef& engine, const std::vector<std::uint32_t>& order,
-    const std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<detail::Node>>>& by_variant) {
-  std::vector<const detail::Node*> nodes;
-  for (const std::uint32_t variant : order) {
-    for (const auto& node : by_variant.at(variant)) nodes.push_back(node.get());
+std::vector<Node> children_views(const detail::EngineRef& engine, const detail::Children& children) {
+  std::vector<const detail::TreeNode*> nodes;
+  for (const std::uint32_t variant : children.order()) {
+    for (const auto& node : children.of(variant)) nodes.push_back(node.get());
   }
-  std::ranges::sort(nodes, {}, &detail::Node::id);
+  std::ranges::sort(nodes, {}, &detail::TreeNode::id);
   std::vector<Node> views;
   views.reserve(nodes.size());
-  for (const detail::Node* node : nodes) views.push_back(NodeAccess::make(engine, node->id));
+  for (const detail::TreeNode* node : nodes) views.push_back(NodeAccess::make(engine, node->id()));
   return views;
 }
 
@@ -44,7 +43,7 @@ R read_node(const Node& view, R empty, Read read) {
   detail::Engine* engine = NodeAccess::engine(view);
   if (engine == nullptr) return empty;
   const detail::StateLock lock(*engine);
-  const detail::Node* node = engine->find_node(view.id());
+  const detail::TreeNode* node = engine->find_node(view.id());
   if (node == nullptr) return empty;
   return read(*engine, *node);
 }
@@ -52,81 +51,82 @@ R read_node(const Node& view, R empty, Read read) {
 }  // namespace
 
 bool Node::exists() const {
-  return read_node(*this, false, [](const detail::Engine&, const detail::Node&) { return true; });
+  return read_node(*this, false, [](const detail::Engine&, const detail::TreeNode&) { return true; });
 }
 
 NodeKind Node::kind() const {
-  return read_node(*this, NodeKind::graph, [](const detail::Engine&, const detail::Node& node) { return node.kind; });
+  return read_node(*this, NodeKind::graph,
+                   [](const detail::Engine&, const detail::TreeNode& node) { return node.kind(); });
 }
 
 NodeReason Node::reason() const {
   return read_node(*this, NodeReason::first_call,
-                   [](const detail::Engine&, const detail::Node& node) { return node.reason; });
+                   [](const detail::Engine&, const detail::TreeNode& node) { return node.reason(); });
 }
 
 std::string Node::function() const {
-  return read_node(*this, std::string(), [](const detail::Engine& engine, const detail::Node& node) {
-    return engine.functions[engine.variants[node.variant]->function]->name;
+  return read_node(*this, std::string(), [](const detail::Engine& engine, const detail::TreeNode& node) {
+    return engine.functions[engine.variants[node.variant()]->function]->name;
   });
 }
 
 std::size_t Node::depth() const {
-  return read_node(*this, std::size_t{0}, [](const detail::Engine&, const detail::Node& node) { return node.depth(); });
+  return read_node(*this, std::size_t{0},
+                   [](const detail::Engine&, const detail::TreeNode& node) { return node.depth(); });
 }
 
 std::vector<Node> Node::children() const {
-  return read_node(*this, std::vector<Node>{}, [this](const detail::Engine&, const detail::Node& node) {
-    return children_views(NodeAccess::ref(*this), node.child_order, node.children);
+  return read_node(*this, std::vector<Node>{}, [this](const detail::Engine&, const detail::TreeNode& node) {
+    return children_views(NodeAccess::ref(*this), node.children());
   });
 }
 
 std::size_t Node::num_descendants() const {
   return read_node(*this, std::size_t{0},
-                   [](const detail::Engine&, const detail::Node& node) { return node.num_descendants(); });
+                   [](const detail::Engine&, const detail::TreeNode& node) { return node.num_descendants(); });
 }
 
 std::size_t Node::output_count() const {
   return read_node(*this, std::size_t{0},
-                   [](const detail::Engine&, const detail::Node& node) { return node.output_count; });
+                   [](const detail::Engine&, const detail::TreeNode& node) { return node.output_count(); });
 }
 
 std::size_t Node::live_outputs() const {
-  return read_node(*this, std::size_t{0}, [](const detail::Engine&, const detail::Node& node) {
+  return read_node(*this, std::size_t{0}, [](const detail::Engine&, const detail::TreeNode& node) {
     return static_cast<std::size_t>(
-        std::ranges::count_if(node.cells, [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
+        std::ranges::count_if(node.cells(), [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
   });
 }
 
 std::vector<PathIndex> Node::expected_dead_before() const {
   return read_node(*this, std::vector<PathIndex>{},
-                   [](const detail::Engine&, const detail::Node& node) { return node.expected_dead_before; });
+                   [](const detail::Engine&, const detail::TreeNode& node) { return node.expected_dead_before(); });
 }
 
 std::vector<PathIndex> Node::expected_dead_after() const {
   return read_node(*this, std::vector<PathIndex>{},
-                   [](const detail::Engine&, const detail::Node& node) { return node.expected_dead_after; });
+                   [](const detail::Engine&, const detail::TreeNode& node) { return node.expected_dead_after(); });
 }
 
 std::vector<std::size_t> Node::copied_inputs() const {
-  return read_node(*this, std::vector<std::size_t>{}, [](const detail::Engine&, const detail::Node& node) {
+  return read_node(*this, std::vector<std::size_t>{}, [](const detail::Engine&, const detail::TreeNode& node) {
     std::vector<std::size_t> copied;
-    for (std::size_t i = 0; i < node.copied.size(); ++i) {
-      if (node.copied[i]) copied.push_back(i);
+    for (std::size_t i = 0; i < node.copied_to_slot().size(); ++i) {
+      if (node.copied_to_slot()[i]) copied.push_back(i);
     }
     return copied;
   });
 }
 
 std::vector<Node> PoolBase::roots() const {
-  return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
-    return children_views(engine_, engine.root_order, engine.roots);
-  });
+  return detail::read_engine(engine_, std::vector<Node>{},
+                             [this](const detail::Engine& engine) { return children_views(engine_, engine.roots); });
 }
 
 std::vector<Node> PoolBase::current_path() const {
   return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
     std::vector<Node> views;  // NOLINT(misc-const-correctness)
-    for (const detail::Node* node : engine.path()) views.push_back(NodeAccess::make(engine_, node->id));
+    for (const detail::TreeNode* node : engine.path()) views.push_back(NodeAccess::make(engine_, node->id()));
     return views;
   });
 }
@@ -140,11 +140,12 @@ std::string PoolBase::to_dot() const {
 
 namespace cgt::detail {
 
-const Node* Engine::find_node(std::int64_t id) const noexcept {
+const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
   if (id >= 0)
-    return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)] : nullptr;
+    return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)].get()
+                                                             : nullptr;
   for (const auto& node : warmup_chain) {
-    if (node->id == id) return node.get();
+    if (node->id() == id) return node.get();
   }
   return nullptr;
 }
@@ -152,36 +153,36 @@ const Node* Engine::find_node(std::int64_t id) const noexcept {
 std::string Engine::to_dot() const {
   std::ostringstream dot;
   dot << "digraph cgt {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
-  const std::vector<Node*> on_path = path();
-  auto is_on_path = [&](const Node* node) { return std::ranges::find(on_path, node) != on_path.end(); };
-  auto name_of = [&](const Node* node) -> const std::string& {
-    return functions[variants[node->variant]->function]->name;
+  const std::span<TreeNode* const> on_path = path();
+  auto is_on_path = [&](const TreeNode* node) { return std::ranges::find(on_path, node) != on_path.end(); };
+  auto name_of = [&](const TreeNode* node) -> const std::string& {
+    return functions[variants[node->variant()]->function]->name;
   };
-  auto emit = [&](const Node* node) {
-    const char* label = node->kind == NodeKind::graph ? "graph" : "warm-up";
-    dot << "  n" << (node->id < 0 ? "w" : "") << (node->id < 0 ? -node->id : node->id) << " [label=\"" << name_of(node)
-        << "\\n#" << node->id << " " << label << "\\n"
-        << to_string(node->reason) << "\\noutputs: " << node->output_count;
+  auto emit = [&](const TreeNode* node) {
+    const char* label = node->kind() == NodeKind::graph ? "graph" : "warm-up";
+    dot << "  n" << (node->id() < 0 ? "w" : "") << (node->id() < 0 ? -node->id() : node->id()) << " [label=\""
+        << name_of(node) << "\\n#" << node->id() << " " << label << "\\n"
+        << to_string(node->reason()) << "\\noutputs: " << node->output_count();
     std::size_t live = 0;
-    for (const auto& cell : node->cells) live += cell && cell->is_live();
+    for (const auto& cell : node->cells()) live += cell && cell->is_live();
     if (live > 0) dot << " (" << live << " live)";
     dot << "\"";
-    if (node->kind == NodeKind::warmup) dot << ", style=dashed";
+    if (node->kind() == NodeKind::warmup) dot << ", style=dashed";
     if (is_on_path(node)) dot << ", penwidth=2, color=blue";
-    if (node == current) dot << ", style=\"bold" << (node->kind == NodeKind::warmup ? ",dashed" : "") << "\"";
+    if (node == current) dot << ", style=\"bold" << (node->kind() == NodeKind::warmup ? ",dashed" : "") << "\"";
     dot << "];\n";
   };
-  auto id_of = [](const Node* node) {
-    return std::string("n") + (node->id < 0 ? "w" + std::to_string(-node->id) : std::to_string(node->id));
+  auto id_of = [](const TreeNode* node) {
+    return std::string("n") + (node->id() < 0 ? "w" + std::to_string(-node->id()) : std::to_string(node->id()));
   };
-  for (const Node* node : graph_nodes) {
+  for (const TreeNode* node : graph_nodes) {
     emit(node);
-    if (node->parent != nullptr) dot << "  " << id_of(node->parent) << " -> " << id_of(node) << ";\n";
+    if (node->parent() != nullptr) dot << "  " << id_of(node->parent()) << " -> " << id_of(node) << ";\n";
   }
   for (const auto& node : warmup_chain) {
     emit(node.get());
-    if (node->parent != nullptr)
-      dot << "  " << id_of(node->parent) << " -> " << id_of(node.get()) << " [style=dashed];\n";
+    if (node->parent() != nullptr)
+      dot << "  " << id_of(node->parent()) << " -> " << id_of(node.get()) << " [style=dashed];\n";
   }
   dot << "}\n";
   return dot.str();

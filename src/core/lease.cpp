@@ -43,10 +43,7 @@ namespace {
 
 // One lease on `cell` goes; the memory dies with the last one. Caller holds the state.
 void apply_drop(Cell* cell) noexcept {
-  if (--cell->leases == 0) {
-    if (!cell->reclaimed) cell->engine->cell_died(*cell);
-    cell->rescued.reset();  // a copy kept for copy_out_on_new_step goes with its last lease
-  }
+  if (cell->drop_lease() && !cell->is_reclaimed()) cell->engine->cell_died(*cell);
   CellRef::unref(cell);
 }
 
@@ -151,7 +148,7 @@ bool lease_is_valid(const LeaseCore& lease) noexcept {
   Engine& engine = *lease.engine;
   const StateLock lock(engine);
   if (engine.shut_down) return false;
-  return lease.cell == nullptr || !lease.cell->reclaimed || lease.cell->rescued != nullptr;
+  return lease.cell == nullptr || !lease.cell->is_reclaimed() || lease.cell->copied_out() != nullptr;
 }
 
 Result<const void*> lease_value(LeaseCore& lease) {
@@ -168,12 +165,12 @@ Result<const void*> lease_value(LeaseCore& lease) {
                 name);
   }
   Cell* cell = lease.cell;
-  if (cell != nullptr && cell->reclaimed) {
-    if (cell->rescued == nullptr) {
+  if (cell != nullptr && cell->is_reclaimed()) {
+    if (cell->copied_out() == nullptr) {
       return fail(Errc::output_overwritten, engine.overwritten_message(*cell, lease.output), name);
     }
     // Options::copy_out_on_new_step kept a copy: from now on this lease views the copy.
-    lease.owner = engine.device->rebase(lease.value, cell->storage, cell->rescued);
+    lease.owner = engine.device->rebase(lease.value, cell->storage, cell->copied_out());
     lease.value = lease.owner.get();
     lease.cell = nullptr;
     apply_drop(cell);  // the lease no longer needs the cell: the last one frees the cell's copy

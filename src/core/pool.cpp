@@ -87,7 +87,6 @@ std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
   current = nullptr;
   state = PathState::none;
   roots.clear();
-  root_order.clear();
   graph_nodes.clear();
   shut_down = true;
   device->shutdown();

@@ -1,0 +1,159 @@
+// The tree's nodes: how a node takes its inputs, outputs and recorded state, keeping the fields
+// that derive from one another consistent.
+module;
+#include <expected>
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+module cgt.backend;
+import :engine;
+
+namespace cgt::detail {
+
+TreeNode& Children::add(std::unique_ptr<TreeNode> node) {
+  auto& list = by_variant_[node->variant()];
+  if (list.empty()) order_.push_back(node->variant());
+  list.push_back(std::move(node));
+  return *list.back();
+}
+
+std::size_t Children::count_descendants() const {
+  std::size_t count = 0;
+  for (const auto& [variant, nodes] : by_variant_) {
+    for (const auto& child : nodes) count += 1 + child->num_descendants();
+  }
+  return count;
+}
+
+void Children::clear() noexcept {
+  by_variant_.clear();
+  order_.clear();
+  facts_.clear();
+}
+
+TreeNode::TreeNode(NodeKind kind, std::int64_t id, NodeReason reason, std::uint32_t variant, TreeNode* parent)
+    : id_(id), kind_(kind), reason_(reason), variant_(variant), parent_(parent) {
+  if (parent != nullptr) path_ = parent->path_;
+  path_.push_back(this);
+}
+
+TreeNode::~TreeNode() = default;
+
+void TreeNode::take_inputs(std::span<const InputUse> uses, std::span<const backend::ArgDesc> descs) {
+  managed_inputs_.clear();
+  static_inputs_.clear();
+  recorded_data_.assign(uses.size(), 0);
+  copied_to_slot_.assign(uses.size(), false);
+  for (std::size_t i = 0; i < uses.size(); ++i) {
+    const auto index = static_cast<std::uint32_t>(i);
+    switch (uses[i]) {
+      case InputUse::scalar: break;
+      case InputUse::managed:
+        managed_inputs_.push_back(index);
+        recorded_data_[i] = descs[i].data;
+        break;
+      case InputUse::static_in_place:
+        static_inputs_.push_back(index);
+        recorded_data_[i] = descs[i].data;
+        break;
+      case InputUse::copied: copied_to_slot_[i] = true; break;
+    }
+  }
+}
+
+std::optional<PathIndex> TreeNode::live_output_at(std::uintptr_t storage) const noexcept {
+  for (std::size_t d = 0; d < path_.size(); ++d) {
+    const TreeNode& node = *path_[d];
+    for (std::size_t i = 0; i < node.output_count_; ++i) {
+      const CellRef& cell = node.cells_[i];
+      if (cell && cell->is_live() && cell->storage.address == storage) {
+        return PathIndex{.depth = static_cast<std::uint32_t>(d), .output = static_cast<std::uint32_t>(i)};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+void TreeNode::take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function) {
+  const std::size_t count = outputs.size();
+  output_count_ = count;
+  aliases_.assign(count, OutputAlias{});
+  cells_.assign(count, CellRef());
+  output_storage_.assign(count, 0);
+  output_bytes_.assign(count, 0);
+  bound_.clear();
+  bound_native_.clear();
+  for (std::size_t i = 0; i < count; ++i) {
+    const backend::OutputDesc& desc = outputs[i];
+    OutputAlias& alias = aliases_[i];
+    if (desc.kind == backend::OutputKind::none) continue;
+    if (!desc.in_pool) {
+      alias.kind = AliasKind::external;  // a static input or a constant: always live, never ours
+      continue;
+    }
+    output_storage_[i] = desc.storage;
+    output_bytes_[i] = desc.storage_bytes;
+    if (auto prior = parent_ != nullptr ? parent_->live_output_at(desc.storage) : std::nullopt) {
+      alias = OutputAlias{.kind = AliasKind::alias_of_prior, .output = 0, .prior = *prior};
+      cells_[i] = parent_->cell_at(*prior);
+      continue;
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (aliases_[j].kind == AliasKind::new_storage && output_storage_[j] == desc.storage) {
+        alias = OutputAlias{.kind = AliasKind::alias_of_output, .output = static_cast<std::uint32_t>(j), .prior = {}};
+        cells_[i] = cells_[j];
+        break;
+      }
+    }
+    if (alias.kind == AliasKind::alias_of_output) continue;
+    alias.kind = AliasKind::new_storage;
+    const backend::StorageHandle storage{.address = desc.storage,
+                                         .bytes = desc.storage_bytes,
+                                         .native = desc.native,
+                                         .native_owner = desc.native_owner,
+                                         .owned_by_allocator = true};
+    cells_[i] = make_cell(engine, storage, function);
+  }
+  outputs_own_storage_ =
+      std::ranges::all_of(aliases_, [](const OutputAlias& alias) { return alias.kind == AliasKind::new_storage; });
+}
+
+void TreeNode::mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
+                             const std::vector<std::vector<bool>>& liveness_before) {
+  checkpoint_ = std::move(checkpoint);
+  liveness_after_ = liveness_of(path_);
+  if (parent_ != nullptr) {
+    expected_dead_before_ = differing_indices(parent_->liveness_after_, liveness_before);
+    // `liveness_after_` has a row more (this node): the comparison stops at the shorter.
+    expected_dead_after_ = differing_indices(liveness_before, liveness_after_);
+  }
+  live_after_.clear();
+  for (std::size_t d = 0; d < liveness_after_.size(); ++d) {
+    for (std::size_t i = 0; i < liveness_after_[d].size(); ++i) {
+      if (liveness_after_[d][i]) live_after_.push_back({static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)});
+    }
+  }
+  bound_.clear();
+  bound_native_.clear();
+}
+
+std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes) {
+  std::vector<std::vector<bool>> liveness;
+  liveness.reserve(nodes.size());
+  for (const TreeNode* node : nodes) {
+    std::vector<bool> outputs(node->output_count(), false);
+    for (std::size_t i = 0; i < node->output_count(); ++i) {
+      const CellRef& cell = node->cells()[i];
+      outputs[i] = cell && cell->is_live();
+    }
+    liveness.push_back(std::move(outputs));
+  }
+  return liveness;
+}
+
+}  // namespace cgt::detail
