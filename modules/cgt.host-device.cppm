@@ -3,7 +3,6 @@
 module;
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <expected>
 #include <functional>
 #include <initializer_list>
@@ -55,25 +54,10 @@ class Stream {
 };
 
 /// Thrown by `Context::allocate` when the pool is exhausted; the call fails with `out_of_memory`.
-class OutOfMemory : public std::exception {
- public:
-  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
-  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
-
+using OutOfMemory = backend::OutOfMemory;
 /// Thrown by `Context::allocate` for sizes no buffer can have (negative, too many dimensions, a
 /// byte count that overflows); the call fails with `invalid_argument`.
-class InvalidArgument : public std::exception {
- public:
-  explicit InvalidArgument(std::string message) : message_(std::move(message)) {}
-  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
+using InvalidArgument = backend::InvalidArgument;
 
 class Device;
 
@@ -105,21 +89,9 @@ class Context {
   std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
 };
 
-/// The inputs of a call, by position: buffers, and scalars where the call passed integers.
-class Inputs {
- public:
-  Inputs(std::span<const Buffer> buffers, std::span<const std::int64_t> scalars) noexcept
-      : buffers_(buffers), scalars_(scalars) {}
-  [[nodiscard]] std::size_t size() const noexcept { return buffers_.size(); }
-  /// Input `i` as a buffer (an empty buffer where the call passed a scalar).
-  [[nodiscard]] const Buffer& operator[](std::size_t i) const noexcept { return buffers_[i]; }
-  /// Input `i` as a scalar (0 where the call passed a buffer).
-  [[nodiscard]] std::int64_t scalar(std::size_t i) const noexcept { return scalars_[i]; }
-
- private:
-  std::span<const Buffer> buffers_;
-  std::span<const std::int64_t> scalars_;
-};
+/// The inputs of a call, by position: `in[i]` is input `i` as a buffer (an empty buffer where the
+/// call passed a scalar), `in.scalar(i)` as a scalar (0 where the call passed a buffer).
+using Inputs = backend::Inputs<Buffer>;
 
 /// What a pool function returns: its outputs (an empty buffer stands for "no value").
 using Values = std::vector<Buffer>;
