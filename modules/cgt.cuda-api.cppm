@@ -187,10 +187,7 @@ class Device final : public backend::Device {
   }
   [[nodiscard]] bool stamps_values() const noexcept override { return true; }
   void stamp(const void* value, std::uint64_t generation) const noexcept override {
-    // The engine passes the pool's own output objects (which it owns as mutable values).
-    auto* buffer =
-        const_cast<Buffer*>(static_cast<const Buffer*>(value));  // NOLINT(cppcoreguidelines-pro-type-const-cast)
-    buffer->set_generation(generation);
+    backend::stamp_buffer<Buffer>(value, generation);
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
@@ -228,25 +225,7 @@ struct Backend {
   using Callable = cuda::Callable;
   using Device = cuda::Device;
   [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
-    // A graph, or the function, would read every element of the view: refuse one that reaches
-    // outside its storage (a hand-made `restrided`, say) before any work.
-    if (!buffer.empty() && !buffer.fits()) {
-      return fail(Errc::invalid_argument,
-                  "the buffer's view is invalid or reaches outside its storage (check the sizes, strides and offset "
-                  "given to restrided / slice / select / expand)");
-    }
-    desc.kind = backend::ArgKind::value;
-    desc.storage =
-        reinterpret_cast<std::uintptr_t>(buffer.storage());       // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-    desc.data = reinterpret_cast<std::uintptr_t>(buffer.data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-    desc.sizes = buffer.sizes().data();
-    desc.strides = buffer.strides().data();
-    desc.rank = static_cast<std::uint8_t>(buffer.rank());
-    desc.expanded = buffer.layout().expanded_dims();
-    desc.dtype = static_cast<std::uint16_t>(buffer.type());
-    desc.device = buffer.device();
-    desc.generation = buffer.generation();
-    return {};
+    return backend::describe_buffer(buffer, buffer.device(), desc);
   }
   /// A copy in device memory of its own (same layout), complete when it returns: it waits for the
   /// device first, since a pool's stream may be non-blocking (not ordered with the copy).

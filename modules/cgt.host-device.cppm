@@ -130,10 +130,7 @@ class Device final : public backend::Device {
   }
   [[nodiscard]] bool stamps_values() const noexcept override { return true; }
   void stamp(const void* value, std::uint64_t generation) const noexcept override {
-    // The engine passes the pool's own output objects (which it owns as mutable values).
-    auto* buffer =
-        const_cast<Buffer*>(static_cast<const Buffer*>(value));  // NOLINT(cppcoreguidelines-pro-type-const-cast)
-    buffer->set_generation(generation);
+    backend::stamp_buffer<Buffer>(value, generation);
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
@@ -170,25 +167,7 @@ struct Backend {
   using Device = host::Device;
   /// Every call describes its arguments: defined here, so that it inlines into the call.
   [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
-    // A graph, or the function, would read every element of the view: refuse one that reaches
-    // outside its storage (a hand-made `restrided`, say) before any work.
-    if (!buffer.empty() && !buffer.fits()) {
-      return fail(Errc::invalid_argument,
-                  "the buffer's view is invalid or reaches outside its storage (check the sizes, strides and offset "
-                  "given to restrided / slice / select / expand)");
-    }
-    desc.kind = backend::ArgKind::value;
-    desc.storage =
-        reinterpret_cast<std::uintptr_t>(buffer.storage());       // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-    desc.data = reinterpret_cast<std::uintptr_t>(buffer.data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-    desc.sizes = buffer.sizes().data();
-    desc.strides = buffer.strides().data();
-    desc.rank = static_cast<std::uint8_t>(buffer.rank());
-    desc.expanded = buffer.expanded_dims();
-    desc.dtype = static_cast<std::uint16_t>(buffer.type());
-    desc.device = 0;  // host buffers are all memory of the one host device
-    desc.generation = buffer.generation();
-    return {};
+    return backend::describe_buffer(buffer, 0, desc);  // host buffers are all memory of the one host device
   }
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);
   [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
