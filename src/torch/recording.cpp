@@ -234,7 +234,8 @@ class TorchRecording final : public backend::Recording {
 // stream's capture was invalidated or could not end (the function did something a graph cannot
 // hold), cudaSuccess when it was intact (the function merely failed).
 cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
-  const std::lock_guard<std::mutex> registration(generator_registration());  // capture_end's steps
+  // It undoes what capture_begin registered with the generator, under the same lock.
+  const std::lock_guard<std::mutex> registration(generator_registration());
   cudaError_t broken = cudaSuccess;
   const cudaStream_t stream = state.stream.stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
