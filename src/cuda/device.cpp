@@ -82,7 +82,7 @@ class CudaRecording final : public backend::Recording {
   };
 
   // `own_graph` is null when the recording's graph is `exec`'s origin (owned there).
-  CudaRecording(std::shared_ptr<SharedExec> exec, kernels::GraphHandle own_graph,
+  CudaRecording(const std::shared_ptr<SharedExec>& exec, kernels::GraphHandle own_graph,
                 std::vector<kernels::CopyBatch> captured, cudaStream_t stream, std::vector<Copy> copies, Values outputs,
                 GraphCounts& counts)
       : own_graph_(std::move(own_graph)),

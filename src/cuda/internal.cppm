@@ -16,7 +16,7 @@ import cgt;
 
 namespace cgt::cuda {
 
-using kernels::checked;
+using kernels::checked;  // NOLINT(misc-unused-using-decls): for the module's other units
 
 /// `bytes` of new memory on the current device, freed (cudaFree) when its last owner lets go.
 /// Fails with out_of_memory when the device has no room, else backend_error, saying what was being

@@ -113,7 +113,7 @@ class TorchRecording final : public backend::Recording {
   // `own_graph`: a re-recording's graph, captured but not instantiated (it runs in `exec`); null
   // for the recording that instantiated `exec`. `direct_launch`: replays launch the executable
   // themselves, skipping CUDAGraph::replay (which the graph needs only when it draws random numbers).
-  TorchRecording(std::shared_ptr<SharedExec> exec, GraphPtr own_graph, std::vector<kernels::CopyBatch> captured,
+  TorchRecording(const std::shared_ptr<SharedExec>& exec, GraphPtr own_graph, std::vector<kernels::CopyBatch> captured,
                  bool direct_launch, std::vector<CopiedInput> copies, std::vector<OutputLayout> layouts,
                  Device::State& state)
       : own_graph_(std::move(own_graph)),
