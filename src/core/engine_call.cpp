@@ -253,7 +253,9 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
     ++stats.by_reason[static_cast<std::size_t>(Reason::many_shape_keys)];
     log(EventKind::warning, Reason::many_shape_keys, function,
         quoted(function.name) + " has been called with " + std::to_string(function.variants.size()) +
-            " distinct input shapes, each recorded separately; pad inputs to a few sizes, or set graph_sizes");
+            " distinct shape keys, each warmed up and recorded separately; a key is the inputs' sizes and "
+            "strides and the value of every integer scalar argument: pad inputs to a few sizes (graph_sizes), "
+            "and pass values that change every call (positions, lengths) as tensors, not integer scalars");
   }
   return variants.back().get();
 }

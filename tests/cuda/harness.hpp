@@ -1,10 +1,28 @@
 // The cuda backend's harness for the shared scenarios: turns a scenario::FnSpec into launches of
 // the test kernels (kernels.hpp), and moves data between HostTensor and device buffers.
-// Include after `import cgt.cuda;`, the standard headers, kernels.hpp and scenario/scenarios.hpp.
 #pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/kernels.hpp"
+#include "scenario/scenarios.hpp"
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.cuda;
 
 struct CudaHarness : scenario::HarnessTypes<cgt::cuda::Backend> {
   static constexpr const char* name = "cuda";
+  /// Steps of the randomized walk (scenario::random_calls_match_eager): fewer than the host's,
+  /// every call being real launches.
+  static constexpr std::size_t property_steps = 10000;
 
   static std::string unavailable() { return cgt::cuda::device_count() > 0 ? std::string{} : "no CUDA device"; }
 

@@ -22,95 +22,18 @@
 import cgt;
 import cgt.cuda;
 
-#include "scenario/scenarios.hpp"
-#include "scenario/property.hpp"
 #include "cuda/harness.hpp"
+#include "scenario/register.hpp"
 
 using H = CudaHarness;
 using scenario::must;
 
 #define REQUIRE_GPU() scenario::skip_unless_available<H>()
 
-TEST_CASE("cuda/run_simple", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::run_simple<H>();
-}
-TEST_CASE("cuda/function_compiled_multiple_times", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::function_compiled_multiple_times<H>();
-}
-TEST_CASE("cuda/end_recording_early", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::end_recording_early<H>();
-}
-TEST_CASE("cuda/execution_into_recording", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::execution_into_recording<H>();
-}
-TEST_CASE("cuda/accumulate_multiple_recordings", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::accumulate_multiple_recordings<H>();
-}
-TEST_CASE("cuda/live_outputs_multiple_graphs", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::live_outputs_multiple_graphs<H>();
-}
-TEST_CASE("cuda/tensor_dies_between_checkpoint", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::tensor_dies_between_checkpoint<H>();
-}
-TEST_CASE("cuda/aliased_storage_single_weakref", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::aliased_storage_single_weakref<H>();
-}
-TEST_CASE("cuda/aliasing_static_ref", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::aliasing_static_ref<H>();
-}
-TEST_CASE("cuda/constant_output", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::constant_output<H>();
-}
-TEST_CASE("cuda/expanded_inputs", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::expanded_inputs<H>();
-}
-TEST_CASE("cuda/mutation_on_inp", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_on_inp<H>();
-}
-TEST_CASE("cuda/mutation_cudagraph_managed_tensors", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_cudagraph_managed_tensors<H>();
-}
-TEST_CASE("cuda/mutation_cudagraph_managed_tensor_warn_only_once", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_cudagraph_managed_tensor_warn_only_once<H>();
-}
-TEST_CASE("cuda/mutation_cudagraph_managed_tensor_warn", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_cudagraph_managed_tensor_warn<H>();
-}
-TEST_CASE("cuda/memory_of_branches_is_max_not_sum", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::memory_of_branches_is_max_not_sum<H>();
-}
-TEST_CASE("cuda/replay_never_changes_a_held_value", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::replay_never_changes_a_held_value<H>();
-}
-TEST_CASE("cuda/new_liveness_pattern_records_a_sibling", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::new_liveness_pattern_records_a_sibling<H>();
-}
-TEST_CASE("cuda/random_calls_match_eager", "[scenario][property][gpu]") {
-  REQUIRE_GPU();
-  const auto report = scenario::random_calls_match_eager<H>(20261122, 10000);
-  CHECK(report.steps == 10000);
-  CHECK(report.stats.replays > 1000);
-  CHECK(report.stats.checkpoint_restores > 10);
-  CHECK(report.stats.leases_invalidated > 0);
-}
+// The shared scenario suite (scenario/register.hpp), named "cuda/<scenario>" and tagged [gpu].
+namespace {
+const bool registered = scenario::register_scenarios<H>("cuda/", "[gpu]");
+}  // namespace
 
 // Strides are part of what a replay checks: the transpose of a recorded input gets a recording of
 // its own and reads right (it used to replay the graph of the other layout, or fail).

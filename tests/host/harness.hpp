@@ -1,11 +1,23 @@
 // The host backend's harness for the shared scenarios: turns a scenario::FnSpec into a host pool
 // function (one kernel per step), and moves data between HostTensor and host buffers.
-// Include after `import cgt.host;`, the standard headers and scenario/scenarios.hpp (it includes
-// nothing itself).
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/scenarios.hpp"
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.host;
 
 struct HostHarness : scenario::HarnessTypes<cgt::host::Backend> {
   static constexpr const char* name = "host";
+  /// Steps of the randomized walk (scenario::random_calls_match_eager).
+  static constexpr std::size_t property_steps = 12000;
 
   /// Why this backend cannot run here (empty: it can).
   static std::string unavailable() { return {}; }

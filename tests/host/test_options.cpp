@@ -259,6 +259,33 @@ TEST_CASE("scalar inputs are part of the shape key and reach the function", "[op
   CHECK(pool.roots().size() == 2);
 }
 
+// Each distinct scalar value is a shape key of its own (a graph bakes it in): a position passed
+// as an integer records a graph per position. The warning past shape_key_warn_limit says so, and
+// names the way out: a tensor.
+TEST_CASE("distinct integer scalars are shape keys, and the many-keys warning says so", "[options][host]") {
+  EventLog log;
+  auto pool = must(H::make_pool({.shape_key_warn_limit = 2, .log_sink = log.sink()}));
+  auto add = must(pool.add_function(
+      [](cgt::host::Context& ctx, cgt::host::Inputs in) {
+        cgt::host::Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], k = in.scalar(1), y] { y.set(0, x.get(0) + static_cast<double>(k)); });
+        return cgt::host::Values{y};
+      },
+      {.name = "at_position"}));
+  for (std::int64_t position = 0; position < 3; ++position) {
+    pool.mark_step_begin();
+    CHECK(scenario::value_of<H>(must(add({H::make(HostTensor::full({1}, 1)), position})), 0).data[0] == 1 + position);
+  }
+  CHECK(pool.stats().warmups == 3);
+  REQUIRE(log.count(cgt::Reason::many_shape_keys) == 1);
+  const auto warning = std::ranges::find(log.events, cgt::Reason::many_shape_keys, &cgt::Event::reason);
+  const std::string& message = log.messages[static_cast<std::size_t>(warning - log.events.begin())];
+  INFO(message);
+  CHECK(message.find("3 distinct shape keys") != std::string::npos);
+  CHECK(message.find("integer scalar") != std::string::npos);
+  CHECK(message.find("as tensors") != std::string::npos);
+}
+
 TEST_CASE("the default log prints each fallback reason once per function", "[options][host]") {
   std::ostringstream captured;
   auto* old = std::cerr.rdbuf(captured.rdbuf());

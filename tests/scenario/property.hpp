@@ -2,8 +2,22 @@
 // earlier outputs, borrowed or moved in), lease drops, take()s and new steps. After every step,
 // every value must equal eager execution, no held output may have changed, a lease reclaimed by
 // a new step must say so, and (with debug checks on) the pool's memory must match the leases.
-// Include like scenarios.hpp.
 #pragma once
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "scenario/scenarios.hpp"
+#include "scenario/spec.hpp"
+
+import cgt;
 
 namespace scenario {
 
@@ -13,7 +27,7 @@ struct PropertyReport {
 };
 
 template <class H>
-PropertyReport random_calls_match_eager(std::uint64_t seed, std::size_t steps) {
+PropertyReport walk_random_calls(std::uint64_t seed, std::size_t steps) {
   Env<H> env(cgt::Options{.debug_checks = true});
   // Functions covering every kind of output: new storage, two outputs, an alias of another output,
   // a view of an input (pool memory of an earlier graph, a slot, or the caller's memory), a
@@ -166,6 +180,26 @@ PropertyReport random_calls_match_eager(std::uint64_t seed, std::size_t steps) {
   }
   report.stats = env.pool.stats();
   return report;
+}
+
+/// The property test as a scenario: a walk of `H::property_steps` steps, which must also exercise
+/// every path of the tree (replays, recordings, checkpoints, reclaimed steps), not only warm-ups.
+template <class H>
+void random_calls_match_eager() {
+  constexpr std::size_t steps = H::property_steps;
+  const PropertyReport report = walk_random_calls<H>(20261122, steps);
+  CHECK(report.steps == steps);
+  INFO("calls " << report.calls << ", checks " << report.checks << ", replays " << report.stats.replays
+                << ", recordings " << report.stats.recordings << ", warm-ups " << report.stats.warmups << ", restores "
+                << report.stats.checkpoint_restores << ", reclaimed " << report.stats.steps_reclaimed
+                << ", invalidated " << report.stats.leases_invalidated);
+  CHECK(report.calls > steps / 2);
+  CHECK(report.stats.replays > 1000);
+  CHECK(report.stats.recordings > 10);
+  CHECK(report.stats.checkpoint_restores > 10);
+  CHECK(report.stats.steps_reclaimed > 100);
+  CHECK(report.stats.leases_invalidated > 0);
+  CHECK(report.stats.eager_calls == 0);
 }
 
 }  // namespace scenario

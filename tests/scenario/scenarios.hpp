@@ -2,8 +2,23 @@
 // sequences of calls a C++ user makes, written once against a harness `H` (host, torch, cuda).
 // Every top-level `torch.compile` call of the reference starts a new generation; here that is a
 // `mark_step_begin()` (`env.step()`), so tree shapes, checkpoint counts and live-block counts are
-// the reference's. Include after Catch2, the standard headers, spec.hpp and `import cgt`.
+// the reference's. Every scenario is registered for every backend in register.hpp.
 #pragma once
+
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/spec.hpp"
+
+import cgt;
 
 // Printable cgt values, for test messages (libtorch's headers print any std::vector with <<, so
 // its elements must be printable too).

@@ -8,8 +8,14 @@
 //   CGT_STRESS_ENABLE=a,b     turn on moves that are off by default (they hit open library bugs)
 //   CGT_STRESS_DISABLE=a,b    turn off moves ("all" in ENABLE turns every move on)
 //   CGT_STRESS_VERBOSE=1      print every action of a failing sequence
-// Include after the standard headers.
 #pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
 
 namespace stress {
 

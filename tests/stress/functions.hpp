@@ -1,8 +1,21 @@
 // The stress test's functions: every kind of output a pool function can return (new memory, two
 // outputs aliasing one buffer, a slice, a transpose, a pass-through of an input, an in-place
 // mutation of an input, an empty output) and every kind of input (copied, static, pool-managed,
-// scalar), each with its eager model. Include after model.hpp.
+// scalar), each with its eager model.
 #pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stress/model.hpp"
+
+import cgt.host;
 
 namespace stress {
 

@@ -3,8 +3,18 @@
 // storage to its value; a value (a caller's buffer, a lease) is an object and the offsets of its
 // elements in row-major order. Aliases share an object, so an in-place write through one changes
 // what every alias must read, as it does in memory. Values are rounded to f32 like the buffers.
-// Include after `import cgt.host;` and the standard headers.
 #pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+import cgt.host;
 
 namespace stress {
 

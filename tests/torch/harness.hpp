@@ -1,10 +1,31 @@
 // The libtorch backend's harness for the shared scenarios: turns a scenario::FnSpec into libtorch
-// ops, and moves data between HostTensor and CUDA tensors. Include after `import cgt.torch;`, the
-// standard and libtorch headers and scenario/scenarios.hpp (it includes nothing itself).
+// ops, and moves data between HostTensor and CUDA tensors.
 #pragma once
+
+#include <torch/torch.h>
+// libtorch's logging defines CHECK; the tests mean Catch2's, included below unless already there.
+#ifndef CATCH_TEST_MACROS_HPP_INCLUDED
+#undef CHECK
+#endif
+#include <catch2/catch_test_macros.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/scenarios.hpp"
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.torch;
 
 struct TorchHarness : scenario::HarnessTypes<cgt::torch::Backend> {
   static constexpr const char* name = "torch";
+  /// Steps of the randomized walk (scenario::random_calls_match_eager): fewer than the host's,
+  /// every call being real launches.
+  static constexpr std::size_t property_steps = 10000;
 
   static std::string unavailable() { return cgt::torch::is_available() ? std::string{} : "no CUDA device"; }
 

@@ -25,95 +25,18 @@
 import cgt;
 import cgt.torch;
 
-#include "scenario/scenarios.hpp"
-#include "scenario/property.hpp"
 #include "torch/harness.hpp"
+#include "scenario/register.hpp"
 
 using H = TorchHarness;
 using scenario::must;
 
 #define REQUIRE_GPU() scenario::skip_unless_available<H>()
 
-TEST_CASE("torch/run_simple", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::run_simple<H>();
-}
-TEST_CASE("torch/function_compiled_multiple_times", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::function_compiled_multiple_times<H>();
-}
-TEST_CASE("torch/end_recording_early", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::end_recording_early<H>();
-}
-TEST_CASE("torch/execution_into_recording", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::execution_into_recording<H>();
-}
-TEST_CASE("torch/accumulate_multiple_recordings", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::accumulate_multiple_recordings<H>();
-}
-TEST_CASE("torch/live_outputs_multiple_graphs", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::live_outputs_multiple_graphs<H>();
-}
-TEST_CASE("torch/tensor_dies_between_checkpoint", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::tensor_dies_between_checkpoint<H>();
-}
-TEST_CASE("torch/aliased_storage_single_weakref", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::aliased_storage_single_weakref<H>();
-}
-TEST_CASE("torch/aliasing_static_ref", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::aliasing_static_ref<H>();
-}
-TEST_CASE("torch/constant_output", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::constant_output<H>();
-}
-TEST_CASE("torch/expanded_inputs", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::expanded_inputs<H>();
-}
-TEST_CASE("torch/mutation_on_inp", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_on_inp<H>();
-}
-TEST_CASE("torch/mutation_cudagraph_managed_tensors", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_cudagraph_managed_tensors<H>();
-}
-TEST_CASE("torch/mutation_cudagraph_managed_tensor_warn_only_once", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_cudagraph_managed_tensor_warn_only_once<H>();
-}
-TEST_CASE("torch/mutation_cudagraph_managed_tensor_warn", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::mutation_cudagraph_managed_tensor_warn<H>();
-}
-TEST_CASE("torch/memory_of_branches_is_max_not_sum", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::memory_of_branches_is_max_not_sum<H>();
-}
-TEST_CASE("torch/replay_never_changes_a_held_value", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::replay_never_changes_a_held_value<H>();
-}
-TEST_CASE("torch/new_liveness_pattern_records_a_sibling", "[scenario][gpu]") {
-  REQUIRE_GPU();
-  scenario::new_liveness_pattern_records_a_sibling<H>();
-}
-TEST_CASE("torch/random_calls_match_eager", "[scenario][property][gpu]") {
-  REQUIRE_GPU();
-  const auto report = scenario::random_calls_match_eager<H>(20261122, 10000);
-  CHECK(report.steps == 10000);
-  CHECK(report.stats.replays > 1000);
-  CHECK(report.stats.checkpoint_restores > 10);
-  CHECK(report.stats.leases_invalidated > 0);
-}
+// The shared scenario suite (scenario/register.hpp), named "torch/<scenario>" and tagged [gpu].
+namespace {
+const bool registered = scenario::register_scenarios<H>("torch/", "[gpu]");
+}  // namespace
 
 namespace {
 
@@ -412,7 +335,8 @@ cgt::torch::Pool pool_logging_capture_failures(std::vector<std::string>& message
 // with Reason::capture_failed). Everything the capture touched is as before: random draws of the
 // process work (the generator left capture mode), pinned host memory is allocated as usual, and
 // the pool records and replays another function (the allocators' routing into the pool ended).
-TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the generator as they were", "[gpu][provokes-api-errors]") {
+TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the generator as they were",
+          "[gpu][provokes-api-errors]") {
   REQUIRE_GPU();
   std::vector<std::string> logged;
   auto pool = pool_logging_capture_failures(logged);
@@ -462,7 +386,8 @@ TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the ge
 
 // Issue 9, item 18, beyond PyTorch: a capture that failed for a reason that will not change is
 // not retried; the function runs eagerly from then on for that shape, counted and logged once.
-TEST_CASE("torch/a function whose capture fails runs eagerly from then on, with right values", "[gpu][provokes-api-errors]") {
+TEST_CASE("torch/a function whose capture fails runs eagerly from then on, with right values",
+          "[gpu][provokes-api-errors]") {
   REQUIRE_GPU();
   std::vector<std::string> logged;
   auto pool = pool_logging_capture_failures(logged);
