@@ -27,6 +27,39 @@ inline std::byte* no_elements_storage() noexcept {
   return &storage[0];
 }
 
+/// `Backend::describe` for a buffer on device `device` (-1: host memory; the host backend's one
+/// device is 0). Fails with `invalid_argument` for a view that reaches outside its storage: a graph,
+/// or the function, would read every element of it (a hand-made `restrided`, say), so it is refused
+/// before any work.
+template <class Buffer>
+[[nodiscard]] inline Result<void> describe_buffer(const Buffer& buffer, std::int32_t device, ArgDesc& desc) noexcept {
+  if (!buffer.empty() && !buffer.fits()) {
+    return fail(Errc::invalid_argument,
+                "the buffer's view is invalid or reaches outside its storage (check the sizes, strides and offset "
+                "given to restrided / slice / select / expand)");
+  }
+  desc.kind = ArgKind::value;
+  desc.storage = address_of(buffer.storage());
+  desc.data = address_of(buffer.data());
+  desc.sizes = buffer.sizes().data();
+  desc.strides = buffer.strides().data();
+  desc.rank = static_cast<std::uint8_t>(buffer.rank());
+  desc.expanded = buffer.layout().expanded_dims();
+  desc.dtype = static_cast<std::uint16_t>(buffer.type());
+  desc.device = device;
+  desc.generation = buffer.generation();
+  return {};
+}
+
+/// `Device::stamp` for a buffer: the engine passes the pool's own output objects, which it owns
+/// as mutable values.
+template <class Buffer>
+inline void stamp_buffer(const void* value, std::uint64_t generation) noexcept {
+  auto* buffer =
+      const_cast<Buffer*>(static_cast<const Buffer*>(value));  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  buffer->set_generation(generation);
+}
+
 /// Ends a call that allocated `allocations` (block addresses) in `arena` and returns `outputs`:
 ///  - fails with `invalid_argument` when an output is a view that is invalid or reaches outside its
 ///    storage (it would hand out memory no lease covers), freeing nothing;

@@ -5,10 +5,12 @@ module;
 #include <expected>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -156,9 +158,32 @@ struct InvokerOf final : Invoker {
   Callable fn;
 };
 
+/// The inputs of a call, by position, as a backend's function receives them: values, and scalars
+/// where the call passed integers. `cgt::host::Inputs`, `cgt::cuda::Inputs` and `cgt::torch::Inputs`
+/// are this over their value type. A view: valid during the call.
+template <class Value>
+class Inputs {
+ public:
+  Inputs(std::span<const Value> values, std::span<const std::int64_t> scalars) noexcept
+      : values_(values), scalars_(scalars) {}
+  [[nodiscard]] std::size_t size() const noexcept { return values_.size(); }
+  /// Input `i` as a value (an empty buffer, an undefined tensor, where the call passed a scalar).
+  [[nodiscard]] const Value& operator[](std::size_t i) const noexcept { return values_[i]; }
+  /// Input `i` as a scalar (0 where the call passed a value).
+  [[nodiscard]] std::int64_t scalar(std::size_t i) const noexcept { return scalars_[i]; }
+  /// All inputs as a vector, so a function may be written over `std::vector<Value>`.
+  operator std::vector<Value>() const {
+    return {values_.begin(), values_.end()};
+  }  // NOLINT(google-explicit-constructor)
+
+ private:
+  std::span<const Value> values_;
+  std::span<const std::int64_t> scalars_;
+};
+
 /// The arguments of a call as a backend's function sees them: the values (default where the call
-/// passed a scalar) and the scalars (0 where it passed a value). `Inputs` views the two.
-template <class Value, class Inputs>
+/// passed a scalar) and the scalars (0 where it passed a value). `view()` is the function's `Inputs`.
+template <class Value>
 struct CallInputs {
   explicit CallInputs(std::span<const ArgSlot> args) : values(args.size()), scalars(args.size(), 0) {
     for (std::size_t i = 0; i < args.size(); ++i) {
@@ -169,10 +194,49 @@ struct CallInputs {
       }
     }
   }
-  [[nodiscard]] Inputs view() const noexcept { return {values, scalars}; }
+  [[nodiscard]] Inputs<Value> view() const noexcept { return {values, scalars}; }
   std::vector<Value> values;
   std::vector<std::int64_t> scalars;
 };
+
+/// Thrown by an arena backend's `Context::allocate` when the pool is exhausted; the call then fails
+/// with `out_of_memory` (`call_function`). `cgt::host::OutOfMemory` and `cgt::cuda::OutOfMemory`.
+class OutOfMemory : public std::exception {
+ public:
+  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+/// Thrown by an arena backend's `Context::allocate` for sizes no buffer can have (negative, too many
+/// dimensions, a byte count that overflows); the call then fails with `invalid_argument`.
+class InvalidArgument : public std::exception {
+ public:
+  explicit InvalidArgument(std::string message) : message_(std::move(message)) {}
+  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+/// Calls a user's pool function, turning what it throws into an error: `OutOfMemory` into
+/// `out_of_memory`, `InvalidArgument` into `invalid_argument`, anything else into `function_failed`.
+template <class Function, class... Args>
+Result<std::invoke_result_t<Function&, Args...>> call_function(Function& fn, Args&&... args) {
+  try {
+    return fn(std::forward<Args>(args)...);
+  } catch (const OutOfMemory& error) {
+    return fail(Errc::out_of_memory, std::string("the pool's memory is exhausted: ") + error.what());
+  } catch (const InvalidArgument& error) {
+    return fail(Errc::invalid_argument, std::string("the function allocated a buffer with bad sizes: ") + error.what());
+  } catch (const std::exception& error) {
+    return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
+  } catch (...) {
+    return fail(Errc::function_failed, "the function threw an exception that is not a std::exception");
+  }
+}
 
 /// The address of memory, as the engine identifies storages and blocks.
 inline std::uintptr_t address_of(const void* pointer) noexcept {

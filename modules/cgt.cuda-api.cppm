@@ -4,7 +4,6 @@ module;
 
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -98,25 +97,10 @@ class Buffer {
 };
 
 /// Thrown by `Context::allocate` when the pool is exhausted; the call fails with `out_of_memory`.
-class OutOfMemory : public std::exception {
- public:
-  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
-  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
-
+using OutOfMemory = backend::OutOfMemory;
 /// Thrown by `Context::allocate` for sizes no buffer can have (negative, too many dimensions, a
 /// byte count that overflows); the call fails with `invalid_argument`.
-class InvalidArgument : public std::exception {
- public:
-  explicit InvalidArgument(std::string message) : message_(std::move(message)) {}
-  [[nodiscard]] const char* what() const noexcept override { return message_.c_str(); }
-
- private:
-  std::string message_;
-};
+using InvalidArgument = backend::InvalidArgument;
 
 class Device;
 
@@ -147,19 +131,9 @@ class Context {
   std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
 };
 
-/// The inputs of a call, by position: buffers, and scalars where the call passed integers.
-class Inputs {
- public:
-  Inputs(std::span<const Buffer> buffers, std::span<const std::int64_t> scalars) noexcept
-      : buffers_(buffers), scalars_(scalars) {}
-  [[nodiscard]] std::size_t size() const noexcept { return buffers_.size(); }
-  [[nodiscard]] const Buffer& operator[](std::size_t i) const noexcept { return buffers_[i]; }
-  [[nodiscard]] std::int64_t scalar(std::size_t i) const noexcept { return scalars_[i]; }
-
- private:
-  std::span<const Buffer> buffers_;
-  std::span<const std::int64_t> scalars_;
-};
+/// The inputs of a call, by position: `in[i]` is input `i` as a buffer (an empty buffer where the
+/// call passed a scalar), `in.scalar(i)` as a scalar (0 where the call passed a buffer).
+using Inputs = backend::Inputs<Buffer>;
 
 /// What a pool function returns (an empty buffer stands for "no value").
 using Values = std::vector<Buffer>;
@@ -218,10 +192,7 @@ class Device final : public backend::Device {
   }
   [[nodiscard]] bool stamps_values() const noexcept override { return true; }
   void stamp(const void* value, std::uint64_t generation) const noexcept override {
-    // The engine passes the pool's own output objects (which it owns as mutable values).
-    auto* buffer =
-        const_cast<Buffer*>(static_cast<const Buffer*>(value));  // NOLINT(cppcoreguidelines-pro-type-const-cast)
-    buffer->set_generation(generation);
+    backend::stamp_buffer<Buffer>(value, generation);
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
@@ -259,25 +230,7 @@ struct Backend {
   using Callable = cuda::Callable;
   using Device = cuda::Device;
   [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
-    // A graph, or the function, would read every element of the view: refuse one that reaches
-    // outside its storage (a hand-made `restrided`, say) before any work.
-    if (!buffer.empty() && !buffer.fits()) {
-      return fail(Errc::invalid_argument,
-                  "the buffer's view is invalid or reaches outside its storage (check the sizes, strides and offset "
-                  "given to restrided / slice / select / expand)");
-    }
-    desc.kind = backend::ArgKind::value;
-    desc.storage =
-        reinterpret_cast<std::uintptr_t>(buffer.storage());       // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-    desc.data = reinterpret_cast<std::uintptr_t>(buffer.data());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-    desc.sizes = buffer.sizes().data();
-    desc.strides = buffer.strides().data();
-    desc.rank = static_cast<std::uint8_t>(buffer.rank());
-    desc.expanded = buffer.layout().expanded_dims();
-    desc.dtype = static_cast<std::uint16_t>(buffer.type());
-    desc.device = buffer.device();
-    desc.generation = buffer.generation();
-    return {};
+    return backend::describe_buffer(buffer, buffer.device(), desc);
   }
   /// A copy in device memory of its own (same layout), complete when it returns: it waits for the
   /// device first, since a pool's stream may be non-blocking (not ordered with the copy).

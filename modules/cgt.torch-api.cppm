@@ -17,23 +17,10 @@ import cgt.backend;
 
 export namespace cgt::torch {
 
-/// The inputs of a call, by position: tensors, and scalars where the call passed integers.
-class Inputs {
- public:
-  Inputs(std::span<const at::Tensor> tensors, std::span<const std::int64_t> scalars) noexcept
-      : tensors_(tensors), scalars_(scalars) {}
-  [[nodiscard]] std::size_t size() const noexcept { return tensors_.size(); }
-  /// Input `i` as a tensor (undefined where the call passed a scalar).
-  [[nodiscard]] const at::Tensor& operator[](std::size_t i) const noexcept { return tensors_[i]; }
-  /// Input `i` as a scalar (0 where the call passed a tensor).
-  [[nodiscard]] std::int64_t scalar(std::size_t i) const noexcept { return scalars_[i]; }
-  /// All inputs as a vector, so a function may be written over `std::vector<at::Tensor>`.
-  operator std::vector<at::Tensor>() const { return {tensors_.begin(), tensors_.end()}; }  // NOLINT
-
- private:
-  std::span<const at::Tensor> tensors_;
-  std::span<const std::int64_t> scalars_;
-};
+/// The inputs of a call, by position: `in[i]` is input `i` as a tensor (undefined where the call
+/// passed a scalar), `in.scalar(i)` as a scalar (0 where the call passed a tensor). Converts to
+/// `std::vector<at::Tensor>`, so a function may be written over one.
+using Inputs = backend::Inputs<at::Tensor>;
 
 /// What a pool function returns (an undefined tensor stands for "no value").
 using Values = std::vector<at::Tensor>;

@@ -4,11 +4,11 @@ module;
 #include <cuda_runtime_api.h>
 
 #include "input_copy.hpp"
+#include "shared_exec.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <expected>
 #include <memory>
 #include <span>
@@ -25,22 +25,12 @@ namespace cgt::cuda {
 namespace {
 
 using CudaInvoker = backend::InvokerOf<Callable>;
-using CallInputs = backend::CallInputs<Buffer, Inputs>;
+using CallInputs = backend::CallInputs<Buffer>;
 
 // Runs the user's function, turning what it throws (and a failed kernel launch) into an error.
 Result<Values> invoke(backend::Invoker& invoker, Context& context, const Inputs& inputs) {
-  Values outputs;
-  try {
-    outputs = static_cast<CudaInvoker&>(invoker).fn(context, inputs);
-  } catch (const OutOfMemory& error) {
-    return fail(Errc::out_of_memory, std::string("the pool's memory is exhausted: ") + error.what());
-  } catch (const InvalidArgument& error) {
-    return fail(Errc::invalid_argument, std::string("the function allocated a buffer with bad sizes: ") + error.what());
-  } catch (const std::exception& error) {
-    return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
-  } catch (...) {
-    return fail(Errc::function_failed, "the function threw an exception that is not a std::exception");
-  }
+  auto outputs = backend::call_function(static_cast<CudaInvoker&>(invoker).fn, context, inputs);
+  if (!outputs) return outputs;
   if (const cudaError_t launch = cudaGetLastError(); launch != cudaSuccess) {
     return fail(Errc::function_failed,
                 std::string("a kernel of the function failed to launch: ") + cudaGetErrorString(launch));
@@ -71,24 +61,13 @@ kernels::Gather gather_of(const Buffer& source, const Buffer& slot) {
   return gather;
 }
 
-// An instantiated graph, shared by the recordings of one function at one place in the tree that
-// differ only in where their static inputs were (a re-recording of the same topology updates it
-// with cudaGraphExecUpdate instead of instantiating its own). It runs one recording's graph at a
-// time; a replay of another loads that one's graph back first.
-struct SharedExec {
-  SharedExec(cudaGraph_t graph, cudaGraphExec_t instantiated, std::vector<kernels::CopyNode> copy_nodes)
-      : origin(graph), exec(instantiated), nodes(std::move(copy_nodes)) {}
-  SharedExec(const SharedExec&) = delete;
-  SharedExec& operator=(const SharedExec&) = delete;
-  ~SharedExec() {
-    (void)cudaGraphExecDestroy(exec);
-    (void)cudaGraphDestroy(origin);
-  }
-  cudaGraph_t origin;  // instantiated from: its copy nodes address the executable's
-  cudaGraphExec_t exec;
-  std::vector<kernels::CopyNode> nodes;  // origin's copy nodes, and what they copy now
-  const void* loaded = nullptr;          // the recording whose graph the executable runs now
+// What owns a cuda pool's instantiated graph: the executable and the graph it came from (destroyed
+// in that order).
+struct Instantiated {
+  kernels::GraphHandle origin;
+  kernels::ExecHandle exec;
 };
+using SharedExec = kernels::SharedExec<Instantiated>;
 
 // A captured graph, instantiated (or sharing an executable) and uploaded, with its input slots
 // and outputs. The graph begins with the copy nodes of the copied inputs (kernels::max_copies
@@ -103,36 +82,32 @@ class CudaRecording final : public backend::Recording {
     bool gathered = false;
   };
 
-  // `graph` is null when it is `exec`'s origin (owned there), else owned here.
-  CudaRecording(std::shared_ptr<SharedExec> exec, cudaGraph_t graph, std::vector<kernels::CopyBatch> captured,
-                cudaStream_t stream, std::vector<Copy> copies, Values outputs, GraphCounts& counts)
-      : exec_(std::move(exec)),
-        graph_(graph),
-        captured_(std::move(captured)),
+  // `own_graph` is null when the recording's graph is `exec`'s origin (owned there).
+  CudaRecording(const std::shared_ptr<SharedExec>& exec, kernels::GraphHandle own_graph,
+                std::vector<kernels::CopyBatch> captured, cudaStream_t stream, std::vector<Copy> copies, Values outputs,
+                GraphCounts& counts)
+      : own_graph_(std::move(own_graph)),
+        graph_(exec, own_graph_ ? own_graph_.get() : exec->owner.origin.get(), std::move(captured)),
         stream_(stream),
         copies_(std::move(copies)),
         outputs_(std::move(outputs)),
-        counts_(counts) {
-    exec_->loaded = this;
-  }
+        counts_(counts) {}
   CudaRecording(const CudaRecording&) = delete;
   CudaRecording& operator=(const CudaRecording&) = delete;
-  ~CudaRecording() override {
-    if (exec_->loaded == this) exec_->loaded = nullptr;
-    if (graph_ != nullptr) (void)cudaGraphDestroy(graph_);
-  }
+  ~CudaRecording() override = default;
 
-  [[nodiscard]] const std::shared_ptr<SharedExec>& shared_exec() const noexcept { return exec_; }
+  [[nodiscard]] const std::shared_ptr<SharedExec>& shared_exec() const noexcept { return graph_.share(); }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
-    if (exec_->loaded != this) {
-      if (auto loaded = load(); !loaded) return loaded;
+    if (!graph_.is_loaded()) {
+      if (auto loaded = checked(graph_.load(), "loading a graph into its shared executable"); !loaded) return loaded;
+      ++counts_.switched;
     }
     // Equal layouts: the covered span is copied as it is (a broadcast dimension once). Element
     // types are equal: the engine checks every call's against the first call's.
     for (std::size_t first = 0; first < copies_.size(); first += kernels::max_copies) {
-      kernels::CopyNode& node = exec_->nodes[first / kernels::max_copies];
-      kernels::CopyBatch batch = node.batch;
+      const std::size_t node = first / kernels::max_copies;
+      kernels::CopyBatch batch = graph_.nodes()[node].batch;
       for (int job = 0; job < batch.count; ++job) {
         const Copy& copy = copies_[first + static_cast<std::size_t>(job)];
         const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
@@ -152,35 +127,19 @@ class CudaRecording final : public backend::Recording {
         }
         batch.jobs[job].source = source.data();  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
       }
-      if (auto pointed = checked(kernels::retarget_copy(exec_->exec, node, batch), "pointing a graph at its inputs");
-          !pointed) {
+      if (auto pointed = checked(graph_.retarget(node, batch), "pointing a graph at its inputs"); !pointed) {
         return pointed;
       }
     }
-    return checked(cudaGraphLaunch(exec_->exec, stream_), "launching a graph");
+    return checked(cudaGraphLaunch(graph_.exec(), stream_), "launching a graph");
   }
   // Outputs are plain device addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
 
  private:
-  // Loads this recording's graph into the shared executable (its copy nodes then copy what they
-  // were captured with, until the next retarget).
-  Result<void> load() {
-    if (auto loaded = checked(
-            kernels::load_graph(exec_->exec, graph_ != nullptr ? graph_ : exec_->origin, exec_->nodes, captured_),
-            "loading a graph into its shared executable");
-        !loaded) {
-      return loaded;
-    }
-    exec_->loaded = this;
-    ++counts_.switched;
-    return {};
-  }
-
-  std::shared_ptr<SharedExec> exec_;
-  cudaGraph_t graph_;                         // this recording's own graph, or null: exec_'s origin
-  std::vector<kernels::CopyBatch> captured_;  // what its copy nodes copy as captured
+  kernels::GraphHandle own_graph_;            // a re-recording's graph, or null: the executable's origin
+  kernels::GraphInExec<Instantiated> graph_;  // this recording's graph in its (shared) executable
   cudaStream_t stream_;
   std::vector<Copy> copies_;
   Values outputs_;
@@ -316,10 +275,11 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
                      ? invoke(fn, context, inputs.view())
                      : Result<Values>(fail(Errc::backend_error, std::string("capturing the input copies failed: ") +
                                                                     cudaGetErrorString(copy_captured)));
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);  // always: the stream must leave capture
+  cudaGraph_t ended_graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream_, &ended_graph);  // always: the stream must leave capture
+  kernels::GraphHandle graph(ended_graph);
   if (!outputs || ended != cudaSuccess) {
-    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    graph.reset();
     (void)cudaGetLastError();
     backend::free_all(*arena_, context.allocations_);
     if (!outputs) return std::unexpected(std::move(outputs.error()));
@@ -329,39 +289,36 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_
   // until the recording is made (any failure on the way frees it too: the pool is as before).
   if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(*outputs)); !settled) {
-    (void)cudaGraphDestroy(graph);
     backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(settled.error()));
   }
   std::vector<kernels::CopyBatch> captured = kernels::batches_of(nodes);
   // A re-recording because a static input moved: update the old recording's executable when the
-  // topology is the same, instead of instantiating another.
+  // topology is the same, instead of instantiating another; the recording then owns its graph.
   std::shared_ptr<SharedExec> shared;
   if (auto* previous = static_cast<CudaRecording*>(plan.replaces); previous != nullptr && update_in_place_) {
     if (SharedExec& candidate = *previous->shared_exec();
-        kernels::load_if_same_topology(candidate.exec, candidate.nodes, graph, nodes, captured)) {
+        kernels::load_if_same_topology(candidate.exec, candidate.nodes, graph.get(), nodes, captured)) {
       shared = previous->shared_exec();
       ++counts_.updated_in_place;
     }
   }
-  cudaGraph_t own_graph = graph;  // the recording owns its graph unless the new executable does
   if (shared == nullptr) {
     cudaGraphExec_t exec = nullptr;
-    if (auto ok = checked(cudaGraphInstantiate(&exec, graph, 0), "instantiating a graph"); !ok) {
-      (void)cudaGraphDestroy(graph);
+    if (auto ok = checked(cudaGraphInstantiate(&exec, graph.get(), 0), "instantiating a graph"); !ok) {
       backend::free_all(*arena_, context.allocations_);
       return std::unexpected(ok.error());
     }
     ++counts_.instantiated;
-    shared = std::make_shared<SharedExec>(graph, exec, std::move(nodes));
-    own_graph = nullptr;
+    shared = std::make_shared<SharedExec>(Instantiated{.origin = std::move(graph), .exec = kernels::ExecHandle(exec)},
+                                          exec, std::move(nodes));
     if (auto uploaded = checked(cudaGraphUpload(exec, stream_), "uploading a graph"); !uploaded) {
       backend::free_all(*arena_, context.allocations_);
       return std::unexpected(uploaded.error());
     }
   }
-  auto recording = std::make_unique<CudaRecording>(shared, own_graph, std::move(captured), stream_, std::move(copies),
-                                                   *outputs, counts_);
+  auto recording = std::make_unique<CudaRecording>(shared, std::move(graph), std::move(captured), stream_,
+                                                   std::move(copies), *outputs, counts_);
   // Capture ran nothing: this launch copies the inputs and produces the first outputs.
   if (auto launched = checked(cudaGraphLaunch(shared->exec, stream_), "launching a new graph"); !launched) {
     backend::free_all(*arena_, context.allocations_);

@@ -1,5 +1,5 @@
-// cgt.cuda:internal — what the cuda backend's units share: CUDA statuses as cgt errors, and
-// device memory of its own.
+// cgt.cuda:internal — what the cuda backend's units share: CUDA statuses as cgt errors (the
+// helper cgt.torch shares, src/kernels/cuda_status.hpp), and device memory of its own.
 module;
 #include <cuda_runtime_api.h>
 
@@ -12,15 +12,11 @@ module;
 module cgt.cuda:internal;
 import cgt.backend;
 
+#include "cuda_status.hpp"  // in the purview: it names cgt types (see there)
+
 namespace cgt::cuda {
 
-/// Nothing when `status` is cudaSuccess, else a backend_error that says what was being done. The
-/// error is cleared first (a non-sticky one must not fail the next call).
-inline Result<void> checked(cudaError_t status, const char* doing) {
-  if (status == cudaSuccess) return {};
-  (void)cudaGetLastError();
-  return fail(Errc::backend_error, std::string("CUDA failed while ") + doing + ": " + cudaGetErrorString(status));
-}
+using kernels::checked;  // NOLINT(misc-unused-using-decls): for the module's other units
 
 /// `bytes` of new memory on the current device, freed (cudaFree) when its last owner lets go.
 /// Fails with out_of_memory when the device has no room, else backend_error, saying what was being

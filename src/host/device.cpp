@@ -21,25 +21,10 @@ namespace cgt::host {
 namespace {
 
 using HostInvoker = backend::InvokerOf<Callable>;
-using CallInputs = backend::CallInputs<Buffer, Inputs>;
+using CallInputs = backend::CallInputs<Buffer>;
 // Storage handles carry addresses; on the host they are plain pointers into the arena.
 using backend::address_of;
 using backend::pointer_to;
-
-// Runs the user's function, turning what it throws into an error.
-Result<Values> invoke(Callable& fn, Context& context, const Inputs& inputs) {
-  try {
-    return fn(context, inputs);
-  } catch (const OutOfMemory& error) {
-    return fail(Errc::out_of_memory, std::string("the pool's memory is exhausted: ") + error.what());
-  } catch (const InvalidArgument& error) {
-    return fail(Errc::invalid_argument, std::string("the function allocated a buffer with bad sizes: ") + error.what());
-  } catch (const std::exception& error) {
-    return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
-  } catch (...) {
-    return fail(Errc::function_failed, "the function threw an exception that is not a std::exception");
-  }
-}
 
 bool same_strides(const Buffer& a, const Buffer& b) noexcept {
   const auto x = a.strides();
@@ -148,7 +133,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
                                        backend::RunMode mode) {
   const CallInputs inputs(args);
   Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::heap);
-  auto outputs = invoke(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
+  auto outputs = backend::call_function(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
   if (!outputs) {
     backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(outputs.error()));
@@ -189,7 +174,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   }
 
   stream_.begin_capture();
-  auto outputs = invoke(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
+  auto outputs = backend::call_function(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
   if (!outputs) {
     stream_.discard_capture();
     backend::free_all(*arena_, context.allocations_);

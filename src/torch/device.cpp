@@ -186,10 +186,13 @@ Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& stora
     auto rescued = std::make_shared<Rescued>();
     rescued->bytes = at::empty({static_cast<std::int64_t>(storage.bytes)},
                                at::TensorOptions().dtype(at::kByte).device(at::kCUDA, state_->index));
-    const cudaError_t status = cudaMemcpyAsync(
-        rescued->bytes.data_ptr(), reinterpret_cast<const void*>(storage.address),  // NOLINT
-        storage.bytes, cudaMemcpyDeviceToDevice, c10::cuda::getCurrentCUDAStream(state_->index).stream());
-    if (status != cudaSuccess) return fail(Errc::backend_error, cudaGetErrorString(status));
+    if (auto copied =
+            checked(cudaMemcpyAsync(rescued->bytes.data_ptr(), backend::pointer_to(storage.address), storage.bytes,
+                                    cudaMemcpyDeviceToDevice, c10::cuda::getCurrentCUDAStream(state_->index).stream()),
+                    "copying an output out of the pool");
+        !copied) {
+      return std::unexpected(std::move(copied.error()));
+    }
     return std::shared_ptr<void>(rescued, rescued.get());
   });
 }

@@ -1,5 +1,5 @@
 // cgt.torch:internal — what the libtorch backend's units share: the per-storage record, the
-// device's state, and the guards that turn libtorch exceptions into cgt errors.
+// device's state, and the guards that turn libtorch exceptions and CUDA statuses into cgt errors.
 module;
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -9,6 +9,7 @@ module;
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -31,9 +32,14 @@ module cgt.torch:internal;
 import cgt.backend;
 import :api;
 
+#include "cuda_status.hpp"  // in the purview: it names cgt types (see there)
+
 namespace cgt::torch {
 
 namespace allocator = c10::cuda::CUDACachingAllocator;
+
+/// CUDA statuses as cgt errors, as cgt.cuda makes them.
+using kernels::checked;
 
 /// One storage of the pool as libtorch sees it: the StorageImpl that outputs view, and the tensors
 /// cgt itself holds over it. Anything else holding the StorageImpl or one of those tensors has
@@ -217,7 +223,7 @@ auto guarded(const char* doing, Work&& work) -> decltype(std::forward<Work>(work
 }
 
 /// The arguments of a call as the function sees them.
-using CallInputs = backend::CallInputs<at::Tensor, Inputs>;
+using CallInputs = backend::CallInputs<at::Tensor>;
 using TorchInvoker = backend::InvokerOf<Callable>;
 
 /// Calls the user's function, turning what it throws into `function_failed` (or `out_of_memory`).

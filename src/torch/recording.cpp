@@ -12,6 +12,7 @@ module;
 
 #include "generator_access.hpp"
 #include "input_copy.hpp"
+#include "shared_exec.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -30,12 +31,6 @@ import :internal;
 
 namespace cgt::torch {
 namespace {
-
-Result<void> launched(cudaError_t status, const char* doing) {
-  if (status == cudaSuccess) return {};
-  (void)cudaGetLastError();  // clear a non-sticky error for the next call
-  return fail(Errc::backend_error, std::string("CUDA failed while ") + doing + ": " + cudaGetErrorString(status));
-}
 
 // The offset of the device's default generator, which CUDAGraph::replay advances by what the
 // graph draws.
@@ -57,9 +52,9 @@ class ReplayDevice {
     if (switched_) (void)cudaSetDevice(previous_);
   }
   Result<void> enter(int device) {
-    if (auto got = launched(cudaGetDevice(&previous_), "reading the current device"); !got) return got;
+    if (auto got = checked(cudaGetDevice(&previous_), "reading the current device"); !got) return got;
     if (previous_ == device) return {};
-    if (auto set = launched(cudaSetDevice(device), "selecting the pool's device"); !set) return set;
+    if (auto set = checked(cudaSetDevice(device), "selecting the pool's device"); !set) return set;
     switched_ = true;
     return {};
   }
@@ -107,19 +102,10 @@ struct OutputLayout {
   at::Tensor recorded;  // outputs that are not pool memory (parameters, constants) are returned as recorded
 };
 
-// An instantiated graph, shared by the recordings of one function at one place in the tree that
-// differ only in where their static inputs were: a re-recording of the same topology updates it
-// (cudaGraphExecUpdate) instead of instantiating its own. It runs one recording's graph at a time;
-// a replay of another loads that one's graph back first. Graphs that draw random numbers are
-// never shared: they replay through their own CUDAGraph::replay, which advances the generator.
-struct SharedExec {
-  SharedExec(GraphPtr instantiated, std::vector<kernels::CopyNode> copy_nodes)
-      : owner(std::move(instantiated)), exec(owner->raw_cuda_graph_exec()), nodes(std::move(copy_nodes)) {}
-  GraphPtr owner;  // owns the executable, and the graph it came from
-  cudaGraphExec_t exec;
-  std::vector<kernels::CopyNode> nodes;  // the owner's graph's copy nodes, and what they copy now
-  const void* loaded = nullptr;          // the recording whose graph the executable runs now
-};
+// The executable recordings share (kernels::SharedExec), owned by the CUDAGraph it was instantiated
+// from. Graphs that draw random numbers are never shared: they replay through their own
+// CUDAGraph::replay, which advances the generator.
+using SharedExec = kernels::SharedExec<GraphPtr>;
 
 // A recorded graph that begins with the copy nodes of its contiguous copied inputs; each replay
 // points them at the call's inputs.
@@ -128,26 +114,21 @@ class TorchRecording final : public backend::Recording {
   // `own_graph`: a re-recording's graph, captured but not instantiated (it runs in `exec`); null
   // for the recording that instantiated `exec`. `direct_launch`: replays launch the executable
   // themselves, skipping CUDAGraph::replay (which the graph needs only when it draws random numbers).
-  TorchRecording(std::shared_ptr<SharedExec> exec, GraphPtr own_graph, std::vector<kernels::CopyBatch> captured,
+  TorchRecording(const std::shared_ptr<SharedExec>& exec, GraphPtr own_graph, std::vector<kernels::CopyBatch> captured,
                  bool direct_launch, std::vector<CopiedInput> copies, std::vector<OutputLayout> layouts,
                  Device::State& state)
-      : exec_(std::move(exec)),
-        own_graph_(std::move(own_graph)),
-        graph_(own_graph_ ? own_graph_->raw_cuda_graph() : exec_->owner->raw_cuda_graph()),
-        captured_(std::move(captured)),
+      : own_graph_(std::move(own_graph)),
+        graph_(exec, own_graph_ ? own_graph_->raw_cuda_graph() : exec->owner->raw_cuda_graph(), std::move(captured)),
         direct_launch_(direct_launch),
         copies_(std::move(copies)),
         layouts_(std::move(layouts)),
         outputs_(layouts_.size()),
         bound_(layouts_.size()),
         device_(state.index),
-        counts_(state.graph_counts) {
-    exec_->loaded = this;
-  }
+        counts_(state.graph_counts) {}
   TorchRecording(const TorchRecording&) = delete;
   TorchRecording& operator=(const TorchRecording&) = delete;
   ~TorchRecording() override {
-    if (exec_->loaded == this) exec_->loaded = nullptr;
     for (std::size_t i = 0; i < bound_.size(); ++i) {
       unbind(i);
     }
@@ -155,22 +136,23 @@ class TorchRecording final : public backend::Recording {
 
   // The executable a re-recording of the same topology may update: none when the graph draws
   // random numbers (it replays through its own CUDAGraph::replay).
-  [[nodiscard]] std::shared_ptr<SharedExec> shareable() const { return direct_launch_ ? exec_ : nullptr; }
+  [[nodiscard]] std::shared_ptr<SharedExec> shareable() const { return direct_launch_ ? graph_.share() : nullptr; }
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
       ReplayDevice device;
       if (auto entered = device.enter(device_); !entered) return entered;
-      if (exec_->loaded != this) {
-        if (auto loaded = load(); !loaded) return loaded;
+      if (!graph_.is_loaded()) {
+        if (auto loaded = checked(graph_.load(), "loading a graph into its shared executable"); !loaded) return loaded;
+        ++counts_.switched;
       }
       if (auto pointed = point_copies_at(args); !pointed) return pointed;
       if (!direct_launch_) {
         // Draws random numbers: CUDAGraph advances the generator's offset (unlocked in libtorch).
         const std::lock_guard<std::mutex> lock(generator_registration());
-        exec_->owner->replay();
-      } else if (auto ran = launched(cudaGraphLaunch(exec_->exec, c10::cuda::getCurrentCUDAStream(device_).stream()),
-                                     "launching a graph");
+        graph_.shared().owner->replay();
+      } else if (auto ran = checked(cudaGraphLaunch(graph_.exec(), c10::cuda::getCurrentCUDAStream(device_).stream()),
+                                    "launching a graph");
                  !ran) {
         return ran;
       }
@@ -206,7 +188,7 @@ class TorchRecording final : public backend::Recording {
   // checks every call's against the first call's. Copies are in node order, and every node has
   // at least one job.
   Result<void> point_copies_at(std::span<const backend::ArgSlot> args) {
-    std::vector<kernels::CopyNode>& nodes = exec_->nodes;
+    std::vector<kernels::CopyNode>& nodes = graph_.nodes();
     std::size_t node = 0;
     kernels::CopyBatch batch = nodes.empty() ? kernels::CopyBatch{} : nodes.front().batch;
     for (const CopiedInput& copy : copies_) {
@@ -227,20 +209,7 @@ class TorchRecording final : public backend::Recording {
   }
 
   Result<void> retarget(std::size_t node, const kernels::CopyBatch& batch) {
-    return launched(kernels::retarget_copy(exec_->exec, exec_->nodes[node], batch), "pointing a graph at its inputs");
-  }
-
-  // Loads this recording's graph into the shared executable (its copy nodes then copy what they
-  // were captured with, until the next retarget).
-  Result<void> load() {
-    if (auto loaded = launched(kernels::load_graph(exec_->exec, graph_, exec_->nodes, captured_),
-                               "loading a graph into its shared executable");
-        !loaded) {
-      return loaded;
-    }
-    exec_->loaded = this;
-    ++counts_.switched;
-    return {};
+    return checked(graph_.retarget(node, batch), "pointing a graph at its inputs");
   }
 
   void unbind(std::size_t i) {
@@ -248,10 +217,8 @@ class TorchRecording final : public backend::Recording {
     bound_[i].reset();
   }
 
-  std::shared_ptr<SharedExec> exec_;
-  GraphPtr own_graph_;                        // a re-recording's graph, or null: exec_'s owner's
-  cudaGraph_t graph_;                         // this recording's graph (kept: the copy nodes are its nodes)
-  std::vector<kernels::CopyBatch> captured_;  // what its copy nodes copy as captured
+  GraphPtr own_graph_;                    // a re-recording's graph, or null: the executable's owner's
+  kernels::GraphInExec<GraphPtr> graph_;  // this recording's graph in its (shared) executable
   bool direct_launch_;
   std::vector<CopiedInput> copies_;
   std::vector<OutputLayout> layouts_;
@@ -268,6 +235,8 @@ class TorchRecording final : public backend::Recording {
 // stream's capture was invalidated or could not end (the function did something a graph cannot
 // hold), cudaSuccess when it was intact (the function merely failed).
 cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
+  // It undoes what capture_begin registered with the generator, under the same lock.
+  const std::lock_guard<std::mutex> registration(generator_registration());
   cudaError_t broken = cudaSuccess;
   const cudaStream_t stream = state.stream.stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -391,141 +360,172 @@ std::vector<OutputLayout> describe_layouts(const backend::RunResult& first) {
   return layouts;
 }
 
-}  // namespace
-
-Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                         const backend::RecordPlan& plan) {
-  State& state = *state_;
-  CallInputs inputs(args);
-  std::vector<at::Tensor> slots;
+// What a recording carries from one step to the next.
+struct Capture {
+  explicit Capture(std::span<const backend::ArgSlot> args) : inputs(args) {}
+  CallInputs inputs;              // the function's inputs: the copied ones replaced by their slots
+  std::vector<at::Tensor> slots;  // per input: its slot, or undefined when it is not copied
   std::vector<CopiedInput> copies;
-  std::vector<kernels::CopyNode> nodes;
-  // The graph is kept after instantiation: the copy nodes are updated through its nodes, and a
-  // re-recording may load it into an earlier recording's executable instead of instantiating.
-  GraphPtr graph(new at::cuda::CUDAGraph(/*keep_graph=*/true));  // NOLINT(cppcoreguidelines-owning-memory)
-  Result<Values> outputs = std::unexpected(Error{});
-  std::vector<std::uintptr_t> allocated_before;
-  auto captured = guarded("recording", [&]() -> Result<void> {
-    c10::cuda::CUDAGuard device_guard(state.index);
-    allocated_before = addresses_of(allocated_blocks(state));
-    // The slots are written on the pool's stream after the caller's work so far (its inputs);
-    // ordered by an event, not a device-wide synchronisation, which would break another
-    // thread's capture.
+  std::vector<kernels::CopyNode> nodes;  // the graph's copy nodes
+  // Kept after instantiation: the copy nodes are updated through its nodes, and a re-recording may
+  // load it into an earlier recording's executable instead of instantiating.
+  GraphPtr graph{new at::cuda::CUDAGraph(/*keep_graph=*/true)};  // NOLINT(cppcoreguidelines-owning-memory)
+  std::vector<std::uintptr_t> allocated_before;                  // the pool's allocated blocks before the call
+  Values outputs;                                                // the function's, from the capture
+};
+
+// Step 1: the copied inputs' slots in the pool, written on the pool's stream after the caller's
+// work so far (its inputs), ordered by an event: a device-wide synchronisation would break
+// another thread's capture.
+Result<void> prepare_slots(Device::State& state, Capture& capture, const backend::RecordPlan& plan) {
+  return guarded("recording", [&]() -> Result<void> {
+    const c10::cuda::CUDAGuard device_guard(state.index);
+    capture.allocated_before = addresses_of(allocated_blocks(state));
     follow(state.stream, c10::cuda::getCurrentCUDAStream(state.index));
-    slots = make_slots(state, inputs, plan);
-    copies = describe_copies(slots, state.index);
-    const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
-    // cuBLAS keeps workspaces between calls; cleared around the capture, the graph's workspace
-    // is allocated in the pool and accounted for there.
-    clear_workspaces_of(state.stream);
-    try {
-      const std::lock_guard<std::mutex> lock(generator_registration());
-      graph->capture_begin(state.pool, cudaStreamCaptureModeThreadLocal);
-    } catch (const std::exception& error) {
-      const std::lock_guard<std::mutex> lock(generator_registration());
-      (void)abandon_capture(*graph, state);
-      outputs = fail(Errc::backend_error, std::string("starting a capture failed: ") + error.what());
-      return {};
-    }
-    if (const cudaError_t copied = capture_copies(copies, args, state.stream.stream(), nodes); copied != cudaSuccess) {
-      (void)cudaGetLastError();
-      outputs =
-          fail(Errc::backend_error, std::string("capturing the input copies failed: ") + cudaGetErrorString(copied));
-    } else {
-      outputs = invoke(fn, inputs);
-    }
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    const bool intact =
-        cudaStreamIsCapturing(state.stream.stream(), &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
-    if (!outputs || !intact) {
-      const cudaError_t broken = [&] {
-        const std::lock_guard<std::mutex> lock(generator_registration());
-        return abandon_capture(*graph, state);
-      }();
-      clear_workspaces_of(state.stream);
-      if (broken != cudaSuccess) {
-        outputs = std::unexpected(
-            capture_failed(broken, outputs ? std::string("the function returned, but its capture cannot be used")
-                                           : outputs.error().message));
-      }
-      return {};
-    }
-    try {
-      const std::lock_guard<std::mutex> lock(generator_registration());
-      graph->capture_end();
-    } catch (const std::exception& error) {
-      const cudaError_t broken = [&] {
-        const std::lock_guard<std::mutex> lock(generator_registration());
-        return abandon_capture(*graph, state);
-      }();
-      clear_workspaces_of(state.stream);
-      outputs = std::unexpected(capture_failed(broken != cudaSuccess ? broken : cudaErrorStreamCaptureInvalidated,
-                                               std::string("ending the capture failed: ") + error.what()));
-      return {};
-    }
-    clear_workspaces_of(state.stream);
+    capture.slots = make_slots(state, capture.inputs, plan);
+    capture.copies = describe_copies(capture.slots, state.index);
     return {};
   });
-  if (!captured) return std::unexpected(std::move(captured.error()));
+}
+
+// Starts capturing the pool's stream into `graph`, allocating in the pool; on failure nothing is
+// left capturing.
+Result<void> begin_capture(Device::State& state, at::cuda::CUDAGraph& graph) {
+  try {
+    const std::lock_guard<std::mutex> lock(generator_registration());
+    graph.capture_begin(state.pool, cudaStreamCaptureModeThreadLocal);
+    return {};
+  } catch (const std::exception& error) {
+    (void)abandon_capture(graph, state);
+    return fail(Errc::backend_error, std::string("starting a capture failed: ") + error.what());
+  }
+}
+
+// Inside the capture: the copy nodes of the copied inputs (from the call's inputs), then the
+// function on the slots.
+Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                              Capture& capture) {
+  if (const cudaError_t copied = capture_copies(capture.copies, args, state.stream.stream(), capture.nodes);
+      copied != cudaSuccess) {
+    (void)cudaGetLastError();
+    return fail(Errc::backend_error, std::string("capturing the input copies failed: ") + cudaGetErrorString(copied));
+  }
+  return invoke(fn, capture.inputs);
+}
+
+// Ends the capture of a function that returned `outputs`. A capture the function broke, or that
+// cannot end, is abandoned and fails as `capture_failed` (the engine runs the function eagerly at
+// these shapes from then on); a function that failed in an intact capture fails as it did.
+Result<Values> end_capture(Device::State& state, at::cuda::CUDAGraph& graph, Result<Values> outputs) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const bool intact =
+      cudaStreamIsCapturing(state.stream.stream(), &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
+  if (!outputs || !intact) {
+    const cudaError_t broken = abandon_capture(graph, state);
+    if (broken == cudaSuccess) return outputs;
+    return std::unexpected(
+        capture_failed(broken, outputs ? std::string("the function returned, but its capture cannot be used")
+                                       : outputs.error().message));
+  }
+  try {
+    const std::lock_guard<std::mutex> lock(generator_registration());
+    graph.capture_end();
+    return outputs;
+  } catch (const std::exception& error) {
+    const cudaError_t broken = abandon_capture(graph, state);
+    return std::unexpected(capture_failed(broken != cudaSuccess ? broken : cudaErrorStreamCaptureInvalidated,
+                                          std::string("ending the capture failed: ") + error.what()));
+  }
+}
+
+// Step 2: captures the input copies and the function into `capture.graph` on the pool's stream.
+// cuBLAS keeps workspaces between calls; cleared around the capture, the graph's workspace is
+// allocated in the pool and accounted for there.
+Result<void> capture_function(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                              Capture& capture) {
+  auto outputs = guarded("recording", [&]() -> Result<Values> {
+    const c10::cuda::CUDAGuard device_guard(state.index);
+    const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
+    clear_workspaces_of(state.stream);
+    if (auto began = begin_capture(state, *capture.graph); !began) return std::unexpected(std::move(began.error()));
+    Result<Values> ended = end_capture(state, *capture.graph, run_in_capture(state, fn, args, capture));
+    clear_workspaces_of(state.stream);
+    return ended;
+  });
   if (!outputs) return std::unexpected(std::move(outputs.error()));
-  if (auto checked = check_outputs(*outputs, false); !checked) return std::unexpected(std::move(checked.error()));
+  capture.outputs = std::move(*outputs);
+  return {};
+}
 
-  // A re-recording because a static input moved: update the old recording's executable when the
-  // topology is the same, instead of instantiating another.
-  std::shared_ptr<SharedExec> shared;
-  std::vector<kernels::CopyBatch> captured_batches = kernels::batches_of(nodes);
-  if (auto* previous = static_cast<TorchRecording*>(plan.replaces);
-      previous != nullptr && state.update_graphs_in_place) {
-    if (auto candidate = previous->shareable()) {
-      auto updated = guarded("updating a graph in place", [&]() -> Result<bool> {
-        const c10::cuda::CUDAGuard device_guard(state.index);
-        return kernels::load_if_same_topology(candidate->exec, candidate->nodes, graph->raw_cuda_graph(), nodes,
-                                              captured_batches);
-      });
-      if (!updated) return std::unexpected(std::move(updated.error()));
-      if (*updated) {
-        shared = std::move(candidate);
-        ++state.graph_counts.updated_in_place;
-      }
-    }
-  }
+// Where a new recording's graph runs: an executable it shares (the graph is then its own), or
+// one instantiated from its graph.
+struct Placement {
+  std::shared_ptr<SharedExec> exec;
   GraphPtr own_graph;  // a re-recording's graph, when it shares an executable
-  if (shared != nullptr) {
-    own_graph = std::move(graph);
-  } else {
-    auto instantiated = guarded("instantiating a graph", [&]() -> Result<void> {
-      const c10::cuda::CUDAGuard device_guard(state.index);
-      graph->instantiate();
-      return {};
-    });
-    if (!instantiated) {  // the capture ended: the graph's destructor gives its pool use back
-      return fail(Errc::function_failed, "the captured graph cannot be instantiated: " + instantiated.error().message);
-    }
-    ++state.graph_counts.instantiated;
-    shared = std::make_shared<SharedExec>(std::move(graph), std::move(nodes));
-  }
+};
 
+// The executable of the recording a re-recording redoes (a static input moved), updated in place,
+// when the new graph has its topology; null when it has another, or the old graph draws random
+// numbers (it replays through its own CUDAGraph::replay).
+Result<std::shared_ptr<SharedExec>> update_in_place(Device::State& state, const backend::RecordPlan& plan,
+                                                    Capture& capture, const std::vector<kernels::CopyBatch>& captured) {
+  auto* previous = static_cast<TorchRecording*>(plan.replaces);
+  if (previous == nullptr || !state.update_graphs_in_place) return nullptr;
+  std::shared_ptr<SharedExec> candidate = previous->shareable();
+  if (candidate == nullptr) return nullptr;
+  auto updated = guarded("updating a graph in place", [&]() -> Result<bool> {
+    const c10::cuda::CUDAGuard device_guard(state.index);
+    return kernels::load_if_same_topology(candidate->exec, candidate->nodes, capture.graph->raw_cuda_graph(),
+                                          capture.nodes, captured);
+  });
+  if (!updated) return std::unexpected(std::move(updated.error()));
+  if (!*updated) return nullptr;
+  ++state.graph_counts.updated_in_place;
+  return candidate;
+}
+
+// Step 3: the executable the new graph runs in (see update_in_place), else its own.
+Result<Placement> place_graph(Device::State& state, const backend::RecordPlan& plan, Capture& capture,
+                              const std::vector<kernels::CopyBatch>& captured) {
+  auto shared = update_in_place(state, plan, capture, captured);
+  if (!shared) return std::unexpected(std::move(shared.error()));
+  if (*shared != nullptr) return Placement{.exec = std::move(*shared), .own_graph = std::move(capture.graph)};
+  auto instantiated = guarded("instantiating a graph", [&]() -> Result<void> {
+    const c10::cuda::CUDAGuard device_guard(state.index);
+    capture.graph->instantiate();
+    return {};
+  });
+  if (!instantiated) {  // the capture ended: the graph's destructor gives its pool use back
+    return fail(Errc::function_failed, "the captured graph cannot be instantiated: " + instantiated.error().message);
+  }
+  ++state.graph_counts.instantiated;
+  const cudaGraphExec_t exec = capture.graph->raw_cuda_graph_exec();
+  return Placement{.exec = std::make_shared<SharedExec>(std::move(capture.graph), exec, std::move(capture.nodes)),
+                   .own_graph = nullptr};
+}
+
+// Step 4: the graph's first run (capture ran nothing): it copies the inputs and produces the first
+// outputs, and tells whether the graph draws random numbers. Then the recording.
+Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Placement placement,
+                                    std::vector<kernels::CopyBatch> captured) {
   return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
-    c10::cuda::CUDAGuard device_guard(state.index);
+    const c10::cuda::CUDAGuard device_guard(state.index);
     // capture_begin reset the generator's graph state (seed and offset tensors) with kernels on
     // the pool's stream, which is not ordered with the replay's: the replay's own reset must come
     // after them, or a loaded GPU can run the graph with offset 0 (seen as a repeated draw). The
     // slots were written there too.
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
     follow(current, state.stream);
-    // Capture ran nothing: this run copies the inputs and produces the first outputs.
     bool direct_launch = true;
-    if (own_graph != nullptr) {
+    if (placement.own_graph != nullptr) {
       // It shares an executable whose graph draws no random numbers and has its topology: nor does it.
-      if (auto ran = launched(cudaGraphLaunch(shared->exec, c10::cuda::getCurrentCUDAStream(state.index).stream()),
-                              "launching a new graph");
-          !ran) {
+      if (auto ran = checked(cudaGraphLaunch(placement.exec->exec, current.stream()), "launching a new graph"); !ran) {
         return std::unexpected(std::move(ran.error()));
       }
     } else {
       const std::lock_guard<std::mutex> lock(generator_registration());
       const std::uint64_t offset_before = philox_offset(state.index);
-      shared->owner->replay();
+      placement.exec->owner->replay();
       // A graph that left the default generator's offset alone draws no random numbers: its
       // replays launch it directly, without CUDAGraph::replay's generator bookkeeping.
       direct_launch = philox_offset(state.index) == offset_before;
@@ -533,16 +533,31 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     // The slots' memory is free for the pool again (outputs may keep some) once the run has read
     // them: the pool's stream may reuse it at once.
     current.synchronize();
-    inputs.values.clear();
-    slots.clear();
+    capture.inputs.values.clear();
+    capture.slots.clear();
     backend::Recorded recorded;
-    recorded.first_outputs = describe_outputs(state, std::move(*outputs), true, allocated_before);
-    recorded.recording = std::make_unique<TorchRecording>(std::move(shared), std::move(own_graph),
-                                                          std::move(captured_batches), direct_launch, std::move(copies),
+    recorded.first_outputs = describe_outputs(state, std::move(capture.outputs), true, capture.allocated_before);
+    recorded.recording = std::make_unique<TorchRecording>(std::move(placement.exec), std::move(placement.own_graph),
+                                                          std::move(captured), direct_launch, std::move(capture.copies),
                                                           describe_layouts(recorded.first_outputs), state);
     note_peak(state);
     return recorded;
   });
+}
+
+}  // namespace
+
+Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                         const backend::RecordPlan& plan) {
+  State& state = *state_;
+  Capture capture(args);
+  if (auto prepared = prepare_slots(state, capture, plan); !prepared) return std::unexpected(prepared.error());
+  if (auto captured = capture_function(state, fn, args, capture); !captured) return std::unexpected(captured.error());
+  if (auto usable = check_outputs(capture.outputs, false); !usable) return std::unexpected(usable.error());
+  std::vector<kernels::CopyBatch> captured = kernels::batches_of(capture.nodes);
+  auto placement = place_graph(state, plan, capture, captured);
+  if (!placement) return std::unexpected(std::move(placement.error()));
+  return run_first(state, capture, std::move(*placement), std::move(captured));
 }
 
 }  // namespace cgt::torch

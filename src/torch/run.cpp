@@ -154,21 +154,20 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
     return caller;
   });
   if (!before) return std::unexpected(std::move(before.error()));
-  Result<Values> outputs = std::unexpected(Error{});
-  auto ran = guarded("warming up", [&]() -> Result<void> {
+  auto outputs = guarded("warming up", [&]() -> Result<Values> {
     c10::cuda::CUDAGuard device_guard(state.index);
+    Result<Values> produced;
     {
       const PoolAllocation allocation(state);
       clear_workspaces_of(state.stream);
-      outputs = invoke(fn, inputs);
+      produced = invoke(fn, inputs);
       clear_workspaces_of(state.stream);
     }
     c10::cuda::CUDAEvent done;
     done.record(state.stream);
     done.block(*before);
-    return {};
+    return produced;
   });
-  if (!ran) return std::unexpected(std::move(ran.error()));
   if (!outputs) return std::unexpected(std::move(outputs.error()));
   if (auto checked = check_outputs(*outputs, false); !checked) return std::unexpected(std::move(checked.error()));
   return guarded("describing warm-up outputs", [&]() -> Result<backend::RunResult> {
