@@ -37,8 +37,8 @@ class TreeNode;
 /// only through the methods below.
 struct Cell {  // a struct: declared so in :detail
  public:
-  inline Cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) noexcept
-      : storage(storage), engine(&engine), function(function) {}
+  inline Cell(Engine& engine, backend::StorageHandle storage, std::uint32_t function) noexcept
+      : storage(std::move(storage)), engine(&engine), function(function) {}
 
   /// The device's handle on the memory (the device fills in its native record; who owns the
   /// block, the allocator or a replay, changes as the path does).

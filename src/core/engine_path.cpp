@@ -148,7 +148,7 @@ void Engine::reclaim_path() {
 }
 
 Result<void> Engine::restore_checkpoint() {
-  TreeNode& node = *current;
+  const TreeNode& node = *current;
   ++stats.checkpoint_restores;
   const std::vector<Cell*> live = live_path_cells();
   std::vector<backend::StorageHandle*> handles;

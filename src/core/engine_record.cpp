@@ -65,7 +65,9 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
       [](const backend::Recorded& recorded) -> const backend::RunResult& { return recorded.first_outputs; });
 }
 
-Result<void> Engine::finish_recording(TreeNode& node, const std::vector<std::vector<bool>>& liveness_before) {
+// Not const, though clang-tidy sees only `device->` calls: it changes the pool's allocator state.
+Result<void> Engine::finish_recording(TreeNode& node,  // NOLINT(readability-make-member-function-const)
+                                      const std::vector<std::vector<bool>>& liveness_before) {
   auto checkpoint = device->checkpoint();
   if (!checkpoint) return std::unexpected(std::move(checkpoint.error()));
   node.mark_recorded(std::move(*checkpoint), liveness_before);
@@ -83,7 +85,7 @@ void Engine::count_recording(NodeReason reason, FunctionRecord& function) {
 }
 
 TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
-  graph_nodes.push_back(node.get());
+  graph_nodes.emplace_back(node.get());
   return (current != nullptr ? current->children() : roots).add(std::move(node));
 }
 

@@ -1,6 +1,7 @@
 // Calls that do not replay or record: eager fallbacks (outside the pool) and warm-ups (in the pool).
 module;
 #include <expected>
+#include <functional>
 #include <cstdint>
 #include <algorithm>
 #include <memory>
@@ -35,7 +36,10 @@ std::string fallback_message(Reason reason, const std::string& function) {
 
 }  // namespace
 
-Result<PoolSnapshot> Engine::snapshot_pool(const FunctionRecord& function, const char* doing) {
+// snapshot_pool and roll_back change the pool through `device` (a checkpoint, frees): not const,
+// whatever clang-tidy infers from the pointer.
+Result<PoolSnapshot> Engine::snapshot_pool(  // NOLINT(readability-make-member-function-const)
+    const FunctionRecord& function, const char* doing) {
   if (auto checked = debug_check(options.debug_checks ? ("before " + std::string(doing)).c_str() : doing); !checked) {
     return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
   }
@@ -48,7 +52,7 @@ Result<PoolSnapshot> Engine::snapshot_pool(const FunctionRecord& function, const
   return snapshot;
 }
 
-Error Engine::roll_back(const PoolSnapshot& before, Error error) {
+Error Engine::roll_back(const PoolSnapshot& before, Error error) {  // NOLINT(readability-make-member-function-const)
   std::vector<backend::StorageHandle*> live;
   for (Cell* cell : live_path_cells()) {
     if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
@@ -145,7 +149,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   Variant& variant = *frame.variant;
   auto result = run_in_pool<backend::RunResult>(
       frame, "warming up", [&] { return device->run(*function.invoker, frame.args, backend::RunMode::warmup); },
-      [](const backend::RunResult& run) -> const backend::RunResult& { return run; });
+      std::identity{});  // a warm-up's result is its outputs
   if (!result) return std::unexpected(std::move(result.error()));
 
   auto node =
