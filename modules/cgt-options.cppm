@@ -74,7 +74,9 @@ struct Options {
   /// of the pool (leases stay valid, at the cost of a copy) instead of invalidating the leases.
   bool copy_out_on_new_step = false;
   /// Warn once when a function has seen more distinct shape keys than this
-  /// (`cudagraph_dynamic_shape_warn_limit`); 0 disables the warning.
+  /// (`cudagraph_dynamic_shape_warn_limit`); 0 disables the warning. A shape key is the inputs'
+  /// sizes and strides and the value of every integer scalar argument: pass values that change
+  /// every call (positions) as tensors.
   std::uint32_t shape_key_warn_limit = 50;
   /// Run new shape keys past this many eagerly (`Reason::shape_key_limit`); 0 means no limit.
   std::uint32_t shape_key_limit = 0;

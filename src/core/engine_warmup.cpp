@@ -23,7 +23,8 @@ std::string fallback_message(Reason reason, const std::string& function) {
     case Reason::rerecord_limit:
       return "skipping graphs for " + name + ": it exceeded the re-record limit on this node";
     case Reason::shape_key_limit:
-      return "skipping graphs for " + name + ": its input shapes are a new key past shape_key_limit";
+      return "skipping graphs for " + name +
+             ": its input shapes (sizes, strides and integer scalar values) are a new key past shape_key_limit";
     case Reason::size_not_graphed:
       return "skipping graphs for " + name + ": the call's size is not in its graph_sizes allow-list";
     case Reason::input_on_other_device:
