@@ -464,6 +464,9 @@ class PoolBase {
   /// leases still held keep working. A second `shutdown()` succeeds and does nothing. Fails with
   /// `concurrent_use` during a call, `invalid_argument` on a moved-from pool.
   [[nodiscard]] Result<void> shutdown();
+  /// True when a forward function ran and no backward function has since (PyTorch's
+  /// `running_forwards_with_pending_backwards`): until one does, forwards begin no new step.
+  [[nodiscard]] bool has_pending_backward() const noexcept;
   /// True after `shutdown()`, and for a moved-from pool (which can run nothing either).
   [[nodiscard]] bool is_shut_down() const noexcept;
 

@@ -52,8 +52,10 @@ struct Stats {
   std::uint64_t checkpoint_restores = 0;
   /// Calls that found no replayable child and so recorded (PyTorch's `debug_fail_counter`).
   std::uint64_t failed_matches = 0;
-  std::uint64_t rerecords = 0;           ///< recordings caused by static or managed inputs that moved
-  std::uint64_t steps_reclaimed = 0;     ///< new steps that reclaimed outputs still leased
+  std::uint64_t rerecords = 0;        ///< recordings caused by static or managed inputs that moved
+  std::uint64_t steps_reclaimed = 0;  ///< new steps that reclaimed outputs still leased
+  /// Steps that a forward function began by itself (`FunctionMode::forward`), not `mark_step_begin()`.
+  std::uint64_t steps_begun_by_forward = 0;
   std::uint64_t leases_invalidated = 0;  ///< leases turned `output_overwritten` by a new step
   std::uint64_t leases_copied_out = 0;   ///< leases rescued by `Options::copy_out_on_new_step`
   /// Fallback decisions that were logged as a warning (PyTorch's `cudagraph_skips`): a function

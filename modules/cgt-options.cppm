@@ -27,7 +27,10 @@ enum class Reason : std::uint8_t {
   managed_input_moved,  ///< an input that is an output of an earlier graph is at a new address
   // Warnings: nothing changes, but the program is probably not doing what it wants.
   many_shape_keys,  ///< the function has more distinct shape keys than `shape_key_warn_limit`
-  count_,           ///< number of reasons (not a reason)
+  /// A forward keeps recording deeper instead of replaying, because a forward whose backward never
+  /// ran holds off the new step it would otherwise begin (PyTorch's "pending, uninvoked backwards")
+  pending_backward,
+  count_,  ///< number of reasons (not a reason)
 };
 
 /// The name of a reason, e.g. "mutated_input".
@@ -84,6 +87,25 @@ struct Options {
   LogSink log_sink;
 };
 
+/// What a function is for, in training (PyTorch's `CompilationMode`). Forwards and backwards are
+/// nodes of the same tree: layer 1's forward, layer 2's forward, layer 2's backward, layer 1's
+/// backward form one path, replayed as a whole on later steps.
+enum class FunctionMode : std::uint8_t {
+  inference,  ///< no backward follows: steps begin only at `mark_step_begin()`
+  /// The forward half of a trained function. Until `mark_step_begin()` is first called on its
+  /// pool, a call of a forward begins a new step by itself (PyTorch's generation per compiled
+  /// call) unless a forward already ran whose backward has not: the outputs a backward will read
+  /// stay live. (One backward call clears that: a backward that is never called must not hold
+  /// off steps forever.) Once the program calls `mark_step_begin()`, steps are its alone.
+  forward,
+  /// The backward half: its call marks the pending backwards as run (whether it replays, records,
+  /// warms up or falls back to eager).
+  backward,
+};
+
+/// The name of a mode, e.g. "forward".
+[[nodiscard]] std::string_view to_string(FunctionMode mode) noexcept;
+
 /// Which input dimension a function's `graph_sizes` allow-list is compared with.
 struct SizeSource {
   std::size_t input = 0;
@@ -104,6 +126,8 @@ struct FunctionOptions {
   /// eagerly (`Reason::size_not_graphed`), like PyTorch's `cudagraph_capture_sizes`.
   std::vector<std::int64_t> graph_sizes;
   SizeSource size_source;
+  /// Inference, or the forward or backward half of a trained function.
+  FunctionMode mode = FunctionMode::inference;
 };
 
 }  // namespace cgt

@@ -76,12 +76,13 @@ using cgt::Errc;       // what went wrong
 using cgt::Error;      // a failure: code, message, function, node, input
 using cgt::fail;       // `return cgt::fail(Errc::..., "message")` in code returning a Result
 using cgt::Result;     // std::expected<T, Error>: what every fallible operation returns
-using cgt::to_string;  // names of Errc, Reason, CallKind, NodeReason, ElementType values
+using cgt::to_string;  // names of Errc, Reason, FunctionMode, CallKind, NodeReason, ElementType values
 
 // How a pool behaves and reports its decisions (modules/cgt-options.cppm).
 using cgt::Event;               // one logged decision
 using cgt::EventKind;           // what a logged decision did
-using cgt::FunctionOptions;     // one function's static facts: name, static and mutated inputs, sizes
+using cgt::FunctionMode;        // inference, or the forward or backward half of a trained function
+using cgt::FunctionOptions;     // one function's static facts: name, static and mutated inputs, sizes, mode
 using cgt::LogSink;             // where decisions go
 using cgt::OnStaticInputMoved;  // Options::on_static_input_moved
 using cgt::Options;             // one pool's behaviour

@@ -172,6 +172,7 @@ struct FunctionRecord {
   std::uint32_t last_variant = UINT32_MAX;                      ///< the last key seen: the fast path
   bool warned_mutation = false;
   bool warned_many_keys = false;
+  bool warned_pending_backward = false;
   std::set<Reason> logged;  ///< reasons already printed by the default sink
 };
 
@@ -443,11 +444,24 @@ class Engine {
   TreeNode* current = nullptr;
   PathState state = PathState::none;
   std::atomic<std::uint64_t> step{0};  ///< bumped by mark_step_begin, from any thread
-  std::uint64_t generations = 0;       ///< the last Cell::generation given out
-  std::uint64_t current_step = 0;      ///< the step in which the current path last ran
+  /// `mark_step_begin()` was called once: steps are the program's, forwards begin none.
+  std::atomic<bool> user_marks_steps{false};
+  /// A forward ran and no backward since (PyTorch's `running_forwards_with_pending_backwards`).
+  bool pending_backward = false;
+  std::uint64_t generations = 0;   ///< the last Cell::generation given out
+  std::uint64_t current_step = 0;  ///< the step in which the current path last ran
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
+  /// A forward's call begins a new step when no backward is pending and the program never marks
+  /// steps itself (PyTorch's `can_start_new_generation`); else it may warn that pending backwards
+  /// keep the function off the fast path.
+  void begin_step_for_forward(FunctionRecord& function);
+  /// Warns once per function when pending backwards make a forward repeat itself down the path
+  /// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`).
+  void warn_if_pending_backward_repeats(FunctionRecord& function);
+  /// After a call of `function` that succeeded: a forward leaves its backward pending, a backward runs it.
+  void note_mode_ran(const FunctionRecord& function) noexcept;
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);

@@ -97,6 +97,7 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
                 "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
   }
   ++stats.calls;
+  begin_step_for_forward(function);
   const std::uint64_t step_now = step.load();
 
   // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
@@ -123,13 +124,18 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
   std::optional<Reason> fallback;
   frame.variant = select_variant(frame, fallback);
-  if (fallback) return run_eager(frame, *fallback);
+  if (fallback) {
+    auto eager = run_eager(frame, *fallback);
+    if (eager) note_mode_ran(function);
+    return eager;
+  }
   auto out = run_tree(frame);
   if (out && options.debug_checks) {
     if (auto checked = debug_check("after the call"); !checked) {
       return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
     }
   }
+  if (out) note_mode_ran(function);
   return out;
 }
 

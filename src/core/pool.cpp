@@ -105,8 +105,15 @@ namespace cgt {
 // what would change one fails with `invalid_argument`.
 
 void PoolBase::mark_step_begin() noexcept {
-  // Atomic: any thread, and a pool function, may begin a step; the next call sees it.
-  if (engine_) (*engine_).step.fetch_add(1);
+  // Atomic: any thread, and a pool function, may begin a step; the next call sees it. From now
+  // on the program says when steps begin: forwards no longer begin them (`FunctionMode::forward`).
+  if (!engine_) return;
+  (*engine_).user_marks_steps.store(true);
+  (*engine_).step.fetch_add(1);
+}
+
+bool PoolBase::has_pending_backward() const noexcept {
+  return detail::read_engine(engine_, false, [](const detail::Engine& engine) { return engine.pending_backward; });
 }
 
 Result<void> PoolBase::shutdown() {
@@ -196,7 +203,17 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::managed_input_moved: return "managed_input_moved";
     case Reason::many_shape_keys: return "many_shape_keys";
     case Reason::capture_failed: return "capture_failed";
+    case Reason::pending_backward: return "pending_backward";
     case Reason::count_: break;
+  }
+  return "unknown";
+}
+
+std::string_view to_string(FunctionMode mode) noexcept {
+  switch (mode) {
+    case FunctionMode::inference: return "inference";
+    case FunctionMode::forward: return "forward";
+    case FunctionMode::backward: return "backward";
   }
   return "unknown";
 }
