@@ -34,4 +34,5 @@
 module;
 export module cgt.torch;
 export import cgt;
-export import :api;  // Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
+export import :api;       // Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
+export import :autograd;  // AutogradFunction, make_autograd_function: pool functions in libtorch's autograd

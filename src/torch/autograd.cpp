@@ -1,0 +1,520 @@
+// Autograd functions: a forward pool function whose outputs carry a node that runs a backward
+// pool function (the forward recomputed under grad mode, then torch::autograd::grad, in one graph).
+//
+// Why the backward recomputes the forward: libtorch gives no way to list an autograd graph's
+// saved tensors, and pool memory that only a kept autograd graph held would be invisible to the
+// engine (a checkpoint restore would free it under that graph). Recomputing keeps the whole
+// autograd graph inside one call of the backward function: its temporaries are the call's, and the
+// only thing that lives from the forward to the backward is the forward's inputs, held by leases.
+module;
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+module cgt.torch;
+import cgt.backend;
+
+namespace cgt::torch {
+
+namespace {
+
+// Bit masks (which inputs need a gradient, which outputs get one) travel as scalar arguments of
+// the backward call: part of its shape key, so each combination has its own graph.
+constexpr std::size_t max_positions = 62;
+
+[[nodiscard]] std::string in_quotes(std::string_view name) {
+  return "'" + std::string(name) + "'";
+}
+
+[[nodiscard]] bool bit(std::int64_t mask, std::size_t i) {
+  return ((static_cast<std::uint64_t>(mask) >> i) & 1U) != 0;
+}
+
+/// The default CUDA generator's philox offset: where the next random draw starts.
+std::uint64_t rng_offset(std::int16_t device) {
+  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(device);  // a handle: mutex() is not const
+  const std::lock_guard lock(generator.mutex());
+  return generator.get<at::CUDAGeneratorImpl>()->philox_offset_per_thread();
+}
+
+void set_rng_offset(std::int16_t device, std::uint64_t offset) {
+  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(device);  // a handle: mutex() is not const
+  const std::lock_guard lock(generator.mutex());
+  generator.get<at::CUDAGeneratorImpl>()->set_philox_offset_per_thread(offset);
+}
+
+/// Sets the generator's offset for the lifetime of the object and puts the old one back.
+class RngOffsetScope {
+ public:
+  RngOffsetScope(std::int16_t device, std::uint64_t offset) : device_(device), saved_(rng_offset(device)) {
+    set_rng_offset(device, offset);
+  }
+  ~RngOffsetScope() {
+    try {
+      set_rng_offset(device_, saved_);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor must not throw; the offset stays
+    }
+  }
+  RngOffsetScope(const RngOffsetScope&) = delete;
+  RngOffsetScope& operator=(const RngOffsetScope&) = delete;
+
+ private:
+  std::int16_t device_;
+  std::uint64_t saved_;
+};
+
+std::vector<Arg> args_of(std::span<const at::Tensor> values) {
+  return {values.begin(), values.end()};
+}
+
+}  // namespace
+
+/// What every call of one autograd function shares, and what its nodes keep alive.
+struct AutogradFunction::State {
+  std::string name;
+  std::int16_t device = 0;
+  std::shared_ptr<Callable> fn;
+  // Set once made (a Function has no empty state to start from).
+  std::optional<Function> inference;
+  std::optional<Function> forward;
+  std::optional<Function> backward;
+  /// The parameters that receive gradients, and their gradient buffers (outside the pool). When
+  /// all parameters have one dtype and device the buffers are views of one flat tensor, zeroed in
+  /// one launch.
+  std::vector<at::Tensor> parameters;
+  std::vector<at::Tensor> gradients;
+  at::Tensor flat;
+
+  /// Before a backward: a buffer that is not its parameter's `.grad()` holds nothing of it, and
+  /// is zeroed, since the backward graph accumulates into it.
+  void prepare_gradients() {
+    std::vector<std::size_t> stale;
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      if (!is_buffer(parameters[i].grad(), i)) stale.push_back(i);
+    }
+    if (flat.defined() && stale.size() == parameters.size()) {
+      flat.zero_();
+      return;
+    }
+    for (const std::size_t i : stale) gradients[i].zero_();
+  }
+
+  /// After a backward: the buffer becomes `.grad()` where there is none (eager's AccumulateGrad
+  /// steals the first gradient), or is added to a `.grad()` the program set itself.
+  void publish_gradients() {
+    for (std::size_t i = 0; i < parameters.size(); ++i) {
+      at::Tensor& grad = parameters[i].mutable_grad();
+      if (!grad.defined()) {
+        grad = gradients[i];
+      } else if (!is_buffer(grad, i)) {
+        const at::NoGradGuard no_grad;
+        grad.add_(gradients[i]);
+      }
+    }
+  }
+
+  [[nodiscard]] bool is_buffer(const at::Tensor& grad, std::size_t i) const {
+    return grad.defined() && grad.data_ptr() == gradients[i].data_ptr() && grad.sizes() == gradients[i].sizes() &&
+           grad.strides() == gradients[i].strides();
+  }
+};
+
+namespace {
+
+/// One input of a forward as its backward reads it: an output of an earlier autograd function
+/// held by that output's lease, or any other tensor held by itself.
+struct SavedInput {
+  std::shared_ptr<OutputLease> lease;
+  at::Tensor tensor;
+};
+
+/// The grad_fn of an autograd function's outputs.
+class GraphedBackward final : public ::torch::autograd::Node {
+ public:
+  GraphedBackward(std::shared_ptr<AutogradFunction::State> state, ::torch::autograd::edge_list&& edges)
+      : Node(std::move(edges)), state_(std::move(state)) {}
+
+  [[nodiscard]] std::string name() const override { return "cgt::GraphedBackward(" + state_->name + ")"; }
+
+  void release_variables() override {
+    const std::lock_guard lock(mutex_);
+    drop_saved();
+    released_ = true;
+  }
+
+  ::torch::autograd::variable_list apply(::torch::autograd::variable_list&& grads) override;
+
+  /// The lease of output `i`, where the bundle or a later node still holds it.
+  [[nodiscard]] std::shared_ptr<OutputLease> lease_of(std::size_t i) const {
+    return i < output_leases_.size() ? output_leases_[i].lock() : nullptr;
+  }
+
+  ~GraphedBackward() override { drop_saved(); }
+  GraphedBackward(const GraphedBackward&) = delete;
+  GraphedBackward& operator=(const GraphedBackward&) = delete;
+  GraphedBackward(GraphedBackward&&) = delete;
+  GraphedBackward& operator=(GraphedBackward&&) = delete;
+
+  std::vector<SavedInput> saved;
+  std::vector<std::weak_ptr<OutputLease>> output_leases_;
+  std::uint64_t rng_offset = 0;
+  std::int64_t input_mask = 0;   ///< inputs that need a gradient
+  std::int64_t output_mask = 0;  ///< outputs that have a grad_fn (and so receive a gradient)
+
+ private:
+  // Tensors before leases: a tensor over a lease's memory must not outlive it (it would count as
+  // an escaped copy and be poisoned).
+  void drop_saved() {
+    for (SavedInput& input : saved) input.tensor = at::Tensor();
+    saved.clear();
+  }
+
+  std::shared_ptr<AutogradFunction::State> state_;
+  std::mutex mutex_;
+  bool released_ = false;
+};
+
+/// A gradient in pool memory handed to autograd: its storage owns the lease, so the memory stays
+/// live while autograd uses the tensor (and is passed on as a pool input to the next backward).
+at::Tensor owning_tensor(const at::Tensor& value, std::shared_ptr<OutputLease> lease) {
+  return at::from_blob(
+      value.data_ptr(), value.sizes(), value.strides(), [lease = std::move(lease)](void*) mutable { lease.reset(); },
+      value.options());
+}
+
+[[noreturn]] void raise(const std::string& what, const Error& error) {
+  TORCH_CHECK(false, what, ": ", error.message);
+}
+
+::torch::autograd::variable_list GraphedBackward::apply(::torch::autograd::variable_list&& grads) {
+  const std::lock_guard lock(mutex_);
+  TORCH_CHECK(!released_, ::torch::autograd::ERR_BACKWARD_TWICE, " (in the backward of cgt autograd function \"",
+              state_->name, "\")");
+  AutogradFunction::State& state = *state_;
+  // Arguments: the forward's inputs, the gradients of the outputs that have a grad_fn (zeros for
+  // one autograd did not reach), then the input count and the two masks.
+  std::vector<at::Tensor> values;
+  std::vector<Arg> args;
+  values.reserve(grads.size());
+  args.reserve(saved.size() + grads.size() + 3);
+  for (const SavedInput& input : saved) {
+    if (input.lease) {
+      args.emplace_back(*input.lease);
+    } else {
+      args.emplace_back(input.tensor);
+    }
+  }
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    if (!bit(output_mask, i)) continue;
+    values.push_back(grads[i].defined() ? std::move(grads[i]) : input_metadata(i).zeros_like());
+  }
+  for (const at::Tensor& value : values) args.emplace_back(value);
+  args.emplace_back(static_cast<std::int64_t>(saved.size()));
+  args.emplace_back(input_mask);
+  args.emplace_back(output_mask);
+
+  state.prepare_gradients();
+  auto out = [&] {
+    const RngOffsetScope rng(state.device, rng_offset);
+    return (*state.backward)(std::span<const Arg>(args));
+  }();
+  if (!out) raise("cgt autograd function \"" + state.name + "\": the backward failed", out.error());
+  state.publish_gradients();
+
+  ::torch::autograd::variable_list result(num_outputs());
+  for (std::size_t i = 0; i < result.size() && i < out->size(); ++i) {
+    if (!bit(input_mask, i)) continue;
+    auto lease = out->release(i);
+    if (!lease) raise("cgt autograd function \"" + state.name + "\": reading a gradient", lease.error());
+    auto value = lease->get();
+    if (!value) continue;  // an input the outputs do not depend on: no gradient
+    const at::Tensor& gradient = value->get();
+    if (!gradient.defined()) continue;
+    // A leaf's .grad() must not live in the pool: AccumulateGrad gets a copy.
+    if (dynamic_cast<::torch::autograd::AccumulateGrad*>(next_edge(i).function.get()) != nullptr) {
+      auto copy = lease->take();
+      if (!copy) raise("cgt autograd function \"" + state.name + "\": copying a gradient", copy.error());
+      result[i] = std::move(*copy);
+    } else {
+      result[i] = owning_tensor(gradient, std::make_shared<OutputLease>(std::move(*lease)));
+    }
+  }
+  return result;
+}
+
+/// The lease of `input` when it is an output of an autograd function of any pool (found through its
+/// grad_fn), so that a backward can hold it; null otherwise.
+std::shared_ptr<OutputLease> lease_behind(const at::Tensor& input) {
+  const auto* producer = dynamic_cast<const GraphedBackward*>(input.grad_fn().get());
+  if (producer == nullptr) return nullptr;
+  auto lease = producer->lease_of(input.output_nr());
+  if (!lease) return nullptr;
+  auto value = lease->get();
+  if (!value || !value->get().defined() || !value->get().has_storage() ||
+      value->get().storage().data_ptr().get() != input.storage().data_ptr().get() ||
+      value->get().data_ptr() != input.data_ptr() || value->get().sizes() != input.sizes() ||
+      value->get().strides() != input.strides()) {
+    return nullptr;
+  }
+  return lease;
+}
+
+}  // namespace
+
+Result<at::Tensor> AutogradOutputs::take(std::size_t i) const {
+  if (i >= leases_.size()) {
+    return fail(Errc::invalid_argument, "output index " + std::to_string(i) + " is out of range: the bundle holds " +
+                                            std::to_string(leases_.size()) + " outputs");
+  }
+  if (!leases_[i]) return at::Tensor();
+  return leases_[i]->take();
+}
+
+std::string_view AutogradFunction::name() const noexcept {
+  return state_ ? std::string_view(state_->name) : std::string_view();
+}
+const Function& AutogradFunction::inference_function() const {
+  return *state_->inference;
+}
+const Function& AutogradFunction::forward_function() const {
+  return *state_->forward;
+}
+const Function& AutogradFunction::backward_function() const {
+  return *state_->backward;
+}
+
+Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tensor>& inputs) const {
+  if (!state_) return fail(Errc::invalid_argument, "call of an empty AutogradFunction handle (moved from)");
+  State& state = *state_;
+  if (inputs.size() > max_positions) {
+    return fail(Errc::invalid_argument, in_quotes(state.name) + " takes at most " + std::to_string(max_positions) +
+                                            " inputs; it was given " + std::to_string(inputs.size()));
+  }
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined()) {
+      return fail(Errc::invalid_argument,
+                  "input " + std::to_string(i) + " of " + in_quotes(state.name) + " is undefined");
+    }
+  }
+  bool any_requires_grad = false;
+  for (const at::Tensor& input : inputs) any_requires_grad = any_requires_grad || input.requires_grad();
+  for (const at::Tensor& parameter : state.parameters)
+    any_requires_grad = any_requires_grad || parameter.requires_grad();
+  const bool records_backward = at::GradMode::is_enabled() && !c10::InferenceMode::is_enabled() && any_requires_grad;
+
+  // The pool functions see plain tensors: no autograd history of the caller's graph.
+  std::vector<at::Tensor> plain;
+  plain.reserve(inputs.size());
+  for (const at::Tensor& input : inputs) plain.push_back(input.detach());
+  const std::vector<Arg> args = args_of(plain);
+
+  AutogradOutputs result;
+  if (!records_backward) {
+    auto out = (*state.inference)(std::span<const Arg>(args));
+    if (!out) return std::unexpected(std::move(out.error()));
+    result.kind_ = out->kind();
+    for (std::size_t i = 0; i < out->size(); ++i) {
+      auto lease = out->release(i);
+      if (!lease) return std::unexpected(std::move(lease.error()));
+      auto shared = std::make_shared<OutputLease>(std::move(*lease));
+      auto value = shared->get();
+      result.tensors_.push_back(value && value->get().defined() ? value->get().detach() : at::Tensor());
+      result.leases_.push_back(std::move(shared));
+    }
+    return result;
+  }
+
+  const std::uint64_t offset = rng_offset(state.device);
+  auto out = (*state.forward)(std::span<const Arg>(args));
+  if (!out) return std::unexpected(std::move(out.error()));
+  if (out->size() > max_positions) {
+    return fail(Errc::invalid_argument, in_quotes(state.name) + " returns at most " + std::to_string(max_positions) +
+                                            " outputs; it returned " + std::to_string(out->size()));
+  }
+  result.kind_ = out->kind();
+  result.has_backward_ = true;
+
+  ::torch::autograd::edge_list edges;
+  edges.reserve(inputs.size());
+  std::int64_t input_mask = 0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].requires_grad()) {
+      edges.push_back(::torch::autograd::impl::gradient_edge(inputs[i]));
+      input_mask |= std::int64_t{1} << i;
+    } else {
+      edges.emplace_back();
+    }
+  }
+  auto node =
+      std::shared_ptr<GraphedBackward>(new GraphedBackward(state_, std::move(edges)), ::torch::autograd::deleteNode);
+  node->rng_offset = offset;
+  node->input_mask = input_mask;
+  node->saved.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    auto lease = lease_behind(inputs[i]);
+    node->saved.push_back(lease ? SavedInput{std::move(lease), {}} : SavedInput{nullptr, plain[i]});
+  }
+
+  for (std::size_t i = 0; i < out->size(); ++i) {
+    auto lease = out->release(i);
+    if (!lease) return std::unexpected(std::move(lease.error()));
+    auto shared = std::make_shared<OutputLease>(std::move(*lease));
+    auto value = shared->get();
+    at::Tensor tensor = value && value->get().defined() ? value->get().detach() : at::Tensor();
+    if (tensor.defined() && (at::isFloatingType(tensor.scalar_type()) || at::isComplexType(tensor.scalar_type()))) {
+      ::torch::autograd::set_history(tensor, node);
+      node->output_mask |= std::int64_t{1} << i;
+    } else {
+      node->add_input_metadata(::torch::autograd::Node::undefined_input());
+    }
+    node->output_leases_.push_back(shared);
+    result.tensors_.push_back(std::move(tensor));
+    result.leases_.push_back(std::move(shared));
+  }
+  return result;
+}
+
+Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, AutogradOptions options) {
+  auto state = std::make_shared<AutogradFunction::State>();
+  state->name = std::move(options.name);
+  auto device = pool.device();
+  if (!device) return std::unexpected(std::move(device.error()));
+  state->device = device->get().index();
+  for (std::size_t i = 0; i < options.parameters.size(); ++i) {
+    const at::Tensor& parameter = options.parameters[i];
+    if (!parameter.defined() || !parameter.is_leaf()) {
+      return fail(Errc::invalid_argument, "parameter " + std::to_string(i) + " of " + in_quotes(state->name) + " is " +
+                                              (parameter.defined() ? "not a leaf" : "undefined") +
+                                              ": parameters are the leaves whose .grad() the backward fills");
+    }
+    if (parameter.requires_grad()) state->parameters.push_back(parameter);
+  }
+
+  // The gradient buffers: outside the pool, zero, one flat tensor where the dtypes allow.
+  auto made = [&]() -> Result<void> {
+    try {
+      const at::NoGradGuard no_grad;
+      const auto& params = state->parameters;
+      bool uniform = !params.empty();
+      std::int64_t total = 0;
+      for (const at::Tensor& p : params) {
+        uniform = uniform && p.scalar_type() == params.front().scalar_type() && p.device() == params.front().device();
+        total += p.numel();
+      }
+      if (uniform) {
+        state->flat = at::zeros({total}, params.front().options().requires_grad(false));
+        std::int64_t at = 0;
+        for (const at::Tensor& p : params) {
+          state->gradients.push_back(state->flat.narrow(0, at, p.numel()).view(p.sizes()));
+          at += p.numel();
+        }
+      } else {
+        for (const at::Tensor& p : params) {
+          state->gradients.push_back(at::zeros(p.sizes(), p.options().requires_grad(false)));
+        }
+      }
+    } catch (const std::exception& error) {
+      return fail(Errc::backend_error,
+                  std::string("allocating the gradient buffers of ") + in_quotes(state->name) + ": " + error.what());
+    }
+    return {};
+  }();
+  if (!made) return std::unexpected(std::move(made.error()));
+
+  state->fn = std::make_shared<Callable>(std::move(fn));
+  const std::shared_ptr<Callable> body = state->fn;
+  auto add = [&](Callable callable, std::string_view suffix, FunctionMode mode) -> Result<Function> {
+    return pool.add_function(
+        std::move(callable),
+        {.name = state->name + std::string(suffix), .static_inputs = options.static_inputs, .mode = mode});
+  };
+
+  auto no_grad = [body](Inputs in) {
+    const at::NoGradGuard guard;
+    return (*body)(in);
+  };
+  auto inference = add(no_grad, ".inference", FunctionMode::inference);
+  if (!inference) return std::unexpected(std::move(inference.error()));
+  auto forward = add(no_grad, ".forward", FunctionMode::forward);
+  if (!forward) return std::unexpected(std::move(forward.error()));
+
+  // The backward: the forward again under grad mode, then its gradients, in one call. Arguments:
+  // the n inputs, the outputs' gradients (for the outputs in the output mask), n, the input mask,
+  // the output mask. Returns one gradient per input (undefined where the mask says none).
+  std::vector<at::Tensor> parameters = state->parameters;
+  std::vector<at::Tensor> gradients = state->gradients;
+  auto backward = add(
+      [body, parameters, gradients](Inputs in) -> Values {
+        const std::size_t count = in.size();
+        const auto n = static_cast<std::size_t>(in.scalar(count - 3));
+        const std::int64_t input_mask = in.scalar(count - 2);
+        const std::int64_t output_mask = in.scalar(count - 1);
+        std::vector<at::Tensor> inputs(n);
+        std::vector<at::Tensor> targets;
+        for (std::size_t i = 0; i < n; ++i) {
+          inputs[i] = in[i].detach();
+          if (bit(input_mask, i)) {
+            inputs[i].requires_grad_(true);
+            targets.push_back(inputs[i]);
+          }
+        }
+        targets.insert(targets.end(), parameters.begin(), parameters.end());
+        Values outputs;
+        {
+          const at::AutoGradMode grad_mode(true);
+          const std::vector<std::int64_t> no_scalars(n, 0);
+          outputs = (*body)(Inputs(inputs, no_scalars));
+        }
+        std::vector<at::Tensor> differentiated;
+        std::vector<at::Tensor> grad_outputs;
+        std::size_t next = n;
+        for (std::size_t j = 0; j < outputs.size(); ++j) {
+          if (!bit(output_mask, j)) continue;
+          const at::Tensor& grad = in[next++];
+          if (!outputs[j].defined() || !outputs[j].requires_grad()) continue;  // constant: no gradient flows
+          differentiated.push_back(outputs[j]);
+          grad_outputs.push_back(grad);
+        }
+        Values result(n);
+        if (differentiated.empty() || targets.empty()) return result;
+        const auto grads = ::torch::autograd::grad(differentiated, targets, grad_outputs, /*retain_graph=*/false,
+                                                   /*create_graph=*/false, /*allow_unused=*/true);
+        std::size_t at = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (bit(input_mask, i)) result[i] = grads[at++];
+        }
+        const at::NoGradGuard no_grad;
+        for (std::size_t p = 0; p < parameters.size(); ++p, ++at) {
+          if (grads[at].defined()) gradients[p].add_(grads[at]);
+        }
+        return result;
+      },
+      ".backward", FunctionMode::backward);
+  if (!backward) return std::unexpected(std::move(backward.error()));
+  state->inference = std::move(*inference);
+  state->forward = std::move(*forward);
+  state->backward = std::move(*backward);
+  return AutogradFunction(std::move(state));
+}
+
+}  // namespace cgt::torch
