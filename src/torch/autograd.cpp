@@ -83,6 +83,14 @@ class RngOffsetScope {
   std::uint64_t saved_;
 };
 
+[[nodiscard]] bool aliases_any(const at::Tensor& tensor, const Inputs& in) {
+  const void* storage = tensor.storage().data_ptr().get();
+  for (std::size_t j = 0; j < in.size(); ++j) {
+    if (in[j].defined() && in[j].has_storage() && in[j].storage().data_ptr().get() == storage) return true;
+  }
+  return false;
+}
+
 std::vector<Arg> args_of(std::span<const at::Tensor> values) {
   return {values.begin(), values.end()};
 }
@@ -501,7 +509,11 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
                                                    /*create_graph=*/false, /*allow_unused=*/true);
         std::size_t at = 0;
         for (std::size_t i = 0; i < n; ++i) {
-          if (bit(input_mask, i)) result[i] = grads[at++];
+          if (!bit(input_mask, i)) continue;
+          result[i] = grads[at++];
+          // A gradient passed straight through (an addition's) is one of this call's inputs: an
+          // output must be memory the call made.
+          if (result[i].defined() && aliases_any(result[i], in)) result[i] = result[i].clone();
         }
         const at::NoGradGuard no_grad;
         for (std::size_t p = 0; p < parameters.size(); ++p, ++at) {

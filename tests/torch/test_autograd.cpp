@@ -1,0 +1,467 @@
+// cgt.torch autograd functions on a GPU, against eager libtorch on the same inputs, weights and
+// seed: input and parameter gradients over warm-up, recording and replays; chained functions as
+// one path of the tree (forward 1, forward 2, backward 2, backward 1); accumulation,
+// retain_graph, a second backward without it; inference under NoGradGuard / InferenceMode;
+// dropout; a backward never called; both zero_grad forms; a small MLP trained 100 steps.
+// Every test is tagged [gpu][autograd] and reports SKIPPED without a device.
+#include <torch/torch.h>
+// libtorch's logging defines CHECK; the tests mean Catch2's.
+#undef CHECK
+#include <catch2/catch_test_macros.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.torch;
+
+#include "torch/harness.hpp"
+
+using H = TorchHarness;
+using scenario::must;
+
+#define REQUIRE_GPU() scenario::skip_unless_available<H>()
+
+namespace {
+
+using cgt::torch::AutogradFunction;
+using cgt::torch::Inputs;
+using cgt::torch::Values;
+
+cgt::torch::Pool new_pool(cgt::Options options = {}) {
+  return must(H::make_pool(std::move(options)));
+}
+
+/// `dst`'s parameters become copies of `src`'s: the eager twin of a model.
+void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
+  const torch::NoGradGuard no_grad;
+  const auto from = src.parameters();
+  auto to = dst.parameters();
+  REQUIRE(from.size() == to.size());
+  for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
+}
+
+/// The module's forward on input 0, as an autograd function of `pool`.
+template <class Module>
+AutogradFunction wrap(cgt::torch::Pool& pool, Module module, const std::string& name) {
+  return must(cgt::torch::make_autograd_function(pool,
+                                                 [module](Inputs in) mutable { return Values{module->forward(in[0])}; },
+                                                 {.name = name, .parameters = module->parameters()}));
+}
+
+bool close(const at::Tensor& a, const at::Tensor& b, double tolerance = 1e-5) {
+  if (a.defined() != b.defined()) return false;
+  return !a.defined() || at::allclose(a, b, tolerance, tolerance);
+}
+
+/// Every parameter's gradient of `a` is `b`'s (undefined where `b`'s is).
+void check_same_grads(const torch::nn::Module& a, const torch::nn::Module& b, double tolerance = 1e-5) {
+  const auto pa = a.parameters();
+  const auto pb = b.parameters();
+  REQUIRE(pa.size() == pb.size());
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(close(pa[i].grad(), pb[i].grad(), tolerance));
+  }
+}
+
+void set_grads_to_none(const torch::nn::Module& module) {
+  for (auto parameter : module.parameters()) parameter.mutable_grad() = at::Tensor();
+}
+
+std::vector<std::string> path_functions(const cgt::torch::Pool& pool) {
+  std::vector<std::string> names;
+  for (const auto& node : pool.current_path()) names.push_back(node.function());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("torch/autograd: input and parameter gradients equal eager's over warm-up, recording and replays",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear graphed(16, 8);
+  torch::nn::Linear eager(16, 8);
+  graphed->to(torch::kCUDA);
+  eager->to(torch::kCUDA);
+  copy_parameters(*eager, *graphed);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "linear");
+  std::vector<cgt::CallKind> kinds;
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    const at::Tensor data = at::randn({4, 16}, H::cuda());
+    set_grads_to_none(*graphed);
+    set_grads_to_none(*eager);
+    pool.mark_step_begin();
+    const at::Tensor x = data.clone().requires_grad_(true);
+    {
+      auto out = must(layer({x}));
+      kinds.push_back(out.kind());
+      REQUIRE(out.has_backward());
+      REQUIRE(out[0].grad_fn() != nullptr);
+      at::Tensor loss = (out[0] * out[0]).sum();
+      loss.backward();
+      const at::Tensor x_eager = data.clone().requires_grad_(true);
+      const at::Tensor expected = eager->forward(x_eager);
+      (expected * expected).sum().backward();
+      CHECK(close(out[0].detach(), expected.detach()));
+      CHECK(close(x.grad(), x_eager.grad()));
+      check_same_grads(*graphed, *eager);
+    }
+    // No gradient lives in the pool.
+    auto& device = must(pool.device()).get();
+    CHECK(!device.contains(reinterpret_cast<std::uintptr_t>(x.grad().data_ptr())));
+    for (const auto& parameter : graphed->parameters()) {
+      CHECK(!device.contains(reinterpret_cast<std::uintptr_t>(parameter.grad().data_ptr())));
+    }
+  }
+  using K = cgt::CallKind;
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay, K::replay});
+  CHECK(pool.stats().replays >= 6);  // forward and backward, steps 2 to 4
+  must(pool.check_memory());
+}
+
+TEST_CASE("torch/autograd: chained functions form one path: forward 1, forward 2, backward 2, backward 1",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Sequential first(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  torch::nn::Linear second(16, 4);
+  torch::nn::Sequential first_eager(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  torch::nn::Linear second_eager(16, 4);
+  for (torch::nn::Module* module : {first.ptr().get(), first_eager.ptr().get()}) module->to(torch::kCUDA);
+  second->to(torch::kCUDA);
+  second_eager->to(torch::kCUDA);
+  copy_parameters(*first_eager, *first);
+  copy_parameters(*second_eager, *second);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer1 = wrap(pool, first, "layer1");
+  auto layer2 = wrap(pool, second, "layer2");
+  std::uint64_t replays_before = 0;
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    const at::Tensor data = at::randn({6, 8}, H::cuda());
+    set_grads_to_none(*first);
+    set_grads_to_none(*second);
+    set_grads_to_none(*first_eager);
+    set_grads_to_none(*second_eager);
+    pool.mark_step_begin();
+    replays_before = pool.stats().replays;
+    const at::Tensor x = data.clone().requires_grad_(true);
+    auto hidden = must(layer1({x}));
+    auto out = must(layer2({hidden[0]}));
+    CHECK(pool.has_pending_backward());
+    out[0].sum().backward();  // sum's backward hands an expanded gradient to layer 2
+    CHECK(!pool.has_pending_backward());
+
+    const at::Tensor x_eager = data.clone().requires_grad_(true);
+    const at::Tensor expected = second_eager->forward(first_eager->forward(x_eager));
+    expected.sum().backward();
+    CHECK(close(out[0].detach(), expected.detach()));
+    CHECK(close(x.grad(), x_eager.grad()));
+    check_same_grads(*first, *first_eager);
+    check_same_grads(*second, *second_eager);
+    if (step >= 1) {  // recorded: the path is the four graphs
+      CHECK(path_functions(pool) ==
+            std::vector<std::string>{"layer1.forward", "layer2.forward", "layer2.backward", "layer1.backward"});
+    }
+    if (step >= 2) CHECK(pool.stats().replays - replays_before == 4);
+  }
+  CHECK(pool.roots().size() == 1);
+  must(pool.check_memory());
+}
+
+TEST_CASE("torch/autograd: gradients accumulate over backwards without zero_grad, as eager's do", "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear graphed(12, 6);
+  torch::nn::Linear eager(12, 6);
+  graphed->to(torch::kCUDA);
+  eager->to(torch::kCUDA);
+  copy_parameters(*eager, *graphed);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "accumulating");
+  const at::Tensor x = at::randn({3, 12}, H::cuda()).requires_grad_(true);
+  const at::Tensor x_eager = x.detach().clone().requires_grad_(true);
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    const at::Tensor target = at::randn({3, 6}, H::cuda());
+    pool.mark_step_begin();
+    auto out = must(layer({x}));
+    torch::mse_loss(out[0], target).backward();
+    torch::mse_loss(eager->forward(x_eager), target).backward();
+    CHECK(close(x.grad(), x_eager.grad()));
+    check_same_grads(*graphed, *eager);
+  }
+}
+
+TEST_CASE("torch/autograd: retain_graph lets a backward run twice, giving eager's twice the gradient",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear graphed(10, 5);
+  torch::nn::Linear eager(10, 5);
+  graphed->to(torch::kCUDA);
+  eager->to(torch::kCUDA);
+  copy_parameters(*eager, *graphed);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "retained");
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    set_grads_to_none(*graphed);
+    set_grads_to_none(*eager);
+    const at::Tensor data = at::randn({2, 10}, H::cuda());
+    const at::Tensor x = data.clone().requires_grad_(true);
+    const at::Tensor x_eager = data.clone().requires_grad_(true);
+    pool.mark_step_begin();
+    auto out = must(layer({x}));
+    const at::Tensor loss = out[0].tanh().sum();
+    loss.backward({}, /*retain_graph=*/true);
+    loss.backward();
+    const at::Tensor loss_eager = eager->forward(x_eager).tanh().sum();
+    loss_eager.backward({}, /*retain_graph=*/true);
+    loss_eager.backward();
+    CHECK(close(x.grad(), x_eager.grad()));
+    check_same_grads(*graphed, *eager);
+  }
+}
+
+TEST_CASE("torch/autograd: a second backward without retain_graph fails as eager's does", "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear linear(4, 4);
+  linear->to(torch::kCUDA);
+  auto pool = new_pool();
+  auto layer = wrap(pool, linear, "once");
+  const at::Tensor x = at::randn({2, 4}, H::cuda()).requires_grad_(true);
+  for (int step = 0; step < 3; ++step) {  // warm-up, recording, replay
+    INFO("step " << step);
+    pool.mark_step_begin();
+    auto out = must(layer({x}));
+    const at::Tensor loss = out[0].sum();  // sum's backward saves nothing: the second reaches our node
+    loss.backward();
+    try {
+      loss.backward();
+      FAIL("a second backward without retain_graph succeeded");
+    } catch (const c10::Error& error) {
+      const std::string what = error.what_without_backtrace();
+      INFO(what);
+      CHECK(what.find("backward through the graph a second time") != std::string::npos);
+      CHECK(what.find("once") != std::string::npos);
+    }
+  }
+  // The eager reference fails the same way.
+  const at::Tensor eager_loss = linear->forward(x).tanh().sum();
+  eager_loss.backward();
+  CHECK_THROWS_AS(eager_loss.backward(), c10::Error);
+}
+
+TEST_CASE("torch/autograd: under NoGradGuard and InferenceMode the inference function runs, with no backward",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear linear(8, 3);
+  linear->to(torch::kCUDA);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, linear, "served");
+  const at::Tensor x = at::randn({5, 8}, H::cuda()).requires_grad_(true);
+  at::Tensor expected;
+  {
+    const torch::NoGradGuard no_grad;
+    expected = linear->forward(x);
+  }
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    pool.mark_step_begin();
+    if (step % 2 == 0) {
+      const torch::NoGradGuard no_grad;
+      auto out = must(layer({x}));
+      CHECK(!out.has_backward());
+      CHECK(out[0].grad_fn() == nullptr);
+      CHECK(!out[0].requires_grad());
+      CHECK(close(out[0], expected));
+    } else {
+      const c10::InferenceMode inference;
+      auto out = must(layer({x}));
+      CHECK(!out.has_backward());
+      CHECK(out[0].grad_fn() == nullptr);
+      CHECK(close(out[0], expected));
+    }
+    CHECK(!pool.has_pending_backward());
+  }
+  CHECK(path_functions(pool) == std::vector<std::string>{"served.inference"});
+  CHECK(pool.stats().replays >= 2);
+  for (const auto& parameter : linear->parameters()) CHECK(!parameter.grad().defined());
+}
+
+TEST_CASE("torch/autograd: dropout's forward and gradients equal eager's with the same seed", "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Sequential graphed(torch::nn::Linear(16, 32), torch::nn::Dropout(0.5), torch::nn::Linear(32, 4));
+  torch::nn::Sequential eager(torch::nn::Linear(16, 32), torch::nn::Dropout(0.5), torch::nn::Linear(32, 4));
+  graphed->to(torch::kCUDA);
+  eager->to(torch::kCUDA);
+  copy_parameters(*eager, *graphed);
+  graphed->train();
+  eager->train();
+  auto pool = new_pool({.debug_checks = true});
+  auto model = wrap(pool, graphed, "dropout");
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    set_grads_to_none(*graphed);
+    set_grads_to_none(*eager);
+    const at::Tensor data = at::randn({8, 16}, H::cuda());
+    const at::Tensor target = at::randn({8, 4}, H::cuda());
+    const at::Tensor x = data.clone().requires_grad_(true);
+    const at::Tensor x_eager = data.clone().requires_grad_(true);
+    pool.mark_step_begin();
+    at::manual_seed(100 + step);
+    auto out = must(model({x}));
+    // A draw between forward and backward: the backward must still see the forward's numbers.
+    const at::Tensor between = at::rand({64}, H::cuda());
+    torch::mse_loss(out[0], target).backward();
+    const at::Tensor after = at::rand({64}, H::cuda());
+
+    at::manual_seed(100 + step);
+    const at::Tensor expected = eager->forward(x_eager);
+    const at::Tensor between_eager = at::rand({64}, H::cuda());
+    torch::mse_loss(expected, target).backward();
+    const at::Tensor after_eager = at::rand({64}, H::cuda());
+    CHECK(close(out[0].detach(), expected.detach()));
+    CHECK(close(x.grad(), x_eager.grad()));
+    check_same_grads(*graphed, *eager);
+    // The program's own draws are where eager's are: the backward put the generator back.
+    CHECK(at::equal(between, between_eager));
+    CHECK(at::equal(after, after_eager));
+  }
+  CHECK(pool.stats().replays >= 4);
+}
+
+TEST_CASE("torch/autograd: a backward never called frees what its node held once outputs and node are dropped",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear first(8, 8);
+  torch::nn::Linear second(8, 2);
+  first->to(torch::kCUDA);
+  second->to(torch::kCUDA);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer1 = wrap(pool, first, "unused1");
+  auto layer2 = wrap(pool, second, "unused2");
+  const at::Tensor x = at::randn({4, 8}, H::cuda());
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    pool.mark_step_begin();
+    auto hidden = must(layer1({x}));
+    std::optional<cgt::torch::AutogradOutputs> out = must(layer2({hidden[0]}));
+    std::optional<at::Tensor> loss = (*out)[0].sum();
+    // The hidden activation's memory is held by layer 2's node (a lease) after its bundle goes.
+    const std::size_t held = H::live_blocks(pool);
+    CHECK(held >= 2);
+    hidden = cgt::torch::AutogradOutputs();
+    CHECK(H::live_blocks(pool) >= 1);
+    CHECK(H::live_blocks(pool) < held);
+    must(pool.check_memory());
+    // Dropping the outputs and the graph above them (the node goes with it) frees everything.
+    loss.reset();
+    out.reset();
+    CHECK(H::live_blocks(pool) == 0);
+    must(pool.check_memory());
+  }
+}
+
+TEST_CASE("torch/autograd: zero_grad with and without set_to_none both work", "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear graphed(6, 3);
+  torch::nn::Linear eager(6, 3);
+  graphed->to(torch::kCUDA);
+  eager->to(torch::kCUDA);
+  copy_parameters(*eager, *graphed);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "zeroed");
+  torch::optim::SGD optimizer(graphed->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD optimizer_eager(eager->parameters(), torch::optim::SGDOptions(0.1));
+  const void* grad_address = nullptr;
+  for (int step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    const bool set_to_none = step % 3 == 0;
+    optimizer.zero_grad(set_to_none);
+    optimizer_eager.zero_grad(set_to_none);
+    const at::Tensor x = at::randn({4, 6}, H::cuda());
+    pool.mark_step_begin();
+    auto out = must(layer({x}));
+    out[0].pow(2).mean().backward();
+    eager->forward(x).pow(2).mean().backward();
+    check_same_grads(*graphed, *eager);
+    // Without set_to_none the same .grad() tensor is zeroed and filled again.
+    if (!set_to_none) CHECK(graphed->weight.grad().data_ptr() == grad_address);
+    grad_address = graphed->weight.grad().data_ptr();
+    optimizer.step();
+    optimizer_eager.step();
+  }
+  CHECK(close(graphed->weight, eager->weight));
+  CHECK(close(graphed->bias, eager->bias));
+}
+
+TEST_CASE("torch/autograd: a small MLP trained 100 steps with SGD equals eager training", "[gpu][autograd]") {
+  REQUIRE_GPU();
+  auto make = [] {
+    return std::pair{torch::nn::Sequential(torch::nn::Linear(8, 32), torch::nn::ReLU()),
+                     torch::nn::Sequential(torch::nn::Linear(32, 32), torch::nn::ReLU(), torch::nn::Linear(32, 4))};
+  };
+  auto [first, second] = make();
+  auto [first_eager, second_eager] = make();
+  for (torch::nn::Sequential* module : {&first, &second, &first_eager, &second_eager}) (*module)->to(torch::kCUDA);
+  copy_parameters(*first_eager, *first);
+  copy_parameters(*second_eager, *second);
+  auto pool = new_pool();
+  auto layer1 = wrap(pool, first, "mlp1");
+  auto layer2 = wrap(pool, second, "mlp2");
+  auto loss_fn = must(cgt::torch::make_autograd_function(
+      pool, [](Inputs in) { return Values{torch::mse_loss(in[0], in[1])}; }, {.name = "mse"}));
+  auto parameters = first->parameters();
+  for (const auto& p : second->parameters()) parameters.push_back(p);
+  auto parameters_eager = first_eager->parameters();
+  for (const auto& p : second_eager->parameters()) parameters_eager.push_back(p);
+  const auto options = torch::optim::SGDOptions(0.05).momentum(0.9);
+  torch::optim::SGD optimizer(parameters, options);
+  torch::optim::SGD optimizer_eager(parameters_eager, options);
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> targets;
+  for (int i = 0; i < 4; ++i) {
+    inputs.push_back(at::randn({16, 8}, H::cuda()));
+    targets.push_back(at::randn({16, 4}, H::cuda()));
+  }
+  double worst = 0;
+  for (int step = 0; step < 100; ++step) {
+    const at::Tensor& x = inputs[static_cast<std::size_t>(step % 4)];
+    const at::Tensor& y = targets[static_cast<std::size_t>(step % 4)];
+    pool.mark_step_begin();
+    optimizer.zero_grad();
+    at::Tensor loss_value;
+    {
+      auto hidden = must(layer1({x}));
+      auto out = must(layer2({hidden[0]}));
+      auto loss = must(loss_fn({out[0], y}));
+      loss[0].backward();
+      loss_value = must(loss.take(0));
+    }
+    optimizer.step();
+
+    optimizer_eager.zero_grad();
+    const at::Tensor loss_eager = torch::mse_loss(second_eager->forward(first_eager->forward(x)), y);
+    loss_eager.backward();
+    optimizer_eager.step();
+    worst = std::max(worst, (loss_value - loss_eager.detach()).abs().item<double>());
+  }
+  INFO("largest loss difference " << worst);
+  CHECK(worst <= 1e-5);
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    INFO("parameter " << i);
+    CHECK(close(parameters[i], parameters_eager[i]));
+  }
+  CHECK(pool.stats().replays >= 6 * 97);
+  CHECK(path_functions(pool) == std::vector<std::string>{"mlp1.forward", "mlp2.forward", "mse.forward", "mse.backward",
+                                                         "mlp2.backward", "mlp1.backward"});
+}
