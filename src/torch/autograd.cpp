@@ -12,6 +12,7 @@ module;
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
+#include <c10/util/strides.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -431,10 +432,14 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
       }
       if (uniform) {
         state->flat = at::zeros({total}, params.front().options().requires_grad(false));
-        std::int64_t at = 0;
+        std::int64_t offset = 0;
         for (const at::Tensor& p : params) {
-          state->gradients.push_back(state->flat.narrow(0, at, p.numel()).view(p.sizes()));
-          at += p.numel();
+          // A tensor over the flat storage, not an autograd view of it: optimizers' zero_grad()
+          // detach_()es a .grad(), which libtorch refuses for a view.
+          at::Tensor gradient = at::empty({0}, state->flat.options());
+          gradient.set_(state->flat.storage(), offset, p.sizes(), c10::contiguous_strides(p.sizes()));
+          state->gradients.push_back(std::move(gradient));
+          offset += p.numel();
         }
       } else {
         for (const at::Tensor& p : params) {
@@ -507,17 +512,17 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
         if (differentiated.empty() || targets.empty()) return result;
         const auto grads = ::torch::autograd::grad(differentiated, targets, grad_outputs, /*retain_graph=*/false,
                                                    /*create_graph=*/false, /*allow_unused=*/true);
-        std::size_t at = 0;
+        std::size_t next_grad = 0;
         for (std::size_t i = 0; i < n; ++i) {
           if (!bit(input_mask, i)) continue;
-          result[i] = grads[at++];
+          result[i] = grads[next_grad++];
           // A gradient passed straight through (an addition's) is one of this call's inputs: an
           // output must be memory the call made.
           if (result[i].defined() && aliases_any(result[i], in)) result[i] = result[i].clone();
         }
         const at::NoGradGuard no_grad;
-        for (std::size_t p = 0; p < parameters.size(); ++p, ++at) {
-          if (grads[at].defined()) gradients[p].add_(grads[at]);
+        for (std::size_t p = 0; p < parameters.size(); ++p, ++next_grad) {
+          if (grads[next_grad].defined()) gradients[p].add_(grads[next_grad]);
         }
         return result;
       },
