@@ -249,6 +249,8 @@ class Sequence {
     auto pool = cgt::host::make_pool(std::move(options));
     expect(pool.has_value(), "make_pool failed: " + (pool ? std::string() : pool.error().describe()));
     pool_.emplace(std::move(*pool));
+    // The program marks its steps (so forwards begin none by themselves: the model's steps are these).
+    new_step();
     auto device = pool_->device();
     expect(device.has_value(), "device() of a new pool failed");
     arena_ = &device->get().arena();
@@ -279,13 +281,19 @@ class Sequence {
     std::string name;
     bool dropped = false;
     bool called = false;  // a call succeeded: its signature (count, types, ranks) is fixed
+    cgt::FunctionMode mode = cgt::FunctionMode::inference;
   };
 
   void add(const FnDef& def) {
     Fn fn{def, std::make_shared<Control>(), std::nullopt, def.name + "#" + std::to_string(fns_.size()), false, false};
-    auto added = pool_->add_function(
-        def.make(fn.control),
-        {.name = fn.name, .static_inputs = def.statics, .mutated_inputs = def.mutated, .graph_sizes = def.graph_sizes});
+    // Any function may be a forward or a backward: the modes change when steps begin only before
+    // the program marks one (the walk marks one first), and which backward is pending.
+    fn.mode = static_cast<cgt::FunctionMode>(pick(3));
+    auto added = pool_->add_function(def.make(fn.control), {.name = fn.name,
+                                                            .static_inputs = def.statics,
+                                                            .mutated_inputs = def.mutated,
+                                                            .graph_sizes = def.graph_sizes,
+                                                            .mode = fn.mode});
     if (shut_down_) {
       expect(!added && added.error().code == Errc::pool_shut_down,
              "add_function after shutdown(): expected pool_shut_down");
@@ -618,6 +626,10 @@ class Sequence {
     }
     ++figures_.ok_calls;
     fn->called = true;
+    if (fn->mode != cgt::FunctionMode::inference) pending_backward_ = fn->mode == cgt::FunctionMode::forward;
+    expect(!pool_ || pool_->has_pending_backward() == pending_backward_,
+           "has_pending_backward() is not " + std::string(pending_backward_ ? "true" : "false") +
+               " after a call of a " + std::string(cgt::to_string(fn->mode)) + " function");
     ++figures_.kinds[std::string(cgt::to_string(result->kind()))];
     last_call_step_ = step_;
     log("  -> " + std::string(cgt::to_string(result->kind())) + " node " + std::to_string(result->node()));
@@ -1061,6 +1073,7 @@ class Sequence {
   std::uint64_t step_ = 0;
   std::uint64_t last_call_step_ = 0;     // step of the last successful call
   std::uint64_t last_attempt_step_ = 0;  // step of the last call, failed or not
+  bool pending_backward_ = false;        // a forward ran and no backward since (the pool says the same)
   std::size_t action_ = 0;
   std::uint64_t events_ = 0;
   bool limited_arena_ = false, or_error_ = false, static_error_ = false, copy_out_ = false;
