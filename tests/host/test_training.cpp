@@ -9,6 +9,7 @@
 // The caller plays autograd: it holds `saved`'s lease until it runs the backward, moving it in.
 #include <catch2/catch_test_macros.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -57,8 +58,8 @@ cgt::host::Pool make_pool(cgt::Options options = {}) {
 cgt::host::Function forward(cgt::host::Pool& pool, const std::string& name) {
   return must(pool.add_function(
       [](Context& ctx, Inputs in) {
-        Buffer y = ctx.allocate_like(in[0]);
-        Buffer saved = ctx.allocate_like(in[0]);
+        const Buffer y = ctx.allocate_like(in[0]);
+        const Buffer saved = ctx.allocate_like(in[0]);
         ctx.launch([x = in[0], w = in[1], y, saved] {
           for (std::size_t i = 0; i < x.numel(); ++i) {
             y.set(i, x.get(i) * w.get(i));
@@ -77,8 +78,8 @@ cgt::host::Function backward(cgt::host::Pool& pool, const std::string& name, cgt
   extra.mode = FunctionMode::backward;
   return must(pool.add_function(
       [](Context& ctx, Inputs in) {
-        Buffer gx = ctx.allocate_like(in[0]);
-        Buffer gw = ctx.allocate_like(in[0]);
+        const Buffer gx = ctx.allocate_like(in[0]);
+        const Buffer gw = ctx.allocate_like(in[0]);
         ctx.launch([gy = in[0], saved = in[1], w = in[2], gx, gw] {
           for (std::size_t i = 0; i < gy.numel(); ++i) {
             gx.set(i, gy.get(i) * w.get(i));
@@ -135,9 +136,8 @@ TEST_CASE("two layers' forwards and backwards form one path, replayed whole on l
     CHECK(output_values(grads2, 1) == repeat(xs * 2));  // d(y2)/d(w2) = y1
     CHECK(output_values(grads1, 0) == repeat(6));       // d(y2)/dx = w1 * w2
     CHECK(output_values(grads1, 1) == repeat(xs * 3));  // d(y2)/d(w1) = x * w2
-    const cgt::CallKind expected = step == 0   ? cgt::CallKind::warmup
-                                   : step == 1 ? cgt::CallKind::recording
-                                               : cgt::CallKind::replay;
+    const cgt::CallKind kinds[] = {cgt::CallKind::warmup, cgt::CallKind::recording, cgt::CallKind::replay};
+    const cgt::CallKind expected = kinds[std::min(step, 2)];
     CHECK(out1.kind() == expected);
     CHECK(out2.kind() == expected);
     CHECK(grads2.kind() == expected);
@@ -355,7 +355,7 @@ TEST_CASE("inference functions begin no step: their held outputs stay valid", "[
   auto pool = make_pool({.debug_checks = true});
   auto infer = must(pool.add_function(
       [](Context& ctx, Inputs in) {
-        Buffer y = ctx.allocate_like(in[0]);
+        const Buffer y = ctx.allocate_like(in[0]);
         ctx.launch([x = in[0], y] {
           for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) + 1);
         });
@@ -363,6 +363,7 @@ TEST_CASE("inference functions begin no step: their held outputs stay valid", "[
       },
       {.name = "infer"}));
   std::vector<cgt::host::Outputs> held;
+  held.reserve(4);
   for (int call = 0; call < 4; ++call) held.push_back(must(infer({filled({4}, call)})));
   for (std::size_t i = 0; i < held.size(); ++i) CHECK(output_values(held[i], 0) == repeat(1.0 + i));
   CHECK(pool.stats().steps_begun_by_forward == 0);
