@@ -53,13 +53,15 @@ constexpr std::size_t max_positions = 62;
 
 /// The default CUDA generator's philox offset: where the next random draw starts.
 std::uint64_t rng_offset(std::int16_t device) {
-  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(device);  // a handle: mutex() is not const
+  // A handle (mutex() is not const on a const one).
+  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(device));
   const std::lock_guard lock(generator.mutex());
   return generator.get<at::CUDAGeneratorImpl>()->philox_offset_per_thread();
 }
 
 void set_rng_offset(std::int16_t device, std::uint64_t offset) {
-  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(device);  // a handle: mutex() is not const
+  // A handle (mutex() is not const on a const one).
+  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(device));
   const std::lock_guard lock(generator.mutex());
   generator.get<at::CUDAGeneratorImpl>()->set_philox_offset_per_thread(offset);
 }
