@@ -123,7 +123,8 @@ class AutogradFunction {
   [[nodiscard]] Result<AutogradOutputs> operator()(const std::vector<at::Tensor>& inputs) const;
 
   [[nodiscard]] std::string_view name() const noexcept;
-  /// The three pool functions, for introspection (their names, their ids in the tree).
+  /// The three pool functions, for introspection (their names, their ids in the tree); only on a
+  /// handle that is not empty (moved from).
   [[nodiscard]] const Function& inference_function() const;
   [[nodiscard]] const Function& forward_function() const;
   [[nodiscard]] const Function& backward_function() const;
