@@ -34,4 +34,5 @@
 module;
 export module cgt.torch;
 export import cgt;
-export import :api;  // Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
+export import :api;    // Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
+export import :optim;  // capturable Adam and SGD, make_training_step (training: a whole step as one graph)
