@@ -1,8 +1,8 @@
 """One training step of the transformer of bench/training_bench.cpp in PyTorch: eager, and
 torch.compile(mode="reduce-overhead") with a capturable Adam stepping outside the compiled region,
 as a user would write it. Prints CSV lines like training_bench:
-    training,<method>,<cpu us/step>,<wall us/step>,<peak bytes>
-    python3 bench/training.py [steps]
+    training,<precision>,<method>,<cpu us/step>,<wall us/step>,<peak bytes>
+    python3 bench/training.py [steps] [fp32|tf32]
 """
 import math
 import statistics
@@ -92,32 +92,36 @@ def reduce_overhead(model, x, y, **compile_args):
     return step
 
 
-def run(name, make, x, y, steps):
+def run(precision, name, make, x, y, steps):
     torch.manual_seed(0)
     model = Transformer().cuda()
     torch.cuda.synchronize()
+    torch._C._cuda_clearCublasWorkspaces()  # every method counts its own, as training_bench
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     step = make(model, x, y)
     cpu, wall = measure(step, steps)
     torch.cuda.synchronize()
-    print(f"training,{name},{cpu:.3f},{wall:.3f},{torch.cuda.max_memory_allocated()}", flush=True)
+    print(f"training,{precision},{name},{cpu:.3f},{wall:.3f},{torch.cuda.max_memory_allocated()}", flush=True)
     del step, model
     torch.cuda.empty_cache()
 
 
 def main():
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    precision = sys.argv[2] if len(sys.argv) > 2 else "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     torch.manual_seed(0)
     x = torch.randn(BATCH, SEQ, HIDDEN, device="cuda")
     y = torch.randn(BATCH, SEQ, HIDDEN, device="cuda")
-    run("eager PyTorch", eager, x, y, steps)
+    run(precision, "eager PyTorch", eager, x, y, steps)
     try:
-        run("PyTorch reduce-overhead", lambda m, a, b: reduce_overhead(m, a, b, mode="reduce-overhead"), x, y, steps)
+        run(precision, "PyTorch reduce-overhead", lambda m, a, b: reduce_overhead(m, a, b, mode="reduce-overhead"), x, y, steps)
     except Exception as error:  # no Triton or no compiler on the machine: the trees without Inductor
         print(f"reduce-overhead failed ({type(error).__name__}: {str(error)[:200]}); "
               "using torch.compile(backend='cudagraphs')", file=sys.stderr)
         torch._dynamo.reset()
-        run("PyTorch reduce-overhead (cudagraphs backend)",
+        run(precision, "PyTorch reduce-overhead (cudagraphs backend)",
             lambda m, a, b: reduce_overhead(m, a, b, backend="cudagraphs"), x, y, steps)
 
 

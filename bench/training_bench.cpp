@@ -4,13 +4,15 @@
 // bench/training.py, PyTorch's torch.compile(mode="reduce-overhead") on the same model, and
 // bench/training_report.py makes bench/results/training.md).
 //
-//   training_bench [steps]
+//   training_bench [steps] [fp32|tf32]
 //
-// Prints CSV lines "training,<method>,<cpu us/step>,<wall us/step>,<peak bytes>". A method is a
+// Prints CSV lines "training,<precision>,<method>,<cpu us/step>,<wall us/step>,<peak bytes>"
+// (tf32: cuBLAS may use TF32 for float32 matmuls, in every method alike). A method is a
 // name and a function that, given a fresh model, returns the step to time: adding one (the
 // per-function forward and backward graphs) is one entry in `methods()`.
 #include <torch/torch.h>
 
+#include <ATen/cuda/CUDAContextLight.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <cuda_runtime_api.h>
 
@@ -122,14 +124,15 @@ Trainer eager_capturable(Transformer& model, const Data& data) {
           }};
 }
 
-Trainer cgt_whole_step(Transformer& model, const Data& data) {
+Trainer cgt_whole_step(Transformer& model, const Data& data, bool static_grads) {
   struct State {
     cgt::torch::Adam adam;
     cgt::torch::Pool pool;
     std::unique_ptr<cgt::torch::TrainingStep> step;
   };
-  auto state = std::make_shared<State>(State{must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3})),
-                                             must(cgt::torch::make_pool({.device = 0})), nullptr});
+  auto state = std::make_shared<State>(
+      State{must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3, .static_grads = static_grads})),
+            must(cgt::torch::make_pool({.device = 0})), nullptr});
   state->step = std::make_unique<cgt::torch::TrainingStep>(
       must(cgt::torch::make_training_step(state->pool, state->adam, [model](cgt::torch::Inputs in) mutable {
         return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])};
@@ -148,7 +151,9 @@ std::vector<Method> methods() {
   return {
       {"eager libtorch", eager_libtorch},
       {"eager libtorch (capturable Adam)", eager_capturable},
-      {"cgt whole-step graph", cgt_whole_step},
+      {"cgt whole-step graph", [](Transformer& m, const Data& d) { return cgt_whole_step(m, d, true); }},
+      {"cgt whole-step graph (per-step grads)",
+       [](Transformer& m, const Data& d) { return cgt_whole_step(m, d, false); }},
       // Slot: the forward and backward of the model as a cgt autograd function
       // (cgt::torch::make_autograd_function), the capturable Adam stepping eagerly after it.
       {"cgt per-function fwd+bwd graphs", {}},
@@ -183,6 +188,8 @@ Timing measure(const std::function<void()>& step, int steps) {
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 200;
+  const std::string precision = argc > 2 ? argv[2] : "fp32";
+  at::globalContext().setAllowTF32CuBLAS(precision == "tf32");
   if (!cgt::torch::is_available()) {
     std::cerr << "training_bench needs a CUDA device\n";
     return 1;
@@ -192,7 +199,7 @@ int main(int argc, char** argv) {
   const Data data{torch::randn({batch, seq, hidden}, gpu), torch::randn({batch, seq, hidden}, gpu)};
   for (const Method& method : methods()) {
     if (!method.make) {
-      std::printf("training,%s,nan,nan,nan\n", method.name.c_str());
+      std::printf("training,%s,%s,nan,nan,nan\n", precision.c_str(), method.name.c_str());
       continue;
     }
     Timing t;
@@ -201,6 +208,10 @@ int main(int argc, char** argv) {
       Transformer model;
       model->to(gpu);
       drain();
+      // Every method makes its own cuBLAS workspaces (one per thread and stream: the backward
+      // runs on autograd's thread), counted in its peak.
+      at::cuda::clearCublasWorkspaces();
+      c10::cuda::CUDACachingAllocator::emptyCache();
       // Peak from here: the model's parameters, then what the method allocates (its gradients,
       // optimizer state, activations, pool).
       c10::cuda::CUDACachingAllocator::resetPeakStats(0);
@@ -212,7 +223,8 @@ int main(int argc, char** argv) {
           stats.allocated_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak);
     }
     c10::cuda::CUDACachingAllocator::emptyCache();
-    std::printf("training,%s,%.3f,%.3f,%zu\n", method.name.c_str(), t.cpu_us, t.wall_us, t.peak_bytes);
+    std::printf("training,%s,%s,%.3f,%.3f,%zu\n", precision.c_str(), method.name.c_str(), t.cpu_us, t.wall_us,
+                t.peak_bytes);
     std::fflush(stdout);
   }
   return 0;

@@ -28,6 +28,9 @@
 // exists, AccumulateGrad adds into it in place, at its static address. Between steps, outside the
 // graph, the program may still call `zero_grad(true)` (`.grad` becomes undefined, as libtorch's
 // optimizers do): the training step puts the optimizer's tensor back before its next call.
+// (An optimizer made with `static_grads = false` owns no gradients: the training step sets them
+// to none at its start and end instead, so they are born and die inside one replay, never
+// crossing a call: eager `zero_grad(true)`'s memory, at the cost of `.grad` between steps.)
 module;
 #include <ATen/ATen.h>
 
@@ -50,6 +53,12 @@ struct AdamOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0;  ///< L2 penalty added to the gradient (Adam, not AdamW)
+  /// The gradients at static addresses, made with the optimizer (outside any pool) and zeroed in
+  /// place by the training step: `.grad` stays readable after each step, and the memory of the
+  /// gradients is held through the forward. False: the training step sets `.grad` to none at its
+  /// start and at its end, so the backward allocates the gradients inside the step's graph and
+  /// they die there (eager `zero_grad(true)`'s memory; `.grad` is undefined between steps).
+  bool static_grads = true;
 };
 
 /// SGD's hyper-parameters (libtorch's `SGDOptions`, without dampening).
@@ -58,6 +67,8 @@ struct SGDOptions {
   double momentum = 0;
   double weight_decay = 0;
   bool nesterov = false;
+  /// As `AdamOptions::static_grads`.
+  bool static_grads = true;
 };
 
 /// What the training step needs of an optimizer: the parameters, their gradients at static
@@ -84,9 +95,12 @@ class Optimizer {
   /// with `invalid_argument` where it is another tensor (a graph writes gradients at the address
   /// it recorded: a `.grad` assigned by the program would silently stop receiving them).
   [[nodiscard]] Result<void> attach_grads();
+  /// Whether the optimizer owns the gradients at static addresses (`AdamOptions::static_grads`).
+  [[nodiscard]] bool has_static_grads() const noexcept { return static_grads_; }
 
   [[nodiscard]] const std::vector<at::Tensor>& params() const noexcept { return params_; }
-  /// The gradients, one per parameter, at static addresses (what `.grad` is while attached).
+  /// The gradients, one per parameter, at static addresses (what `.grad` is while attached);
+  /// empty with `static_grads = false`.
   [[nodiscard]] const std::vector<at::Tensor>& grads() const noexcept { return grads_; }
   /// The step count, a float32 tensor on the device (one per parameter, as PyTorch's).
   [[nodiscard]] const std::vector<at::Tensor>& steps() const noexcept { return steps_; }
@@ -95,9 +109,10 @@ class Optimizer {
   Optimizer() = default;
   // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`)
   // and step counts; fails with `invalid_argument` naming the first unusable parameter.
-  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params);
-  // The update of the parameters at `index` (all of them, or those with a gradient).
-  virtual void update(const std::vector<std::size_t>& index) = 0;
+  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads);
+  // The update of the parameters at `index` (all of them, or those with a gradient), whose
+  // gradients are `grads`.
+  virtual void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
   // Picks `index` out of `all`.
   [[nodiscard]] static std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
                                                     const std::vector<std::size_t>& index);
@@ -106,6 +121,7 @@ class Optimizer {
   std::vector<at::Tensor> grads_;
   std::vector<at::Tensor> steps_;
   std::vector<std::size_t> all_;  // 0, 1, ..., n-1
+  bool static_grads_ = true;
 };
 
 /// Adam with its state on the device (PyTorch's `Adam(capturable=True)`, multi-tensor path):
@@ -118,7 +134,7 @@ class Adam final : public Optimizer {
 
  private:
   friend Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options);
-  void update(const std::vector<std::size_t>& index) override;
+  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
   AdamOptions options_;
   std::vector<at::Tensor> exp_avgs_;
   std::vector<at::Tensor> exp_avg_sqs_;
@@ -132,7 +148,7 @@ class SGD final : public Optimizer {
 
  private:
   friend Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options);
-  void update(const std::vector<std::size_t>& index) override;
+  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
   SGDOptions options_;
   std::vector<at::Tensor> momentum_buffers_;
 };
@@ -150,7 +166,8 @@ class TrainingStep {
  public:
   /// One step: puts back `.grad` where the program set it to none, then calls the function:
   /// gradients zeroed in place, the loss function, `backward()` on its first value, the
-  /// optimizer's step. Returns what the loss function returned, detached, as leases (the loss
+  /// optimizer's step. (Without static gradients: `.grad` set to none before, inside at the
+  /// start, and at the end of the function.) Returns what the loss function returned, detached, as leases (the loss
   /// first). Fails as `Function::operator()` does, and with `invalid_argument` when a `.grad`
   /// was replaced by another tensor (`Optimizer::attach_grads`).
   [[nodiscard]] Owning<Outputs> operator()(std::span<const Arg> args) const;

@@ -31,7 +31,7 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
 
 }  // namespace
 
-Result<void> Optimizer::adopt(std::vector<at::Tensor> params) {
+Result<void> Optimizer::adopt(std::vector<at::Tensor> params, bool static_grads) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (auto ok = check_param(params[i], i); !ok) return ok;
     for (std::size_t j = 0; j < i; ++j) {
@@ -44,12 +44,14 @@ Result<void> Optimizer::adopt(std::vector<at::Tensor> params) {
     c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < params.size(); ++i) {
       at::Tensor& p = params[i];
-      // The gradient keeps an existing `.grad`'s values (a program may accumulate before the first
-      // step) but is always a tensor of ours, made here: never one that lives in a pool.
-      at::Tensor grad = at::zeros_like(p, at::MemoryFormat::Preserve);
-      if (p.grad().defined()) grad.copy_(p.grad());
-      p.mutable_grad() = grad;
-      grads_.push_back(std::move(grad));
+      if (static_grads) {
+        // The gradient keeps an existing `.grad`'s values (a program may accumulate before the
+        // first step) but is always a tensor of ours, made here: never one that lives in a pool.
+        at::Tensor grad = at::zeros_like(p, at::MemoryFormat::Preserve);
+        if (p.grad().defined()) grad.copy_(p.grad());
+        p.mutable_grad() = grad;
+        grads_.push_back(std::move(grad));
+      }
       steps_.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
       all_.push_back(i);
     }
@@ -57,6 +59,7 @@ Result<void> Optimizer::adopt(std::vector<at::Tensor> params) {
     return fail(Errc::backend_error, std::string("making the optimizer's state: ") + e.what());
   }
   params_ = std::move(params);
+  static_grads_ = static_grads;
   return {};
 }
 
@@ -73,19 +76,22 @@ void Optimizer::step() {
   // Host decisions about which parameters have a gradient: in a graph they are taken once, when
   // it is recorded (the training step attaches every gradient first, so all of them take part).
   std::vector<std::size_t> with_grad;
+  std::vector<at::Tensor> grads;
   with_grad.reserve(params_.size());
+  grads.reserve(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
-    if (!grad.is_same(grads_[i])) {
+    if (static_grads_ && !grad.is_same(grads_[i])) {
       grads_[i].copy_(grad);
       p.mutable_grad() = grads_[i];
     }
     with_grad.push_back(i);
+    grads.push_back(p.grad());
   }
   if (with_grad.empty()) return;
-  update(with_grad.size() == all_.size() ? all_ : with_grad);
+  update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -104,6 +110,7 @@ void Optimizer::zero_grad(bool set_to_none) {
 }
 
 Result<void> Optimizer::attach_grads() {
+  if (!static_grads_) return {};  // per-step gradients: nothing to attach
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     if (!p.grad().defined()) {
@@ -125,7 +132,7 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
   }
   Adam adam;
   adam.options_ = options;
-  if (auto ok = adam.adopt(std::move(params)); !ok) return std::unexpected(std::move(ok.error()));
+  if (auto ok = adam.adopt(std::move(params), options.static_grads); !ok) return std::unexpected(std::move(ok.error()));
   try {
     c10::NoGradGuard no_grad;
     for (const at::Tensor& p : adam.params_) {
@@ -140,9 +147,8 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
 
 // PyTorch's _multi_tensor_adam with capturable=True (torch/optim/adam.py), op for op: the step
 // counts and bias corrections stay on the device.
-void Adam::update(const std::vector<std::size_t>& index) {
+void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
-  std::vector<at::Tensor> grads = pick(grads_, index);
   const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
   const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
   const std::vector<at::Tensor> steps = pick(steps_, index);
@@ -181,7 +187,7 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   }
   SGD sgd;
   sgd.options_ = options;
-  if (auto ok = sgd.adopt(std::move(params)); !ok) return std::unexpected(std::move(ok.error()));
+  if (auto ok = sgd.adopt(std::move(params), options.static_grads); !ok) return std::unexpected(std::move(ok.error()));
   if (options.momentum != 0) {
     try {
       c10::NoGradGuard no_grad;
@@ -197,9 +203,8 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
 
 // libtorch's SGD without dampening. Its first step sets the buffer to the gradient; a buffer of
 // zeros times the momentum, plus the gradient, is that same value, with no host branch.
-void SGD::update(const std::vector<std::size_t>& index) {
+void SGD::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
-  std::vector<at::Tensor> grads = pick(grads_, index);
   const auto& o = options_;
   at::_foreach_add_(pick(steps_, index), 1);
   if (o.weight_decay != 0) grads = at::_foreach_add(grads, params, o.weight_decay);

@@ -23,13 +23,16 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
   if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   auto step = [optimizer = &optimizer, loss = std::move(loss)](Inputs in) mutable -> Values {
     const c10::AutoGradMode grad_on(true);
-    // In place: the gradients stay at their static addresses (see cgt.torch-optim.cppm).
-    optimizer->zero_grad(false);
+    // Static gradients are zeroed in place, at their addresses; per-step ones are set to none, so
+    // that the backward allocates them in this call (see cgt.torch-optim.cppm).
+    const bool static_grads = optimizer->has_static_grads();
+    optimizer->zero_grad(!static_grads);
     Values out = loss(std::move(in));
     TORCH_CHECK(!out.empty() && out[0].defined() && out[0].numel() == 1,
                 "a training step's loss function returns the loss (one element) first");
     out[0].backward();
     optimizer->step();
+    if (!static_grads) optimizer->zero_grad(true);  // they die here, inside the step's graph
     for (at::Tensor& value : out) {
       if (value.defined()) value = value.detach();
     }
@@ -41,7 +44,9 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
 }
 
 Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
-  // `.grad` set to none between steps: the graph still writes the optimizer's tensors; put them back.
+  // `.grad` set to none between steps: the graph still writes the optimizer's tensors; put them
+  // back. Per-step gradients: a `.grad` the program set between steps is not the graph's; drop it.
+  if (!optimizer_->has_static_grads()) optimizer_->zero_grad(true);
   if (auto attached = optimizer_->attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   return function_(args);
 }

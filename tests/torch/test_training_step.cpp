@@ -93,7 +93,7 @@ struct Run {
   std::vector<torch::Tensor> params;
 };
 
-enum class Method { graph, graph_set_to_none, eager_capturable, eager_libtorch };
+enum class Method { graph, graph_set_to_none, graph_per_step_grads, eager_capturable, eager_libtorch };
 
 // Trains a fresh model (same seed, same data) with Adam by `method`.
 template <class Model>
@@ -124,7 +124,8 @@ Run train(Method method, const std::vector<Batch>& data, cgt::Stats* stats = nul
       losses.push_back(loss.detach());
     }
   } else {
-    auto adam = must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3}));
+    const bool static_grads = method != Method::graph_per_step_grads;
+    auto adam = must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3, .static_grads = static_grads}));
     auto pool = must(cgt::torch::make_pool({.device = 0}));
     auto step = must(cgt::torch::make_training_step(
         pool, adam, [&](cgt::torch::Inputs in) { return cgt::torch::Values{loss_of(in[0], in[1])}; }));
@@ -137,6 +138,11 @@ Run train(Method method, const std::vector<Batch>& data, cgt::Stats* stats = nul
       if (method == Method::graph_set_to_none) adam.zero_grad(true);  // between steps, outside the graph
       // .grad and the optimizer's state stay where they were made: never in the pool.
       for (std::size_t i = 0; i < adam.params().size(); ++i) {
+        if (!static_grads) {  // born and dead inside the step
+          REQUIRE_FALSE(adam.params()[i].grad().defined());
+          REQUIRE_FALSE(device.contains(reinterpret_cast<std::uintptr_t>(adam.exp_avgs()[i].data_ptr())));
+          continue;
+        }
         if (method == Method::graph) REQUIRE(adam.params()[i].grad().is_same(adam.grads()[i]));
         REQUIRE_FALSE(device.contains(reinterpret_cast<std::uintptr_t>(adam.grads()[i].data_ptr())));
         REQUIRE_FALSE(device.contains(reinterpret_cast<std::uintptr_t>(adam.exp_avgs()[i].data_ptr())));
@@ -216,6 +222,23 @@ TEST_CASE("training/zero_grad_set_to_none_between_steps", "[gpu][training]") {
   cgt::Stats stats;
   const Run graph = train<Mlp>(Method::graph_set_to_none, data, &stats);
   const Run eager = train<Mlp>(Method::eager_capturable, data);
+  CHECK(stats.replays == steps - 2);
+  const Difference d = difference(graph, eager);
+  CHECK(d.loss <= 1e-5);
+  CHECK(d.param <= 1e-5);
+}
+
+// Gradients that live inside the step only (static_grads = false): .grad is set to none at the
+// start and end of the step, the backward allocates it in the graph's pool, the optimizer reads it
+// there. The same training, with eager zero_grad(true)'s memory.
+TEST_CASE("training/per_step_grads_whole_step_graph_trains_as_eager", "[gpu][training]") {
+  REQUIRE_GPU();
+  const auto data = batches({4, 16, 64}, {4, 16, 64});
+  cgt::Stats stats;
+  const Run graph = train<Block>(Method::graph_per_step_grads, data, &stats);
+  const Run eager = train<Block>(Method::eager_capturable, data);
+  CHECK(stats.warmups == 1);
+  CHECK(stats.recordings == 1);
   CHECK(stats.replays == steps - 2);
   const Difference d = difference(graph, eager);
   CHECK(d.loss <= 1e-5);
