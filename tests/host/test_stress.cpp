@@ -128,6 +128,7 @@ class Graveyard {
 struct Figures {
   std::uint64_t seeds = 0, sequences = 0, actions = 0, calls = 0, ok_calls = 0, checks = 0, failures = 0;
   std::uint64_t dropped_elsewhere = 0, dropped_during_call = 0;  // [threads]: handles the other thread dropped
+  std::uint64_t forward_steps = 0;                               // calls of forwards that began a step
   std::map<std::string, std::uint64_t> errors;                   // Errc name -> calls that gave it
   std::map<std::string, std::uint64_t> kinds;                    // CallKind name -> successful calls
   std::vector<std::string> failure_reports;
@@ -249,6 +250,12 @@ class Sequence {
     auto pool = cgt::host::make_pool(std::move(options));
     expect(pool.has_value(), "make_pool failed: " + (pool ? std::string() : pool.error().describe()));
     pool_.emplace(std::move(*pool));
+    // A third of the programs mark a step first: from then on forwards begin none by themselves.
+    // A third never mark one: their steps are the ones forwards begin. The rest let forwards
+    // begin steps until their first mark_step_begin().
+    const auto steps = pick(3);
+    if (steps == 0) new_step();
+    never_marks_steps_ = steps == 1;
     auto device = pool_->device();
     expect(device.has_value(), "device() of a new pool failed");
     arena_ = &device->get().arena();
@@ -279,13 +286,19 @@ class Sequence {
     std::string name;
     bool dropped = false;
     bool called = false;  // a call succeeded: its signature (count, types, ranks) is fixed
+    cgt::FunctionMode mode = cgt::FunctionMode::inference;
   };
 
   void add(const FnDef& def) {
     Fn fn{def, std::make_shared<Control>(), std::nullopt, def.name + "#" + std::to_string(fns_.size()), false, false};
-    auto added = pool_->add_function(
-        def.make(fn.control),
-        {.name = fn.name, .static_inputs = def.statics, .mutated_inputs = def.mutated, .graph_sizes = def.graph_sizes});
+    // Any function may be a forward or a backward: the modes change when steps begin only before
+    // the program marks one (the walk marks one first), and which backward is pending.
+    fn.mode = static_cast<cgt::FunctionMode>(pick(3));
+    auto added = pool_->add_function(def.make(fn.control), {.name = fn.name,
+                                                            .static_inputs = def.statics,
+                                                            .mutated_inputs = def.mutated,
+                                                            .graph_sizes = def.graph_sizes,
+                                                            .mode = fn.mode});
     if (shut_down_) {
       expect(!added && added.error().code == Errc::pool_shut_down,
              "add_function after shutdown(): expected pool_shut_down");
@@ -511,6 +524,7 @@ class Sequence {
   void call(Fn* fn = nullptr, std::optional<std::int64_t> length = std::nullopt) {
     if (fn == nullptr) fn = random_function();
     if (fn == nullptr || !fn->handle) return;
+    before_pool_call(*fn);
     const FnDef& def = fn->def;
     std::vector<cgt::host::Arg> args;
     std::vector<Input> inputs;
@@ -618,6 +632,10 @@ class Sequence {
     }
     ++figures_.ok_calls;
     fn->called = true;
+    if (fn->mode != cgt::FunctionMode::inference) pending_backward_ = fn->mode == cgt::FunctionMode::forward;
+    expect(!pool_ || pool_->has_pending_backward() == pending_backward_,
+           "has_pending_backward() is not " + std::string(pending_backward_ ? "true" : "false") +
+               " after a call of a " + std::string(cgt::to_string(fn->mode)) + " function");
     ++figures_.kinds[std::string(cgt::to_string(result->kind()))];
     last_call_step_ = step_;
     log("  -> " + std::string(cgt::to_string(result->kind())) + " node " + std::to_string(result->node()));
@@ -845,9 +863,20 @@ class Sequence {
   }
 
   void new_step() {
-    if (!pool_) return;
+    if (!pool_ || never_marks_steps_) return;
     log("mark_step_begin");
     pool_->mark_step_begin();
+    program_marks_steps_ = true;
+    ++step_;
+  }
+
+  /// A call of `fn` is about to reach its pool: a forward begins a step there when the program
+  /// never marked one and no backward is pending. (The pool does so only while a path exists;
+  /// without one no lease is reclaimable, so the model need not know.)
+  void before_pool_call(const Fn& fn) {
+    if (fn.mode != cgt::FunctionMode::forward || shut_down_ || program_marks_steps_ || pending_backward_) return;
+    log("(the forward " + fn.name + " begins a step)");
+    ++figures_.forward_steps;
     ++step_;
   }
 
@@ -899,6 +928,7 @@ class Sequence {
       text = "with rank-3 inputs";
     }
     log(fn->name + " " + text);
+    before_pool_call(*fn);
     auto result = (*fn->handle)(std::span<const cgt::host::Arg>(args));
     ++figures_.calls;
     expect(!result, "the call " + text + " succeeded");
@@ -967,6 +997,7 @@ class Sequence {
       }
       if (reused) continue;
       log(fn->name + "(escaped value of reclaimed lease " + std::to_string(h) + ")");
+      before_pool_call(*fn);
       auto result = (*fn->handle)({held.escaped});
       ++figures_.calls;
       last_attempt_step_ = step_;
@@ -1061,6 +1092,9 @@ class Sequence {
   std::uint64_t step_ = 0;
   std::uint64_t last_call_step_ = 0;     // step of the last successful call
   std::uint64_t last_attempt_step_ = 0;  // step of the last call, failed or not
+  bool pending_backward_ = false;        // a forward ran and no backward since (the pool says the same)
+  bool program_marks_steps_ = false;     // mark_step_begin() was called: forwards begin no step
+  bool never_marks_steps_ = false;       // the program leaves steps to its forwards
   std::size_t action_ = 0;
   std::uint64_t events_ = 0;
   bool limited_arena_ = false, or_error_ = false, static_error_ = false, copy_out_ = false;
@@ -1107,6 +1141,7 @@ void report(const char* mode, const Config& config, const Figures& figures) {
             << figures.ok_calls << " succeeded), checks " << figures.checks << ", failures " << figures.failures
             << "\n  call kinds:";
   for (const auto& [kind, count] : figures.kinds) std::cout << " " << kind << "=" << count;
+  std::cout << "\n  calls of forwards that began a step: " << figures.forward_steps;
   if (figures.dropped_elsewhere > 0) {
     std::cout << "\n  handles dropped on the other thread: " << figures.dropped_elsewhere << " ("
               << figures.dropped_during_call << " while the main thread was in a call)";
