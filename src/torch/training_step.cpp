@@ -27,7 +27,7 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
     // that the backward allocates them in this call (see cgt.torch-optim.cppm).
     const bool static_grads = optimizer->has_static_grads();
     optimizer->zero_grad(!static_grads);
-    Values out = loss(std::move(in));
+    Values out = loss(in);
     TORCH_CHECK(!out.empty() && out[0].defined() && out[0].numel() == 1,
                 "a training step's loss function returns the loss (one element) first");
     out[0].backward();
