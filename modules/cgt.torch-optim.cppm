@@ -187,12 +187,13 @@ class TrainingStep {
 };
 
 /// Adds the training step to `pool`: `loss(inputs)` returns the loss first (a tensor of one
-/// element; more values may follow, returned too). The optimizer must outlive the step and hold
-/// every parameter the loss trains (a parameter it does not hold would get a `.grad` allocated in
-/// the pool). The inputs (batch, target) are copied into the graph on each call unless declared
-/// static in `options`. Runs with grad mode on whatever the caller's is. `options.mode` must be
-/// `inference` (the step is whole: no backward follows it); fails with `invalid_argument`
-/// otherwise, and as `Pool::add_function` does.
+/// element; more values may follow, returned too). The optimizer must outlive the step (and stay
+/// where it is: the step keeps its address) and hold every parameter the loss trains (a
+/// parameter it does not hold would get a `.grad` allocated in the pool). The inputs (batch,
+/// target) are copied into the graph on each call unless declared static in `options`. The
+/// function runs with grad mode on, whatever the caller's is. `options.mode` must be `inference`
+/// (the step is whole: no backward follows it); fails with `invalid_argument` otherwise, and as
+/// `Pool::add_function` does.
 [[nodiscard]] Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
                                                       FunctionOptions options = {.name = "training_step"});
 
