@@ -36,3 +36,4 @@ export module cgt.torch;
 export import cgt;
 export import :api;       // Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
 export import :autograd;  // AutogradFunction, make_autograd_function: pool functions in libtorch's autograd
+export import :optim;     // capturable Adam and SGD, make_training_step (training: a whole step as one graph)

@@ -13,8 +13,9 @@ rounds=3
 build=build-gpu
 if [ ! -x "$build/bench/gpu_bench" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON >"$out/configure.log" 2>&1
-  cmake --build "$build" -j "$jobs" --target gpu_bench >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+  cmake --build "$build" -j "$jobs" --target gpu_bench training_bench >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 fi
+[ -x "$build/bench/training_bench" ] || cmake --build "$build" -j "$jobs" --target training_bench >>"$out/build.log" 2>&1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 commit="${CGT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"  # the device copy has no .git
 : >"$out/results.csv"
@@ -31,4 +32,10 @@ for what in memory scaling capture; do
 done
 trees memory || exit 1
 trees capture || exit 1
+# Training: one step of a small transformer, eager, cgt's whole-step graph, and reduce-overhead.
+for precision in fp32 tf32; do
+  "$build/bench/training_bench" 200 $precision | tee -a "$out/results.csv" || exit 1
+  PYTHONUNBUFFERED=1 python3 bench/training.py 200 $precision 2>>"$out/pytorch.log" | tee -a "$out/results.csv" || exit 1
+done
 python3 bench/report.py "$out/results.csv" "$out" "$commit" "$gpu"
+python3 bench/training_report.py "$out/results.csv" "$out" "$commit" "$gpu"

@@ -84,6 +84,12 @@ leak_check=no
 timed "  ... pools on several threads" memcheck-torch-threads.txt memcheck torch-threads cgt_torch_tests "[threads]"
 leak_check=full
 cat "$logs/memcheck-torch-threads.txt"
+# Training: the backward runs on autograd's device thread, whose cuBLAS handle libtorch never
+# destroys (as for the pools on several threads above): memory is checked, leaks are not.
+leak_check=no
+timed "compute-sanitizer training tests" memcheck-training.txt memcheck training cgt_torch_training_tests "[training]"
+leak_check=full
+cat "$logs/memcheck-training.txt"
 if [ -x "$build/tests/cgt_cuda_tests" ]; then
   timed "compute-sanitizer cgt.cuda tests" memcheck-cuda.txt \
     memcheck cuda cgt_cuda_tests "~[property]~[provokes-api-errors]"
@@ -96,6 +102,11 @@ fi
 if [ -x "$build/examples/torch_decoder" ]; then
   timed "example torch_decoder" decoder.log bash -c "cd '$logs' && '$root/$build/examples/torch_decoder'"
   cat "$logs/decoder.log"
+fi
+
+if [ -x "$build/examples/torch_training" ]; then
+  timed "example torch_training" training.log bash -c "cd '$logs' && '$root/$build/examples/torch_training'"
+  tail -3 "$logs/training.log"
 fi
 
 echo

@@ -1,0 +1,62 @@
+"""The training tables (bench/results/training.md) from the "training,..." CSV lines of
+training_bench and bench/training.py, one table per precision.
+Usage: python3 bench/training_report.py results.csv out_dir "<commit>" "<gpu>"."""
+import collections
+import math
+import sys
+
+EAGER = "eager libtorch"
+WHOLE = ["cgt whole-step graph", "cgt whole-step graph (per-step grads)"]
+TARGET_SPEEDUP, TARGET_MEMORY = 5.0, 1.05
+PRECISION = {"fp32": "fp32 matmuls", "tf32": "TF32 matmuls (cuBLAS, every method alike)"}
+
+
+def table(precision, rows):
+    reduce = next((rows[m] for m in rows if m.startswith("PyTorch reduce-overhead")), None)
+    eager_peak = rows.get(EAGER, (math.nan,) * 3)[2]
+    lines = [f"\n### {PRECISION.get(precision, precision)}\n\n",
+             "| method | CPU us/step | wall us/step | peak MiB | peak vs eager libtorch | wall: reduce-overhead / this |\n",
+             "|---|---|---|---|---|---|\n"]
+    for name, (cpu, wall, peak) in rows.items():
+        if math.isnan(cpu):
+            lines.append(f"| {name} | – | – | – | – | – (not measured yet) |\n")
+            continue
+        speedup = f"{reduce[1] / wall:.2f}x" if reduce else "–"
+        lines.append(f"| {name} | {cpu:.1f} | {wall:.1f} | {peak / 2**20:.1f} | {peak / eager_peak:.3f}x | {speedup} |\n")
+    for whole in WHOLE:
+        if whole in rows and reduce:
+            cpu, wall, peak = rows[whole]
+            speed_ok = reduce[1] / wall >= TARGET_SPEEDUP
+            memory_ok = peak / eager_peak <= TARGET_MEMORY
+            lines.append(f"\n{whole}: wall time {reduce[1] / wall:.2f}x below reduce-overhead (target "
+                         f"{TARGET_SPEEDUP:.0f}x: {'met' if speed_ok else 'NOT met'}); peak memory "
+                         f"{(peak / eager_peak - 1) * 100:+.1f}% against eager libtorch (target at most "
+                         f"+{(TARGET_MEMORY - 1) * 100:.0f}%: {'met' if memory_ok else 'NOT met'}).\n")
+    return lines
+
+
+def main(path, out_dir, commit, gpu):
+    by_precision = collections.OrderedDict()
+    for line in open(path):
+        parts = line.strip().split(",")
+        if len(parts) == 6 and parts[0] == "training":
+            by_precision.setdefault(parts[1], collections.OrderedDict())[parts[2]] = tuple(float(v) for v in parts[3:])
+    lines = [f"Measured on {gpu}, commit {commit}, by scripts/gpu-bench.sh (or scripts/gpu-training.sh).\n\n",
+             "One training step (forward, backward, Adam) of a transformer: 2 layers, hidden 256, 4 heads, "
+             "batch 8, seq 64, float32 (tensors; the matmuls in fp32 or TF32 per table). CPU time: median per "
+             "step, the GPU's queue drained every 4 steps (not timed); wall time: steps back to back, then a "
+             "synchronisation. Peak: the caching allocator's peak of allocated bytes from the model's creation on "
+             "(parameters included; cuBLAS workspaces cleared before each method, so each counts its own). The "
+             "C++ methods run in bench/training_bench.cpp (eager libtorch: torch::optim::Adam, zero_grad(true)); "
+             "the Python ones in bench/training.py (reduce-overhead compiles the loss; Adam(capturable=True) "
+             "steps outside it, zero_grad(set_to_none=True)). cgt whole-step graph: cgt::torch::make_training_step "
+             "with the capturable Adam, gradients at static addresses; (per-step grads): static_grads = false.\n"]
+    for precision, rows in by_precision.items():
+        lines += table(precision, rows)
+    text = "".join(lines)
+    open(f"{out_dir}/training.md", "w").write(text)
+    print(f"==> training.md\n{text}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])

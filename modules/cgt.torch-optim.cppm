@@ -1,0 +1,200 @@
+// cgt.torch:optim — training with graphs: capturable optimizers and the whole training step.
+//
+// libtorch's `torch::optim::Adam` keeps its step count on the host and computes the bias
+// corrections as host doubles: captured in a graph, they are constants, and every replay repeats
+// the first step's update. The optimizers here keep all their state on the device, allocated
+// when they are made (outside any pool: static addresses), and `step()` issues device work only,
+// no host synchronisation and no host value that changes from step to step (PyTorch's
+// `capturable=True`). They also own the parameters' `.grad` tensors: made (zeros) with the
+// optimizer, outside the pool, written in place by every backward.
+//
+// The whole training step (MLPerf's "whole iteration" graph) is one pool function that zeroes
+// the gradients in place, runs the forward and the backward and steps the optimizer:
+//
+//   auto adam = cgt::torch::make_adam(model->parameters(), {.lr = 1e-3});   // before the pool's first call
+//   auto train = cgt::torch::make_training_step(*pool, *adam,
+//       [&model](cgt::torch::Inputs in) {
+//         return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])};
+//       });
+//   for (auto& [x, y] : batches) {
+//     pool->mark_step_begin();
+//     auto loss = (*train)({x, y});    // warm-up, recording, then one graph launch per step
+//   }
+//
+// Why gradients are zeroed in place inside the graph, never set to none: with no `.grad`, the
+// backward's AccumulateGrad hands the parameter the gradient it just computed, memory the graph
+// allocated in its pool; a replay writes that memory again but cannot re-assign `.grad` (a host
+// action), and the optimizer's graph reads the address it saw when recording. With a `.grad` that
+// exists, AccumulateGrad adds into it in place, at its static address. Between steps, outside the
+// graph, the program may still call `zero_grad(true)` (`.grad` becomes undefined, as libtorch's
+// optimizers do): the training step puts the optimizer's tensor back before its next call.
+// (An optimizer made with `static_grads = false` owns no gradients: the training step sets them
+// to none at its start and end instead, so they are born and die inside one replay, never
+// crossing a call: eager `zero_grad(true)`'s memory, at the cost of `.grad` between steps.)
+module;
+#include <ATen/ATen.h>
+
+#include <cstddef>
+#include <initializer_list>
+#include <span>
+#include <utility>
+#include <vector>
+
+export module cgt.torch:optim;
+import cgt.backend;
+import :api;
+
+export namespace cgt::torch {
+
+/// Adam's hyper-parameters (libtorch's `AdamOptions`, without amsgrad); constants of the graph.
+struct AdamOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;  ///< L2 penalty added to the gradient (Adam, not AdamW)
+  /// The gradients at static addresses, made with the optimizer (outside any pool) and zeroed in
+  /// place by the training step: `.grad` stays readable after each step, and the memory of the
+  /// gradients is held through the forward. False: the training step sets `.grad` to none at its
+  /// start and at its end, so the backward allocates the gradients inside the step's graph and
+  /// they die there (eager `zero_grad(true)`'s memory; `.grad` is undefined between steps).
+  bool static_grads = true;
+};
+
+/// SGD's hyper-parameters (libtorch's `SGDOptions`, without dampening).
+struct SGDOptions {
+  double lr = 1e-2;
+  double momentum = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  /// As `AdamOptions::static_grads`.
+  bool static_grads = true;
+};
+
+/// What the training step needs of an optimizer: the parameters, their gradients at static
+/// addresses, and a `step()` made of device work only. Not copyable (the parameters' `.grad`
+/// are its tensors); movable.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  Optimizer(Optimizer&&) noexcept = default;
+  Optimizer& operator=(Optimizer&&) noexcept = default;
+
+  /// One update of every parameter whose `.grad` is defined, from device state only: capturable.
+  /// A `.grad` that is not the optimizer's tensor (the program, or an eager backward after
+  /// `zero_grad(true)`, put another there) is copied into the optimizer's and replaced by it.
+  /// Throws `c10::Error` as libtorch's ops do (inside a pool function the call then fails).
+  void step();
+  /// Zeroes the gradients in place (`set_to_none = false`: what a graph may do), or makes the
+  /// parameters' `.grad` undefined (`true`: outside a graph only; the optimizer keeps its tensors,
+  /// and `attach_grads()` puts them back).
+  void zero_grad(bool set_to_none = false);
+  /// Makes every parameter's `.grad` the optimizer's tensor again where it is undefined. Fails
+  /// with `invalid_argument` where it is another tensor (a graph writes gradients at the address
+  /// it recorded: a `.grad` assigned by the program would silently stop receiving them).
+  [[nodiscard]] Result<void> attach_grads();
+  /// Whether the optimizer owns the gradients at static addresses (`AdamOptions::static_grads`).
+  [[nodiscard]] bool has_static_grads() const noexcept { return static_grads_; }
+
+  [[nodiscard]] const std::vector<at::Tensor>& params() const noexcept { return params_; }
+  /// The gradients, one per parameter, at static addresses (what `.grad` is while attached);
+  /// empty with `static_grads = false`.
+  [[nodiscard]] const std::vector<at::Tensor>& grads() const noexcept { return grads_; }
+  /// The step count, a float32 tensor on the device (one per parameter, as PyTorch's).
+  [[nodiscard]] const std::vector<at::Tensor>& steps() const noexcept { return steps_; }
+
+ protected:
+  Optimizer() = default;
+  // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`)
+  // and step counts; fails with `invalid_argument` naming the first unusable parameter.
+  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads);
+  // The update of the parameters at `index` (all of them, or those with a gradient), whose
+  // gradients are `grads`.
+  virtual void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
+  // Picks `index` out of `all`.
+  [[nodiscard]] static std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
+                                                    const std::vector<std::size_t>& index);
+
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> grads_;
+  std::vector<at::Tensor> steps_;
+  std::vector<std::size_t> all_;  // 0, 1, ..., n-1
+  bool static_grads_ = true;
+};
+
+/// Adam with its state on the device (PyTorch's `Adam(capturable=True)`, multi-tensor path):
+/// bias corrections are computed on the device from the step tensors.
+class Adam final : public Optimizer {
+ public:
+  [[nodiscard]] const AdamOptions& options() const noexcept { return options_; }
+  [[nodiscard]] const std::vector<at::Tensor>& exp_avgs() const noexcept { return exp_avgs_; }
+  [[nodiscard]] const std::vector<at::Tensor>& exp_avg_sqs() const noexcept { return exp_avg_sqs_; }
+
+ private:
+  friend Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options);
+  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
+  AdamOptions options_;
+  std::vector<at::Tensor> exp_avgs_;
+  std::vector<at::Tensor> exp_avg_sqs_;
+};
+
+/// SGD (with momentum, Nesterov, weight decay) whose momentum buffers are made with it (zeros:
+/// the first step's buffer is the gradient, as libtorch's).
+class SGD final : public Optimizer {
+ public:
+  [[nodiscard]] const SGDOptions& options() const noexcept { return options_; }
+
+ private:
+  friend Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options);
+  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
+  SGDOptions options_;
+  std::vector<at::Tensor> momentum_buffers_;
+};
+
+/// A capturable Adam over `params` (CUDA, floating point, leaves that require grad): its state
+/// and the parameters' `.grad` are allocated now, on the caller's stream. Make it before the
+/// first call of any pool function that uses it (inside one, they would land in the pool).
+/// Fails with `invalid_argument` for an unusable parameter or option.
+[[nodiscard]] Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options = {});
+/// A capturable SGD, as `make_adam`.
+[[nodiscard]] Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options);
+
+/// The whole training step as one function of a pool (see the top of this file).
+class TrainingStep {
+ public:
+  /// One step: puts back `.grad` where the program set it to none, then calls the function:
+  /// gradients zeroed in place, the loss function, `backward()` on its first value, the
+  /// optimizer's step. (Without static gradients: `.grad` set to none before, inside at the
+  /// start, and at the end of the function.) Returns what the loss function returned, detached, as leases (the loss
+  /// first). Fails as `Function::operator()` does, and with `invalid_argument` when a `.grad`
+  /// was replaced by another tensor (`Optimizer::attach_grads`).
+  [[nodiscard]] Owning<Outputs> operator()(std::span<const Arg> args) const;
+  [[nodiscard]] Owning<Outputs> operator()(std::initializer_list<Arg> args) const {
+    return (*this)(std::span<const Arg>(args.begin(), args.size()));
+  }
+  /// The pool function (its name, its id).
+  [[nodiscard]] const Function& function() const noexcept { return function_; }
+
+ private:
+  friend Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
+                                                 FunctionOptions options);
+  TrainingStep(Function function, Optimizer& optimizer) noexcept
+      : function_(std::move(function)), optimizer_(&optimizer) {}
+  Function function_;
+  Optimizer* optimizer_;
+};
+
+/// Adds the training step to `pool`: `loss(inputs)` returns the loss first (a tensor of one
+/// element; more values may follow, returned too). The optimizer must outlive the step (and stay
+/// where it is: the step keeps its address) and hold every parameter the loss trains (a
+/// parameter it does not hold would get a `.grad` allocated in the pool). The inputs (batch,
+/// target) are copied into the graph on each call unless declared static in `options`. The
+/// function runs with grad mode on, whatever the caller's is. `options.mode` must be `inference`
+/// (the step is whole: no backward follows it); fails with `invalid_argument` otherwise, and as
+/// `Pool::add_function` does.
+[[nodiscard]] Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
+                                                      FunctionOptions options = {.name = "training_step"});
+
+}  // namespace cgt::torch

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Training with graphs on a GPU machine, focused: builds only the training tests, the training
+# benchmark and the training example; runs the [training] tests, one under compute-sanitizer, the
+# example, and the benchmark (C++ and PyTorch), and prints a summary last. Logs go to $OUT (or
+# build-gpu/training). From the project root:
+#   bash .carry/on-device.sh scripts/gpu-training.sh [bench steps]
+set -uo pipefail
+source "$(dirname "$0")/common.sh"
+cd "$root"
+logs="${OUT:-$root/build-gpu/training}"
+mkdir -p "$logs"
+build=build-gpu
+steps="${1:-200}"
+summary=()
+note() { summary+=("$1"); }
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
+  export CMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH:+$CMAKE_PREFIX_PATH:}$torch_prefix"
+fi
+capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
+arch_args=()
+if [ -n "$capability" ]; then
+  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$capability}"
+  arch_args+=(-DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-${capability/./}}")
+fi
+start=$SECONDS
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON "${arch_args[@]}" \
+  >"$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; exit 1; }
+cmake --build "$build" -j "$jobs" --target cgt_torch_training_tests training_bench torch_training >"$logs/build.log" 2>&1 ||
+  { grep -E "error" -A3 "$logs/build.log" | head -40; exit 1; }
+note "build: $((SECONDS - start))s"
+
+start=$SECONDS
+timeout 120 "$build/tests/cgt_torch_training_tests" "[training]" >"$logs/tests.log" 2>&1
+rc=$?
+grep -E "graph vs eager|FAILED|failed|with expansion|REQUIRE|CHECK" "$logs/tests.log" | head -40
+note "tests [training]: rc $rc, $(grep -E '^test cases|All tests passed' "$logs/tests.log" | tail -1) ($((SECONDS - start))s)"
+grep -E "graph vs eager" -A1 "$logs/tests.log" | grep -v "^--" | while read -r line; do echo "  $line"; done >"$logs/diffs.txt"
+
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+start=$SECONDS
+timeout 60 "$sanitizer" --tool memcheck --leak-check full "$build/tests/cgt_torch_training_tests" \
+  "training/grad_replaced_by_another_tensor_is_an_error" >"$logs/memcheck.log" 2>&1
+note "memcheck (grad_replaced test): rc $?, $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$logs/memcheck.log" | tr '\n' ' ') ($((SECONDS - start))s)"
+# The backward runs on autograd's device thread, whose cuBLAS handle libtorch never destroys (as
+# for any thread: see scripts/gpu-test.sh): the longer run checks memory, not leaks.
+start=$SECONDS
+timeout 60 "$sanitizer" --tool memcheck --leak-check no "$build/tests/cgt_torch_training_tests" \
+  "training/per_step_grads_whole_step_graph_trains_as_eager" >"$logs/memcheck-per-step.log" 2>&1
+note "memcheck (per_step_grads test, 200 steps): rc $?, $(grep -E 'ERROR SUMMARY' "$logs/memcheck-per-step.log" | tr '\n' ' ') ($((SECONDS - start))s)"
+
+(cd "$logs" && timeout 60 "$root/$build/examples/torch_training" >"$logs/example.log" 2>&1)
+note "example torch_training: rc $?, $(tail -1 "$logs/example.log")"
+cat "$logs/example.log"
+
+start=$SECONDS
+: >"$logs/results.csv"
+for precision in fp32 tf32; do
+  timeout 60 "$build/bench/training_bench" "$steps" $precision 2>>"$logs/bench.log" | tee -a "$logs/results.csv"
+  timeout "${PY_TIMEOUT:-150}" env PYTHONUNBUFFERED=1 python3 bench/training.py "$steps" $precision \
+    2>>"$logs/pytorch.log" | tee -a "$logs/results.csv"
+done
+tail -5 "$logs/pytorch.log"
+python3 bench/training_report.py "$logs/results.csv" "$logs" "${CGT_COMMIT:-unknown}" "$gpu"
+note "benchmark: $((SECONDS - start))s"
+
+echo
+echo "== summary ($gpu)"
+printf '%s\n' "${summary[@]}"
+cat "$logs/diffs.txt"

@@ -1,0 +1,224 @@
+// Capturable optimizers: state on the device, made with the optimizer; a step of device work only.
+module;
+#include <ATen/ATen.h>
+
+#include <c10/core/GradMode.h>
+
+#include <cstddef>
+#include <expected>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt.torch;
+import cgt.backend;
+
+namespace cgt::torch {
+
+namespace {
+
+Result<void> check_param(const at::Tensor& p, std::size_t i) {
+  const std::string which = "parameter " + std::to_string(i);
+  if (!p.defined()) return fail(Errc::invalid_argument, which + " is undefined");
+  if (!p.is_cuda()) return fail(Errc::invalid_argument, which + " is not on a CUDA device");
+  if (!p.is_floating_point()) return fail(Errc::invalid_argument, which + " is not floating point");
+  if (!(p.layout() == at::kStrided)) return fail(Errc::invalid_argument, which + " is not a dense strided tensor");
+  if (!p.requires_grad() || !p.is_leaf()) {
+    return fail(Errc::invalid_argument, which + " is not a leaf that requires grad: nothing would train it");
+  }
+  return {};
+}
+
+}  // namespace
+
+Result<void> Optimizer::adopt(std::vector<at::Tensor> params, bool static_grads) {
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (auto ok = check_param(params[i], i); !ok) return ok;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (params[j].is_same(params[i])) {
+        return fail(Errc::invalid_argument, "parameter " + std::to_string(i) + " is parameter " + std::to_string(j));
+      }
+    }
+  }
+  try {
+    c10::NoGradGuard no_grad;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      at::Tensor& p = params[i];
+      if (static_grads) {
+        // The gradient keeps an existing `.grad`'s values (a program may accumulate before the
+        // first step) but is always a tensor of ours, made here: never one that lives in a pool.
+        at::Tensor grad = at::zeros_like(p, at::MemoryFormat::Preserve);
+        if (p.grad().defined()) grad.copy_(p.grad());
+        p.mutable_grad() = grad;
+        grads_.push_back(std::move(grad));
+      }
+      steps_.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
+      all_.push_back(i);
+    }
+  } catch (const std::exception& e) {
+    return fail(Errc::backend_error, std::string("making the optimizer's state: ") + e.what());
+  }
+  params_ = std::move(params);
+  static_grads_ = static_grads;
+  return {};
+}
+
+std::vector<at::Tensor> Optimizer::pick(const std::vector<at::Tensor>& all, const std::vector<std::size_t>& index) {
+  if (index.size() == all.size()) return all;
+  std::vector<at::Tensor> picked;
+  picked.reserve(index.size());
+  for (std::size_t i : index) picked.push_back(all[i]);
+  return picked;
+}
+
+void Optimizer::step() {
+  c10::NoGradGuard no_grad;
+  // Host decisions about which parameters have a gradient: in a graph they are taken once, when
+  // it is recorded (the training step attaches every gradient first, so all of them take part).
+  std::vector<std::size_t> with_grad;
+  std::vector<at::Tensor> grads;
+  with_grad.reserve(params_.size());
+  grads.reserve(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    const at::Tensor& grad = p.grad();
+    if (!grad.defined()) continue;
+    if (static_grads_ && !grad.is_same(grads_[i])) {
+      grads_[i].copy_(grad);
+      p.mutable_grad() = grads_[i];
+    }
+    with_grad.push_back(i);
+    grads.push_back(p.grad());
+  }
+  if (with_grad.empty()) return;
+  update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  if (set_to_none) {
+    for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+    return;
+  }
+  c10::NoGradGuard no_grad;
+  // Gradients the program put in place of ours are zeroed too (as libtorch's zero_grad does).
+  std::vector<at::Tensor> grads;
+  grads.reserve(params_.size());
+  for (const at::Tensor& p : params_) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  if (!grads.empty()) at::_foreach_zero_(grads);
+}
+
+Result<void> Optimizer::attach_grads() {
+  if (!static_grads_) return {};  // per-step gradients: nothing to attach
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    if (!p.grad().defined()) {
+      p.mutable_grad() = grads_[i];
+    } else if (!p.grad().is_same(grads_[i])) {
+      return fail(Errc::invalid_argument,
+                  "parameter " + std::to_string(i) +
+                      "'s .grad was replaced by another tensor: a training step's graph writes the gradient at "
+                      "the address it recorded; set .grad to none (zero_grad(true)) or leave it alone");
+    }
+  }
+  return {};
+}
+
+Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
+  if (!(options.lr >= 0) || !(options.eps >= 0) || !(options.weight_decay >= 0) || !(options.beta1 >= 0) ||
+      !(options.beta1 < 1) || !(options.beta2 >= 0) || !(options.beta2 < 1)) {
+    return fail(Errc::invalid_argument, "Adam: lr, eps and weight_decay must be >= 0, betas in [0, 1)");
+  }
+  Adam adam;
+  adam.options_ = options;
+  if (auto ok = adam.adopt(std::move(params), options.static_grads); !ok) return std::unexpected(std::move(ok.error()));
+  try {
+    c10::NoGradGuard no_grad;
+    for (const at::Tensor& p : adam.params_) {
+      adam.exp_avgs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+      adam.exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+    }
+  } catch (const std::exception& e) {
+    return fail(Errc::backend_error, std::string("making Adam's state: ") + e.what());
+  }
+  return adam;
+}
+
+// PyTorch's _multi_tensor_adam with capturable=True (torch/optim/adam.py), op for op: the step
+// counts and bias corrections stay on the device.
+void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+  const std::vector<at::Tensor> params = pick(params_, index);
+  const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
+  const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
+  const std::vector<at::Tensor> steps = pick(steps_, index);
+  const auto& o = options_;
+
+  at::_foreach_add_(steps, 1);
+  if (o.weight_decay != 0) grads = at::_foreach_add(grads, params, o.weight_decay);
+  at::_foreach_lerp_(exp_avgs, grads, 1 - o.beta1);
+  at::_foreach_mul_(exp_avg_sqs, o.beta2);
+  at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - o.beta2);
+
+  // step_size = -lr / (1 - beta1^t), bias_correction2_sqrt = sqrt(1 - beta2^t), per parameter.
+  std::vector<at::Tensor> step_size = at::_foreach_pow(o.beta1, steps);
+  std::vector<at::Tensor> correction2_sqrt = at::_foreach_pow(o.beta2, steps);
+  at::_foreach_sub_(step_size, 1);
+  at::_foreach_sub_(correction2_sqrt, 1);
+  at::_foreach_neg_(correction2_sqrt);
+  at::_foreach_div_(step_size, o.lr);
+  at::_foreach_reciprocal_(step_size);
+  at::_foreach_sqrt_(correction2_sqrt);
+
+  // denom = -(1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps) / lr; param += m / denom.
+  std::vector<at::Tensor> denom = at::_foreach_sqrt(exp_avg_sqs);
+  at::_foreach_div_(denom, correction2_sqrt);
+  at::_foreach_add_(denom, o.eps);
+  at::_foreach_div_(denom, step_size);
+  at::_foreach_addcdiv_(params, exp_avgs, denom);
+}
+
+Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
+  if (!(options.lr >= 0) || !(options.momentum >= 0) || !(options.weight_decay >= 0)) {
+    return fail(Errc::invalid_argument, "SGD: lr, momentum and weight_decay must be >= 0");
+  }
+  if (options.nesterov && options.momentum <= 0) {
+    return fail(Errc::invalid_argument, "SGD: Nesterov momentum needs a momentum above 0");
+  }
+  SGD sgd;
+  sgd.options_ = options;
+  if (auto ok = sgd.adopt(std::move(params), options.static_grads); !ok) return std::unexpected(std::move(ok.error()));
+  if (options.momentum != 0) {
+    try {
+      c10::NoGradGuard no_grad;
+      for (const at::Tensor& p : sgd.params_) {
+        sgd.momentum_buffers_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+      }
+    } catch (const std::exception& e) {
+      return fail(Errc::backend_error, std::string("making SGD's state: ") + e.what());
+    }
+  }
+  return sgd;
+}
+
+// libtorch's SGD without dampening. Its first step sets the buffer to the gradient; a buffer of
+// zeros times the momentum, plus the gradient, is that same value, with no host branch.
+void SGD::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+  const std::vector<at::Tensor> params = pick(params_, index);
+  const auto& o = options_;
+  at::_foreach_add_(pick(steps_, index), 1);
+  if (o.weight_decay != 0) grads = at::_foreach_add(grads, params, o.weight_decay);
+  if (o.momentum != 0) {
+    const std::vector<at::Tensor> buffers = pick(momentum_buffers_, index);
+    at::_foreach_mul_(buffers, o.momentum);
+    at::_foreach_add_(buffers, grads);
+    if (o.nesterov) {
+      grads = at::_foreach_add(grads, buffers, o.momentum);
+    } else {
+      grads = buffers;
+    }
+  }
+  at::_foreach_add_(params, grads, -o.lr);
+}
+
+}  // namespace cgt::torch

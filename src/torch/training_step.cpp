@@ -1,0 +1,54 @@
+// The whole training step as one pool function: zero the gradients in place, forward, backward,
+// optimizer step.
+module;
+#include <ATen/ATen.h>
+
+#include <c10/core/GradMode.h>
+
+#include <expected>
+#include <span>
+#include <utility>
+#include <vector>
+
+module cgt.torch;
+import cgt.backend;
+
+namespace cgt::torch {
+
+Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss, FunctionOptions options) {
+  if (options.mode != FunctionMode::inference) {
+    return fail(Errc::invalid_argument,
+                "a training step is a whole step (forward, backward and update): its mode must be inference");
+  }
+  if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  auto step = [optimizer = &optimizer, loss = std::move(loss)](Inputs in) mutable -> Values {
+    const c10::AutoGradMode grad_on(true);
+    // Static gradients are zeroed in place, at their addresses; per-step ones are set to none, so
+    // that the backward allocates them in this call (see cgt.torch-optim.cppm).
+    const bool static_grads = optimizer->has_static_grads();
+    optimizer->zero_grad(!static_grads);
+    Values out = loss(in);
+    TORCH_CHECK(!out.empty() && out[0].defined() && out[0].numel() == 1,
+                "a training step's loss function returns the loss (one element) first");
+    out[0].backward();
+    optimizer->step();
+    if (!static_grads) optimizer->zero_grad(true);  // they die here, inside the step's graph
+    for (at::Tensor& value : out) {
+      if (value.defined()) value = value.detach();
+    }
+    return out;
+  };
+  auto function = pool.add_function(std::move(step), std::move(options));
+  if (!function) return std::unexpected(std::move(function.error()));
+  return TrainingStep(std::move(*function), optimizer);
+}
+
+Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
+  // `.grad` set to none between steps: the graph still writes the optimizer's tensors; put them
+  // back. Per-step gradients: a `.grad` the program set between steps is not the graph's; drop it.
+  if (!optimizer_->has_static_grads()) optimizer_->zero_grad(true);
+  if (auto attached = optimizer_->attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  return function_(args);
+}
+
+}  // namespace cgt::torch
