@@ -25,7 +25,7 @@ if [ -n "$capability" ]; then
   arch_args+=(-DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-${capability/./}}")
 fi
 start=$SECONDS
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON "${arch_args[@]}" \
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON -DCGT_BUILD_BENCHMARKS=ON "${arch_args[@]}" \
   >"$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; exit 1; }
 cmake --build "$build" -j "$jobs" --target cgt_torch_training_tests training_bench torch_training >"$logs/build.log" 2>&1 ||
   { grep -E "error" -A3 "$logs/build.log" | head -40; exit 1; }
