@@ -72,7 +72,7 @@ memcheck() {  # memcheck <name> <binary> <test spec> [sanitizer options...]
   return $tests
 }
 timed "compute-sanitizer cgt.torch tests" memcheck-torch.txt \
-  memcheck torch cgt_torch_tests "~[property]~[provokes-api-errors]~[threads]"
+  memcheck torch cgt_torch_tests "~[property]~[provokes-api-errors]~[threads]~[autograd]"
 cat "$logs/memcheck-torch.txt"
 # Failed captures (a .item() inside a capture) make the runtime report the API error on purpose.
 timed "  ... provoking API errors" memcheck-torch-api.txt \
@@ -85,8 +85,11 @@ timed "  ... pools on several threads" memcheck-torch-threads.txt memcheck torch
 leak_check=full
 cat "$logs/memcheck-torch-threads.txt"
 # Training: the backward runs on autograd's device thread, whose cuBLAS handle libtorch never
-# destroys (as for the pools on several threads above): memory is checked, leaks are not.
+# destroys (as for the pools on several threads above): memory is checked, leaks are not. The
+# autograd functions' backwards run there too.
 leak_check=no
+timed "  ... autograd functions" memcheck-torch-autograd.txt memcheck torch-autograd cgt_torch_tests "[autograd]"
+cat "$logs/memcheck-torch-autograd.txt"
 timed "compute-sanitizer training tests" memcheck-training.txt memcheck training cgt_torch_training_tests "[training]"
 leak_check=full
 cat "$logs/memcheck-training.txt"
