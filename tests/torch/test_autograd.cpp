@@ -48,6 +48,19 @@ void copy_parameters(torch::nn::Module& dst, const torch::nn::Module& src) {
   for (std::size_t i = 0; i < to.size(); ++i) to[i].copy_(from[i]);
 }
 
+/// A Linear on the GPU and its eager twin with the same parameters.
+struct TwinLinears {
+  torch::nn::Linear graphed;
+  torch::nn::Linear eager;
+};
+TwinLinears twin_linears(std::int64_t in, std::int64_t out) {
+  TwinLinears twins{torch::nn::Linear(in, out), torch::nn::Linear(in, out)};
+  twins.graphed->to(torch::kCUDA);
+  twins.eager->to(torch::kCUDA);
+  copy_parameters(*twins.eager, *twins.graphed);
+  return twins;
+}
+
 /// The module's forward on input 0, as an autograd function of `pool`.
 template <class Module>
 AutogradFunction wrap(cgt::torch::Pool& pool, Module module, const std::string& name) {
@@ -87,11 +100,7 @@ std::vector<std::string> path_functions(const cgt::torch::Pool& pool) {
 TEST_CASE("torch/autograd: input and parameter gradients equal eager's over warm-up, recording and replays",
           "[gpu][autograd]") {
   REQUIRE_GPU();
-  torch::nn::Linear graphed(16, 8);
-  torch::nn::Linear eager(16, 8);
-  graphed->to(torch::kCUDA);
-  eager->to(torch::kCUDA);
-  copy_parameters(*eager, *graphed);
+  auto [graphed, eager] = twin_linears(16, 8);
   auto pool = new_pool({.debug_checks = true});
   auto layer = wrap(pool, graphed, "linear");
   std::vector<cgt::CallKind> kinds;
@@ -180,11 +189,7 @@ TEST_CASE("torch/autograd: chained functions form one path: forward 1, forward 2
 
 TEST_CASE("torch/autograd: gradients accumulate over backwards without zero_grad, as eager's do", "[gpu][autograd]") {
   REQUIRE_GPU();
-  torch::nn::Linear graphed(12, 6);
-  torch::nn::Linear eager(12, 6);
-  graphed->to(torch::kCUDA);
-  eager->to(torch::kCUDA);
-  copy_parameters(*eager, *graphed);
+  auto [graphed, eager] = twin_linears(12, 6);
   auto pool = new_pool({.debug_checks = true});
   auto layer = wrap(pool, graphed, "accumulating");
   const at::Tensor x = at::randn({3, 12}, H::cuda()).requires_grad_(true);
@@ -204,11 +209,7 @@ TEST_CASE("torch/autograd: gradients accumulate over backwards without zero_grad
 TEST_CASE("torch/autograd: retain_graph lets a backward run twice, giving eager's twice the gradient",
           "[gpu][autograd]") {
   REQUIRE_GPU();
-  torch::nn::Linear graphed(10, 5);
-  torch::nn::Linear eager(10, 5);
-  graphed->to(torch::kCUDA);
-  eager->to(torch::kCUDA);
-  copy_parameters(*eager, *graphed);
+  auto [graphed, eager] = twin_linears(10, 5);
   auto pool = new_pool({.debug_checks = true});
   auto layer = wrap(pool, graphed, "retained");
   for (int step = 0; step < 3; ++step) {
@@ -381,11 +382,7 @@ TEST_CASE("torch/autograd: a backward never called frees what its node held once
 
 TEST_CASE("torch/autograd: zero_grad with and without set_to_none both work", "[gpu][autograd]") {
   REQUIRE_GPU();
-  torch::nn::Linear graphed(6, 3);
-  torch::nn::Linear eager(6, 3);
-  graphed->to(torch::kCUDA);
-  eager->to(torch::kCUDA);
-  copy_parameters(*eager, *graphed);
+  auto [graphed, eager] = twin_linears(6, 3);
   auto pool = new_pool({.debug_checks = true});
   auto layer = wrap(pool, graphed, "zeroed");
   torch::optim::SGD optimizer(graphed->parameters(), torch::optim::SGDOptions(0.1));
@@ -476,11 +473,7 @@ TEST_CASE("torch/autograd: a small MLP trained 100 steps with SGD equals eager t
 
 TEST_CASE("torch/autograd: input shapes that change get a forward and a backward graph per shape", "[gpu][autograd]") {
   REQUIRE_GPU();
-  torch::nn::Linear graphed(6, 3);
-  torch::nn::Linear eager(6, 3);
-  graphed->to(torch::kCUDA);
-  eager->to(torch::kCUDA);
-  copy_parameters(*eager, *graphed);
+  auto [graphed, eager] = twin_linears(6, 3);
   auto pool = new_pool({.debug_checks = true});
   auto layer = wrap(pool, graphed, "dynamic");
   for (int step = 0; step < 6; ++step) {
