@@ -17,6 +17,7 @@ module;
 export module cgt.backend:backend;
 import :error;
 import :info;
+import :options;
 
 namespace cgt::detail {
 struct LeaseCore;  // a lease's state (:detail); not exported
@@ -249,6 +250,15 @@ inline std::byte* pointer_to(std::uintptr_t address) noexcept {
   return reinterpret_cast<std::byte*>(address);
 }
 
+/// An input padded for a bucketed call (`Device::pad`): a new native value in memory of its own
+/// (not the pool's), which `owner` keeps alive, and its description, whose sizes and strides point
+/// into that value.
+struct Padded {
+  std::shared_ptr<const void> owner;
+  const void* value = nullptr;
+  ArgDesc desc;
+};
+
 /// A device with a checkpointable memory pool, a stream that runs or captures, and graphs.
 class Device {
  public:
@@ -300,6 +310,30 @@ class Device {
   virtual void stamp(const void* /*value*/, std::uint64_t /*generation*/) const noexcept {}
   /// Whether `stamp` does anything (read once; the engine skips the call otherwise).
   [[nodiscard]] virtual bool stamps_values() const noexcept { return false; }
+
+  // --- batch buckets (`FunctionOptions::buckets`); a backend without them says why ---
+  /// Empty when `pad` and `slice` work; else why they do not, for the `invalid_argument` error of
+  /// `add_function` with buckets.
+  [[nodiscard]] virtual std::string why_no_buckets() const {
+    return "this backend cannot pad inputs or slice outputs";
+  }
+  /// A contiguous copy of `value` (described by `desc`, whose size along `dim` is smaller than
+  /// `size`) grown along `dim` to `size`, the added elements filled as `pad` says, in memory
+  /// outside the pool (the engine copies it into the graph's input slot like any caller's input).
+  [[nodiscard]] virtual Result<Padded> pad(const void* /*value*/, const ArgDesc& /*desc*/, std::size_t /*dim*/,
+                                           std::int64_t /*size*/, Pad /*pad*/) {
+    return fail(Errc::invalid_argument, why_no_buckets());
+  }
+  /// A view of `value`'s first `size` elements along `dim` when its size along `dim` is `bucket`;
+  /// null when it is not (or it has no `dim`): the engine then hands it out whole. `storage` is
+  /// the handle of the pool memory it views (null: not pool memory): a view the backend tracks
+  /// (libtorch's escape check) is registered with it, as the value itself is.
+  [[nodiscard]] virtual Result<std::shared_ptr<const void>> slice(const void* /*value*/,
+                                                                  const StorageHandle* /*storage*/,
+                                                                  std::size_t /*dim*/, std::int64_t /*bucket*/,
+                                                                  std::int64_t /*size*/) {
+    return fail(Errc::invalid_argument, why_no_buckets());
+  }
 
   /// Allocated blocks of the pool.
   [[nodiscard]] virtual std::vector<Block> live_blocks() const = 0;

@@ -58,6 +58,9 @@ struct Stats {
   std::uint64_t steps_begun_by_forward = 0;
   std::uint64_t leases_invalidated = 0;  ///< leases turned `output_overwritten` by a new step
   std::uint64_t leases_copied_out = 0;   ///< leases rescued by `Options::copy_out_on_new_step`
+  /// Calls of a bucketed function padded up to a bucket (`FunctionOptions::buckets`), whatever
+  /// they then did (warm-up, recording, replay, eager fallback).
+  std::uint64_t padded_calls = 0;
   /// Fallback decisions that were logged as a warning (PyTorch's `cudagraph_skips`): a function
   /// that mutates an input is logged once, however many calls fall back.
   std::uint64_t fallback_warnings = 0;

@@ -5,6 +5,7 @@ module;
 #include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 export module cgt.backend:options;
@@ -18,7 +19,9 @@ enum class Reason : std::uint8_t {
   mutated_input,          ///< the function mutates an input that is neither static nor pool-managed
   rerecord_limit,         ///< the function was re-recorded on this node more than `rerecord_limit` times
   shape_key_limit,        ///< the call's input shapes are a new key past `shape_key_limit`
-  size_not_graphed,       ///< the call's size is not in the function's `graph_sizes` allow-list
+  size_not_graphed,       ///< the call's size is not in the function's `graph_sizes` allow-list (or is 0,
+                          ///< for a bucketed function: there is nothing to pad from)
+  size_above_buckets,     ///< the call's size is above the largest of the function's `buckets.sizes`
   input_on_other_device,  ///< an input is on another device or in host memory
   capture_failed,         ///< its capture failed for a reason that will not change (a synchronisation
                           ///< inside the function): that shape runs eagerly from then on
@@ -106,10 +109,57 @@ enum class FunctionMode : std::uint8_t {
 /// The name of a mode, e.g. "forward".
 [[nodiscard]] std::string_view to_string(FunctionMode mode) noexcept;
 
-/// Which input dimension a function's `graph_sizes` allow-list is compared with.
+/// Which input dimension a function's `graph_sizes` allow-list or `buckets` is compared with.
 struct SizeSource {
   std::size_t input = 0;
   std::size_t dim = 0;
+};
+
+/// How the rows a bucketed call adds to an input are filled (`Buckets`).
+enum class PadMode : std::uint8_t {
+  constant,   ///< every added element is `Pad::value` (cast to the input's element type)
+  replicate,  ///< every added row repeats the call's last row (its finite values stay finite)
+};
+
+/// The padding of one input: a number, or the last row again.
+struct Pad {
+  PadMode mode = PadMode::constant;
+  double value = 0.0;
+
+  /// Added rows hold `value`: 0 for activations, a padding token id, an ignored position.
+  [[nodiscard]] static constexpr Pad constant(double value) noexcept { return {PadMode::constant, value}; }
+  /// Added rows repeat the last real row: for inputs where any constant could make a row-wise op
+  /// produce NaN or infinity (a log, a division by a norm) and the program checks for those.
+  [[nodiscard]] static constexpr Pad replicate() noexcept { return {PadMode::replicate, 0.0}; }
+};
+
+/// Batch buckets (what vLLM and TensorRT-LLM do): graphs are recorded only at these sizes of one
+/// input dimension (`FunctionOptions::size_source`). A call whose size `n` lies between two
+/// buckets is padded up to the next bucket `b`, replays (or records) the graph of `b`, and its
+/// outputs are handed out sliced back to `n` rows:
+///  * padded: every input that is neither static nor a scalar and whose size along the dimension
+///    is `n` (the others, weights and tables, are passed as they are);
+///  * sliced: every output whose size along the dimension is `b`, to its first `n` rows (a view:
+///    its lease keeps the whole bucket's memory live); other outputs are handed out whole.
+/// A call at a bucket size is neither padded nor sliced. Sizes above the largest bucket run
+/// eagerly (`Reason::size_above_buckets`), as do calls of size 0 (`Reason::size_not_graphed`).
+/// Padded rows are computed like real ones: functions whose outputs mix rows (a mean over the
+/// batch, attention across it) see them; pick pad values that make them harmless (a mask of 0).
+struct Buckets {
+  /// Strictly increasing, each at least 1 (else `add_function` fails with `invalid_argument`).
+  std::vector<std::int64_t> sizes;
+  /// The padding of every padded input that `per_input` does not name.
+  Pad pad;
+  /// Padding for particular inputs, by input index (token ids padded with a pad token, say).
+  std::vector<std::pair<std::size_t, Pad>> per_input;
+
+  /// The padding of input `input`.
+  [[nodiscard]] Pad pad_of(std::size_t input) const noexcept {
+    for (const auto& [index, special] : per_input) {
+      if (index == input) return special;
+    }
+    return pad;
+  }
 };
 
 /// Static facts about one function, given when it is added to a pool.
@@ -125,6 +175,9 @@ struct FunctionOptions {
   /// If not empty, only calls whose size (see `size_source`) is listed are graphed; others run
   /// eagerly (`Reason::size_not_graphed`), like PyTorch's `cudagraph_capture_sizes`.
   std::vector<std::int64_t> graph_sizes;
+  /// Batch buckets with padding (see `Buckets`); exclusive with `graph_sizes`.
+  Buckets buckets;
+  /// Which input dimension `graph_sizes` or `buckets` is compared with.
   SizeSource size_source;
   /// Inference, or the forward or backward half of a trained function.
   FunctionMode mode = FunctionMode::inference;

@@ -88,6 +88,9 @@ using cgt::OnStaticInputMoved;  // Options::on_static_input_moved
 using cgt::Options;             // one pool's behaviour
 using cgt::Reason;              // why a call did not replay, or why the pool warns
 using cgt::SizeSource;          // FunctionOptions::size_source
+using cgt::Buckets;             // FunctionOptions::buckets: capture sizes, padding up to the next one
+using cgt::Pad;                 // how a padded input's added rows are filled
+using cgt::PadMode;             // Pad::mode: a constant, or the last row again
 
 // What a pool tells about itself (modules/cgt-info.cppm).
 using cgt::Block;        // one allocated block

@@ -379,6 +379,10 @@ struct CallFrame {
   /// The step at the call's start: a `mark_step_begin()` from inside the function belongs to the
   /// next call, which must see it.
   std::uint64_t step = 0;
+  /// Per input (empty: none), of a bucketed call: copied into a slot when recording even if it is
+  /// an output of the path, so that a call at a bucket's own size and a padded one (whose padded
+  /// copy is never pool memory) share one recording.
+  std::span<const bool> always_copied;
 };
 
 /// The engine's state lock. Every call and most lease drops take it, uncontended: an atomic flag
@@ -463,6 +467,8 @@ class Engine {
   /// After a call of `function` that succeeded: a forward leaves its backward pending, a backward runs it.
   void note_mode_ran(const FunctionRecord& function) noexcept;
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
+  /// The call after its arguments are checked: picks its shape variant, then falls back or runs the tree.
+  Result<CallOutputs> run_selected(CallFrame& frame);
   Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);
   /// The `static_input_moved` error of a call whose only misfit is static inputs at new addresses.
@@ -471,6 +477,14 @@ class Engine {
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
   bool mutates_unmanaged_input(CallFrame& frame);
   [[nodiscard]] bool needs_warmup(const Variant& variant) const noexcept;
+
+  // --- batch buckets (engine_buckets.cpp) ---
+  /// A call of a function with `buckets`: runs eagerly above the largest bucket, else pads the
+  /// inputs up to the next bucket, runs that, and slices the outputs back to the call's size.
+  Result<CallOutputs> run_bucketed(CallFrame& frame);
+  /// Makes each lease of `out` hand out its value's first `size` rows along `dim`, where the value
+  /// has `bucket` of them there; the leases keep holding the whole storage.
+  Result<void> slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket, std::int64_t size);
 
   // --- eager fallback and warm-up (engine_warmup.cpp) ---
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);

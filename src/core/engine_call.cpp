@@ -122,21 +122,21 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
 
   CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr, .step = step_now};
   if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
-  std::optional<Reason> fallback;
-  frame.variant = select_variant(frame, fallback);
-  if (fallback) {
-    auto eager = run_eager(frame, *fallback);
-    if (eager) note_mode_ran(function);
-    return eager;
-  }
-  auto out = run_tree(frame);
-  if (out && options.debug_checks) {
+  auto out = function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
+  if (out && options.debug_checks && out->kind != CallKind::eager) {
     if (auto checked = debug_check("after the call"); !checked) {
       return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
     }
   }
   if (out) note_mode_ran(function);
   return out;
+}
+
+Result<CallOutputs> Engine::run_selected(CallFrame& frame) {
+  std::optional<Reason> fallback;
+  frame.variant = select_variant(frame, fallback);
+  if (fallback) return run_eager(frame, *fallback);
+  return run_tree(frame);
 }
 
 Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const {
@@ -158,13 +158,23 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
                     function.name);
       }
     }
-    if (!function.options.graph_sizes.empty()) {
+    const bool has_buckets = !function.options.buckets.sizes.empty();
+    if (!function.options.graph_sizes.empty() || has_buckets) {
       const SizeSource source = function.options.size_source;
       if (source.input >= descs.size() || descs[source.input].kind != backend::ArgKind::value ||
           source.dim >= descs[source.input].rank) {
         return fail(Errc::invalid_argument,
-                    "graph_sizes of " + quoted(function.name) + " read dimension " + std::to_string(source.dim) +
-                        " of input " + std::to_string(source.input) + ", which the call does not have",
+                    std::string(has_buckets ? "buckets" : "graph_sizes") + " of " + quoted(function.name) +
+                        " read dimension " + std::to_string(source.dim) + " of input " + std::to_string(source.input) +
+                        ", which the call does not have",
+                    function.name);
+      }
+    }
+    for (const auto& [index, pad] : function.options.buckets.per_input) {
+      if (index >= descs.size()) {
+        return fail(Errc::invalid_argument,
+                    "buckets.per_input names input " + std::to_string(index) + " of " + quoted(function.name) +
+                        ", which is out of range: the call has " + std::to_string(descs.size()) + " inputs",
                     function.name);
       }
     }

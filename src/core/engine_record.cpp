@@ -42,7 +42,8 @@ std::vector<InputUse> Engine::classify_inputs(const CallFrame& frame) const {
   for (std::size_t i = 0; i < frame.descs.size(); ++i) {
     const backend::ArgDesc& desc = frame.descs[i];
     if (desc.kind == backend::ArgKind::scalar) continue;
-    if (is_path_output(desc.storage)) {
+    const bool copied_anyway = !frame.always_copied.empty() && frame.always_copied[i];
+    if (!copied_anyway && is_path_output(desc.storage)) {
       uses[i] = InputUse::managed;
     } else if (is_usable_in_place(*frame.function, i, desc)) {
       uses[i] = InputUse::static_in_place;

@@ -26,7 +26,11 @@ std::string fallback_message(Reason reason, const std::string& function) {
       return "skipping graphs for " + name +
              ": its input shapes (sizes, strides and integer scalar values) are a new key past shape_key_limit";
     case Reason::size_not_graphed:
-      return "skipping graphs for " + name + ": the call's size is not in its graph_sizes allow-list";
+      return "skipping graphs for " + name +
+             ": the call's size is not in its graph_sizes allow-list (or is 0, which no bucket pads from)";
+    case Reason::size_above_buckets:
+      return "skipping graphs for " + name +
+             ": the call's size is above its largest bucket; add a larger size to buckets.sizes to graph it";
     case Reason::input_on_other_device:
       return "skipping graphs for " + name + ": an input is on another device or in host memory";
     case Reason::capture_failed:

@@ -52,6 +52,32 @@ Result<EngineRef> make_engine(std::unique_ptr<backend::Device> device, Options o
   return EngineRef(new Engine(std::move(device), std::move(options)));  // NOLINT(cppcoreguidelines-owning-memory)
 }
 
+namespace {
+
+// Buckets are checked when the function is added: a list that cannot be meant (unsorted,
+// repeated, not positive) or a backend that cannot pad would otherwise surface on some later call.
+Result<void> check_buckets(const backend::Device& device, const FunctionOptions& options, const std::string& name) {
+  const std::vector<std::int64_t>& sizes = options.buckets.sizes;
+  if (sizes.empty()) return {};
+  const auto bad = [&](const std::string& why) {
+    return fail(Errc::invalid_argument, "buckets of '" + name + "': " + why, name);
+  };
+  if (!options.graph_sizes.empty()) {
+    return bad("graph_sizes is set too; choose one: graph_sizes runs other sizes eagerly, buckets pads them");
+  }
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] < 1) return bad("size " + std::to_string(sizes[i]) + " is not positive");
+    if (i > 0 && sizes[i] <= sizes[i - 1]) {
+      return bad("sizes must be strictly increasing (sorted, without repeats), but " + std::to_string(sizes[i]) +
+                 " follows " + std::to_string(sizes[i - 1]));
+    }
+  }
+  if (std::string why = device.why_no_buckets(); !why.empty()) return bad(why);
+  return {};
+}
+
+}  // namespace
+
 Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
   if (engine.busy.load(std::memory_order_acquire)) {
     return fail(Errc::concurrent_use, "add_function while a call of the same pool is in flight");
@@ -61,6 +87,9 @@ Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invo
   auto record = std::make_unique<FunctionRecord>();
   record->id = static_cast<std::uint32_t>(engine.functions.size());
   record->name = options.name.empty() ? "function" + std::to_string(record->id) : options.name;
+  if (auto checked = check_buckets(*engine.device, options, record->name); !checked) {
+    return std::unexpected(std::move(checked.error()));
+  }
   record->invoker = std::move(invoker);
   record->options = std::move(options);
   const std::lock_guard names(engine.functions_mutex);
@@ -198,6 +227,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::rerecord_limit: return "rerecord_limit";
     case Reason::shape_key_limit: return "shape_key_limit";
     case Reason::size_not_graphed: return "size_not_graphed";
+    case Reason::size_above_buckets: return "size_above_buckets";
     case Reason::input_on_other_device: return "input_on_other_device";
     case Reason::static_input_moved: return "static_input_moved";
     case Reason::managed_input_moved: return "managed_input_moved";

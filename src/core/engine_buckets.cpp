@@ -1,0 +1,115 @@
+// Batch buckets with padding (`FunctionOptions::buckets`): a call between two bucket sizes is
+// padded up to the next one, runs the graph of that bucket, and hands out its outputs sliced back.
+// The padding and slicing themselves are the backend's (`Device::pad`, `Device::slice`).
+module;
+#include <expected>
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt.backend;
+import :engine;
+
+namespace cgt::detail {
+namespace {
+
+// Whether input `i` grows with the call's size: a value that is not static and has `size` rows
+// along `dim`. Static inputs (weights, tables, caches) are never padded: a graph reads them in
+// place, and their sizes are not the batch's even when they happen to be equal.
+bool is_padded(const FunctionRecord& function, std::size_t i, const backend::ArgDesc& desc, std::size_t dim,
+               std::int64_t size) noexcept {
+  return desc.kind == backend::ArgKind::value && !function.is_static[i] && dim < desc.rank && desc.sizes[dim] == size;
+}
+
+}  // namespace
+
+Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
+  FunctionRecord& function = *frame.function;
+  const std::vector<std::int64_t>& buckets = function.options.buckets.sizes;
+  const std::size_t dim = function.options.size_source.dim;
+  const std::int64_t size = frame.descs[function.options.size_source.input].sizes[dim];
+  // Size 0 has no row to pad from (or to replicate): it runs eagerly, where it computes nothing.
+  if (size == 0) return run_eager(frame, Reason::size_not_graphed);
+  const auto bucket = std::ranges::lower_bound(buckets, size);
+  if (bucket == buckets.end()) return run_eager(frame, Reason::size_above_buckets);
+  // Inputs that grow with the batch are copied into the graph's slots whatever memory they are in:
+  // a padded copy never is pool memory, and a call at a bucket's own size must replay the same graph.
+  // (Mutated ones are read in place at a bucket's size, or the mutation would go to the slot.)
+  const std::size_t count = frame.descs.size();
+  SmallArray<bool, 8> copied_array(count);
+  const std::span<bool> copied = copied_array.span();
+  for (std::size_t i = 0; i < count; ++i) {
+    copied[i] = !function.is_mutated[i] && is_padded(function, i, frame.descs[i], dim, size);
+  }
+  frame.always_copied = copied;
+  if (*bucket == size) return run_selected(frame);  // a bucket's own size: nothing to pad or slice
+
+  for (std::size_t i = 0; i < count; ++i) {
+    if (function.is_mutated[i] && is_padded(function, i, frame.descs[i], dim, size)) {
+      // The function would write into the padded copy, and the caller's input would never see it.
+      log(EventKind::eager_fallback, Reason::mutated_input, function,
+          "skipping graphs for '" + function.name + "' at size " + std::to_string(size) + ": it mutates input " +
+              std::to_string(i) + ", which would be padded to bucket " + std::to_string(*bucket) +
+              " (a copy); make that input static, or call at a bucket size");
+      return run_eager(frame, Reason::mutated_input);
+    }
+  }
+
+  SmallArray<backend::ArgSlot, 8> slot_array(count);
+  SmallArray<backend::ArgDesc, 8> desc_array(count);
+  const std::span<backend::ArgSlot> slots = slot_array.span();
+  const std::span<backend::ArgDesc> descs = desc_array.span();
+  std::vector<std::shared_ptr<const void>> padded_values;  // alive until the call is done
+  for (std::size_t i = 0; i < count; ++i) {
+    slots[i] = frame.args[i];
+    descs[i] = frame.descs[i];
+    if (!is_padded(function, i, frame.descs[i], dim, size)) continue;
+    auto padded =
+        device->pad(frame.args[i].value, frame.descs[i], dim, *bucket, function.options.buckets.pad_of(i));
+    if (!padded) {
+      Error error = in_call(std::move(padded.error()), function, "padding an input to its bucket");
+      error.input = static_cast<std::int32_t>(i);
+      return std::unexpected(std::move(error));
+    }
+    slots[i].value = padded->value;  // a consumed lease stays consumed: the call still ends it
+    descs[i] = padded->desc;
+    padded_values.push_back(std::move(padded->owner));
+  }
+  ++stats.padded_calls;
+
+  CallFrame padded_frame{.args = slots,
+                         .descs = descs,
+                         .function = frame.function,
+                         .variant = nullptr,
+                         .rerecording_of = nullptr,
+                         .step = frame.step,
+                         .always_copied = copied};
+  auto out = run_selected(padded_frame);
+  if (!out) return out;
+  if (auto sliced = slice_outputs(*out, function, *bucket, size); !sliced) return std::unexpected(sliced.error());
+  return out;
+}
+
+Result<void> Engine::slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket,
+                                   std::int64_t size) {
+  const std::size_t dim = function.options.size_source.dim;
+  for (LeaseCore& lease : out.leases) {
+    if (lease.value == nullptr) continue;
+    // The lease keeps its cell: the whole bucket's storage stays live (and protected from
+    // replays) while the caller holds the view of its first rows.
+    const backend::StorageHandle* storage = lease.cell != nullptr ? &lease.cell->storage : nullptr;
+    auto view = device->slice(lease.value, storage, dim, bucket, size);
+    if (!view) return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
+    if (*view == nullptr) continue;  // not `bucket` rows along `dim`: handed out whole
+    lease.value = view->get();
+    lease.owner = std::move(*view);
+  }
+  return {};
+}
+
+}  // namespace cgt::detail

@@ -1,0 +1,61 @@
+// Batch buckets on the host: inputs padded into ordinary memory, outputs sliced by restriding.
+module;
+#include <cstddef>
+#include <cstdint>
+#include <expected>
+#include <memory>
+#include <vector>
+
+module cgt.host;
+import cgt.backend;
+
+namespace cgt::host {
+namespace {
+
+// Elements [start, end) of dimension `dim` of `buffer` (a view).
+Buffer narrow(const Buffer& buffer, std::size_t dim, std::int64_t start, std::int64_t end) {
+  std::vector<std::int64_t> sizes(buffer.sizes().begin(), buffer.sizes().end());
+  sizes[dim] = end - start;
+  return buffer.restrided(buffer.offset() + (start * buffer.strides()[dim]), sizes, buffer.strides());
+}
+
+}  // namespace
+
+Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /*desc*/, std::size_t dim,
+                                    std::int64_t size, Pad pad) {
+  const Buffer& source = *static_cast<const Buffer*>(value);
+  const std::int64_t rows = source.sizes()[dim];
+  std::vector<std::int64_t> sizes(source.sizes().begin(), source.sizes().end());
+  sizes[dim] = size;
+  auto padded = Buffer::make(source.type(), sizes);
+  if (!padded) return std::unexpected(std::move(padded.error()));
+  copy(source, narrow(*padded, dim, 0, rows));
+  const Buffer added = narrow(*padded, dim, rows, size);
+  if (pad.mode == PadMode::replicate) {
+    // The last row, broadcast over the added rows (a stride-0 view: copied as often as needed).
+    std::vector<std::int64_t> strides(source.strides().begin(), source.strides().end());
+    strides[dim] = 0;
+    std::vector<std::int64_t> added_sizes(sizes);
+    added_sizes[dim] = size - rows;
+    const Buffer last = narrow(source, dim, rows - 1, rows);
+    copy(last.restrided(last.offset(), added_sizes, strides), added);
+  } else {
+    added.fill(pad.value);
+  }
+  auto owner = std::make_shared<Buffer>(*std::move(padded));
+  backend::Padded result{.owner = owner, .value = owner.get(), .desc = {}};
+  if (auto described = Backend::describe(*owner, result.desc); !described) {
+    return std::unexpected(std::move(described.error()));
+  }
+  return result;
+}
+
+Result<std::shared_ptr<const void>> Device::slice(const void* value, const backend::StorageHandle* /*storage*/,
+                                                  std::size_t dim, std::int64_t bucket, std::int64_t size) {
+  const Buffer& output = *static_cast<const Buffer*>(value);
+  if (output.empty() || dim >= output.rank() || output.sizes()[dim] != bucket) return nullptr;
+  // The view keeps the output's generation (a copy of the buffer): the pool tells it live or stale.
+  return std::make_shared<Buffer>(narrow(output, dim, 0, size));
+}
+
+}  // namespace cgt::host

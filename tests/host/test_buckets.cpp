@@ -1,0 +1,414 @@
+// Batch buckets with padding (FunctionOptions::buckets) on the host backend: every size up to the
+// largest bucket equals an eager run, one recording per bucket, and the odd cases a user meets.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.host;
+
+#include "scenario/scenarios.hpp"
+
+using cgt::host::Buffer;
+using cgt::host::Context;
+using cgt::host::Inputs;
+using cgt::host::Values;
+using scenario::must;
+
+namespace {
+
+constexpr std::int64_t kCols = 3;
+
+// A batch of `rows` rows of `kCols` values, distinct per row, column and `seed`.
+Buffer batch(std::int64_t rows, double seed, std::int64_t cols = kCols) {
+  Buffer x = must(Buffer::make(cgt::ElementType::f32, {rows, cols}));
+  for (std::size_t i = 0; i < x.numel(); ++i) x.set(i, seed + static_cast<double>(i % 7) - (0.5 * static_cast<double>(i)));
+  return x;
+}
+
+Buffer vector_of(std::vector<double> values) {
+  Buffer v = must(Buffer::make(cgt::ElementType::f32, {static_cast<std::int64_t>(values.size())}));
+  for (std::size_t i = 0; i < values.size(); ++i) v.set(i, values[i]);
+  return v;
+}
+
+std::vector<double> values_of(const Buffer& buffer) {
+  std::vector<double> values(buffer.numel());
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer.get(i);
+  return values;
+}
+
+std::vector<std::int64_t> sizes_of(const Buffer& buffer) {
+  return {buffer.sizes().begin(), buffer.sizes().end()};
+}
+
+// The model, row by row, with a static weight: y = 2x + w (per row), s = row sums of x, and
+// c = w + 1, an output without the batch dimension (7 columns: never a bucket's size here).
+Values row_model(Context& ctx, const Inputs& in) {
+  const Buffer x = in[0];
+  const Buffer w = in[1];
+  const std::int64_t rows = x.sizes()[0];
+  Buffer y = ctx.allocate(cgt::ElementType::f32, {rows, kCols});
+  Buffer s = ctx.allocate(cgt::ElementType::f32, {rows});
+  Buffer c = ctx.allocate(cgt::ElementType::f32, {7});
+  ctx.launch([x, w, y, s, c, rows] {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      double sum = 0;
+      for (std::int64_t k = 0; k < kCols; ++k) {
+        const auto at = static_cast<std::size_t>((r * kCols) + k);
+        y.set(at, (2 * x.get(at)) + w.get(static_cast<std::size_t>(k)));
+        sum += x.get(at);
+      }
+      s.set(static_cast<std::size_t>(r), sum);
+    }
+    for (std::size_t i = 0; i < 7; ++i) c.set(i, w.get(i % kCols) + 1);
+  });
+  return {y, s, c};
+}
+
+struct Reference {
+  std::vector<double> y, s, c;
+};
+
+Reference row_model_reference(const Buffer& x, const Buffer& w) {
+  Reference ref;
+  const std::int64_t rows = x.sizes()[0];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    double sum = 0;
+    for (std::int64_t k = 0; k < kCols; ++k) {
+      const auto at = static_cast<std::size_t>((r * kCols) + k);
+      ref.y.push_back((2 * x.get(at)) + w.get(static_cast<std::size_t>(k)));
+      sum += x.get(at);
+    }
+    ref.s.push_back(sum);
+  }
+  for (std::size_t i = 0; i < 7; ++i) ref.c.push_back(w.get(i % kCols) + 1);
+  return ref;
+}
+
+struct EventLog {
+  std::vector<cgt::Reason> reasons;
+  std::vector<std::string> messages;
+  cgt::LogSink sink() {
+    return [this](const cgt::Event& event) {
+      reasons.push_back(event.reason);
+      messages.emplace_back(event.message);
+    };
+  }
+};
+
+cgt::host::Pool make_pool(cgt::Options options = {}) {
+  options.debug_checks = true;
+  return must(cgt::host::make_pool({.tree = std::move(options), .arena = {}, .poison_dead_memory = true}));
+}
+
+cgt::FunctionOptions bucketed(std::vector<std::int64_t> sizes, cgt::Pad pad = {}) {
+  return {.name = "model", .static_inputs = {1}, .buckets = {.sizes = std::move(sizes), .pad = pad, .per_input = {}}};
+}
+
+}  // namespace
+
+TEST_CASE("every size up to the largest bucket equals eager, with one recording per bucket", "[buckets][host]") {
+  auto pool = make_pool();
+  auto model = must(pool.add_function(row_model, bucketed({2, 5, 8})));
+  const Buffer w = vector_of({0.25, -1, 3});
+  std::uint64_t padded = 0;
+  std::vector<std::int64_t> node_of_size(9, -1);
+  for (int round = 0; round < 3; ++round) {  // warm-up, recording, replay of each bucket
+    for (std::int64_t n = 1; n <= 8; ++n) {
+      pool.mark_step_begin();
+      const Buffer x = batch(n, static_cast<double>((round * 10) + n));
+      auto out = must(model({x, w}));
+      const Reference ref = row_model_reference(x, w);
+      INFO("size " << n << ", round " << round);
+      CHECK(sizes_of(must(out.get(0))) == std::vector<std::int64_t>{n, kCols});
+      CHECK(values_of(must(out.get(0))) == ref.y);
+      CHECK(values_of(must(out.get(1))) == ref.s);
+      CHECK(values_of(must(out.get(2))) == ref.c);  // no batch dimension: handed out whole
+      // take() copies the call's rows only.
+      CHECK(sizes_of(must(out.take(0))) == std::vector<std::int64_t>{n, kCols});
+      if (n != 2 && n != 5 && n != 8) ++padded;
+      if (round == 2) {
+        CHECK(out.kind() == cgt::CallKind::replay);
+        node_of_size[static_cast<std::size_t>(n)] = out.node();
+      }
+    }
+  }
+  const cgt::Stats stats = pool.stats();
+  CHECK(stats.recordings == 3);  // one per bucket, not one per size
+  CHECK(pool.roots().size() == 3);
+  CHECK(stats.padded_calls == padded);
+  CHECK(stats.eager_calls == 0);
+  // Sizes share their bucket's graph: 1-2, 3-5, 6-8.
+  CHECK(node_of_size[1] == node_of_size[2]);
+  CHECK(node_of_size[3] == node_of_size[5]);
+  CHECK(node_of_size[6] == node_of_size[8]);
+  CHECK(node_of_size[2] != node_of_size[5]);
+  CHECK(node_of_size[5] != node_of_size[8]);
+  must(pool.check_memory());
+}
+
+TEST_CASE("sizes above the largest bucket run eagerly, with size_above_buckets", "[buckets][host]") {
+  EventLog log;
+  auto pool = make_pool({.log_sink = log.sink()});
+  auto model = must(pool.add_function(row_model, bucketed({2, 4})));
+  const Buffer w = vector_of({1, 2, 3});
+  const Buffer x = batch(5, 1);
+  auto out = must(model({x, w}));
+  CHECK(out.kind() == cgt::CallKind::eager);
+  CHECK(values_of(must(out.get(0))) == row_model_reference(x, w).y);
+  CHECK(pool.stats().count(cgt::Reason::size_above_buckets) == 1);
+  CHECK(pool.stats().padded_calls == 0);
+  REQUIRE(log.reasons == std::vector{cgt::Reason::size_above_buckets});
+  CHECK(log.messages[0].find("'model'") != std::string::npos);
+  CHECK(log.messages[0].find("largest bucket") != std::string::npos);
+  CHECK(cgt::to_string(cgt::Reason::size_above_buckets) == "size_above_buckets");
+  // With or_error the same call fails instead.
+  auto strict = make_pool({.or_error = true});
+  auto strict_model = must(strict.add_function(row_model, bucketed({2, 4})));
+  auto refused = strict_model({x, w});
+  REQUIRE(!refused);
+  CHECK(refused.error().code == cgt::Errc::graph_unavailable);
+}
+
+TEST_CASE("size 0 runs eagerly; a bucket's own size is neither padded nor sliced", "[buckets][host]") {
+  auto pool = make_pool();
+  auto model = must(pool.add_function(row_model, bucketed({2, 4})));
+  const Buffer w = vector_of({1, 2, 3});
+  auto empty = must(model({batch(0, 1), w}));
+  CHECK(empty.kind() == cgt::CallKind::eager);
+  CHECK(sizes_of(must(empty.get(0))) == std::vector<std::int64_t>{0, kCols});
+  CHECK(pool.stats().count(cgt::Reason::size_not_graphed) == 1);
+  for (int round = 0; round < 3; ++round) {
+    pool.mark_step_begin();
+    const Buffer x = batch(4, round);
+    auto out = must(model({x, w}));
+    CHECK(values_of(must(out.get(0))) == row_model_reference(x, w).y);
+  }
+  CHECK(pool.stats().padded_calls == 0);
+  CHECK(pool.stats().recordings == 1);
+}
+
+TEST_CASE("bucket lists that cannot be meant are refused when the function is added", "[buckets][host]") {
+  auto pool = make_pool();
+  const auto refused = [&](cgt::FunctionOptions options, const std::string& says) {
+    auto added = pool.add_function(row_model, std::move(options));
+    REQUIRE(!added);
+    CHECK(added.error().code == cgt::Errc::invalid_argument);
+    CHECK(added.error().function == "model");
+    CHECK(added.error().message.find(says) != std::string::npos);
+  };
+  refused(bucketed({4, 2}), "strictly increasing");
+  refused(bucketed({2, 2, 4}), "strictly increasing");
+  refused(bucketed({0, 2}), "not positive");
+  refused(bucketed({-1}), "not positive");
+  cgt::FunctionOptions both = bucketed({2, 4});
+  both.graph_sizes = {2};
+  refused(both, "choose one");
+  // A size source the call does not have fails its first call, naming buckets.
+  cgt::FunctionOptions far = bucketed({2, 4});
+  far.size_source = {.input = 0, .dim = 5};
+  auto model = must(pool.add_function(row_model, far));
+  auto call = model({batch(2, 1), vector_of({1, 2, 3})});
+  REQUIRE(!call);
+  CHECK(call.error().code == cgt::Errc::invalid_argument);
+  CHECK(call.error().message.find("buckets") != std::string::npos);
+  // So does a per-input pad for an input the call does not have.
+  cgt::FunctionOptions per = bucketed({2, 4});
+  per.buckets.per_input = {{7, cgt::Pad::constant(1)}};
+  auto per_model = must(pool.add_function(row_model, per));
+  CHECK(per_model({batch(2, 1), vector_of({1, 2, 3})}).error().code == cgt::Errc::invalid_argument);
+}
+
+TEST_CASE("only inputs with the call's size along the bucket dimension are padded; static ones never",
+          "[buckets][host]") {
+  // The batch is dimension 1 of input 0; input 1 lacks that dimension, input 2 has another size
+  // along it, input 3 is static with the call's size along it.
+  auto pool = make_pool();
+  std::vector<std::vector<std::int64_t>> seen;  // the sizes each input had in the function
+  auto f = must(pool.add_function(
+      [&seen](Context& ctx, Inputs in) {
+        seen.clear();
+        for (std::size_t i = 0; i < in.size(); ++i) seen.push_back(sizes_of(in[i]));
+        const Buffer x = in[0];
+        const Buffer bias = in[1];
+        Buffer y = ctx.allocate(cgt::ElementType::f32, x.sizes());
+        ctx.launch([x, bias, y] {
+          const std::int64_t cols = x.sizes()[1];
+          for (std::size_t i = 0; i < x.numel(); ++i) {
+            y.set(i, x.get(i) + bias.get(i / static_cast<std::size_t>(cols)));
+          }
+        });
+        return Values{y};
+      },
+      {.name = "columns",
+       .static_inputs = {3},
+       .buckets = {.sizes = {4, 8}, .pad = cgt::Pad::constant(0), .per_input = {}},
+       .size_source = {.input = 0, .dim = 1}}));
+  const Buffer bias = vector_of({1, 2});
+  const Buffer other = batch(2, 0, 7);
+  const Buffer table = batch(2, 0, 3);
+  for (int round = 0; round < 3; ++round) {
+    pool.mark_step_begin();
+    const Buffer x = batch(2, round, 3);  // 2 x 3: size 3 along dimension 1, bucket 4
+    auto out = must(f({x, bias, other, table}));
+    CHECK(seen == std::vector<std::vector<std::int64_t>>{{2, 4}, {2}, {2, 7}, {2, 3}});
+    std::vector<double> expected;
+    for (std::size_t i = 0; i < x.numel(); ++i) expected.push_back(x.get(i) + bias.get(i / 3));
+    CHECK(sizes_of(must(out.get(0))) == std::vector<std::int64_t>{2, 3});
+    CHECK(values_of(must(out.get(0))) == expected);
+  }
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().padded_calls == 3);
+}
+
+TEST_CASE("the caller chooses the padding: a constant per input, or the last row again", "[buckets][host]") {
+  // total = the sum of every element of both inputs: it mixes rows, so it sees the padding, and it
+  // has no batch dimension, so it is handed out whole.
+  const auto total = [](Context& ctx, Inputs in) {
+    Buffer t = ctx.allocate(cgt::ElementType::f32, {1});
+    ctx.launch([a = in[0], b = in[1], t] {
+      double sum = 0;
+      for (std::size_t i = 0; i < a.numel(); ++i) sum += a.get(i);
+      for (std::size_t i = 0; i < b.numel(); ++i) sum += b.get(i);
+      t.set(0, sum);
+    });
+    return Values{t};
+  };
+  auto pool = make_pool();
+  auto constant = must(pool.add_function(
+      total, {.name = "constant",
+              .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(10), .per_input = {{1, cgt::Pad::constant(-1)}}}}));
+  auto replicate = must(pool.add_function(
+      total, {.name = "replicate", .buckets = {.sizes = {4}, .pad = cgt::Pad::replicate(), .per_input = {}}}));
+  const Buffer a = batch(3, 1);  // 3 x 3: one row of padding
+  const Buffer b = vector_of({5, 6, 7});
+  double sum = 0;
+  for (std::size_t i = 0; i < a.numel(); ++i) sum += a.get(i);
+  sum += 18;
+  const double last_row = a.get(6) + a.get(7) + a.get(8);
+  for (int round = 0; round < 3; ++round) {
+    pool.mark_step_begin();
+    CHECK(values_of(must(must(constant({a, b})).take(0))) == std::vector<double>{sum + (3 * 10) + (-1)});
+    pool.mark_step_begin();
+    CHECK(values_of(must(must(replicate({a, b})).take(0))) == std::vector<double>{sum + last_row + 7});
+  }
+  CHECK(pool.stats().recordings == 2);
+}
+
+TEST_CASE("a sliced output keeps its whole bucket's memory live, and is reclaimed like any output",
+          "[buckets][host]") {
+  auto pool = make_pool();
+  auto model = must(pool.add_function(row_model, bucketed({4})));
+  const Buffer w = vector_of({1, 2, 3});
+  for (int round = 0; round < 2; ++round) {  // warm up and record
+    pool.mark_step_begin();
+    (void)must(model({batch(3, 0), w}));
+  }
+  pool.mark_step_begin();
+  const Buffer x = batch(3, 1);
+  auto held = must(model({x, w}));
+  CHECK(held.kind() == cgt::CallKind::replay);
+  // Without a new step, the next call must not overwrite the held bucket: it records beside it.
+  auto next = must(model({batch(2, 9), w}));
+  CHECK(next.kind() == cgt::CallKind::recording);
+  CHECK(values_of(must(held.get(0))) == row_model_reference(x, w).y);
+  auto kept = must(held.release(0));
+  held.reset();
+  next.reset();
+  pool.mark_step_begin();
+  (void)must(model({batch(1, 5), w}));
+  auto stale = kept.get();
+  REQUIRE(!stale);
+  CHECK(stale.error().code == cgt::Errc::output_overwritten);
+  must(pool.check_memory());
+}
+
+TEST_CASE("bucketed functions chain: a sliced output passed on is padded again", "[buckets][host]") {
+  auto pool = make_pool();
+  auto first = must(pool.add_function(row_model, bucketed({2, 4, 8})));
+  auto second = must(pool.add_function(row_model, bucketed({2, 4, 8})));
+  const Buffer w = vector_of({1, -2, 0.5});
+  for (int round = 0; round < 3; ++round) {
+    for (std::int64_t n = 1; n <= 8; ++n) {
+      pool.mark_step_begin();
+      const Buffer x = batch(n, n);
+      auto a = must(first({x, w}));
+      const Buffer& y = must(a.get(0)).get();
+      auto b = must(second({y, w}));
+      const Buffer expected_x = must(y.clone());
+      INFO("size " << n << ", round " << round);
+      CHECK(values_of(must(b.get(0))) == row_model_reference(expected_x, w).y);
+      CHECK(values_of(expected_x) == row_model_reference(x, w).y);
+    }
+  }
+  CHECK(pool.stats().recordings == 6);  // per function, one per bucket
+  must(pool.check_memory());
+}
+
+TEST_CASE("mutated inputs with buckets: a padded one runs eagerly, a static one replays", "[buckets][host]") {
+  // state[0] += the sum of x; y = 2x. Padding x with zeros leaves the sum as it is.
+  const auto accumulate = [](Context& ctx, Inputs in) {
+    Buffer y = ctx.allocate(cgt::ElementType::f32, in[0].sizes());
+    ctx.launch([x = in[0], state = in[1], y] {
+      double sum = 0;
+      for (std::size_t i = 0; i < x.numel(); ++i) {
+        sum += x.get(i);
+        y.set(i, 2 * x.get(i));
+      }
+      state.set(0, state.get(0) + sum);
+    });
+    return Values{y};
+  };
+  SECTION("a static mutated input (a cache) is never padded: the calls replay") {
+    auto pool = make_pool();
+    auto f = must(pool.add_function(accumulate, {.name = "acc",
+                                                 .static_inputs = {1},
+                                                 .mutated_inputs = {1},
+                                                 .buckets = {.sizes = {4}, .pad = {}, .per_input = {}}}));
+    const Buffer state = vector_of({0});
+    double expected = 0;
+    for (int round = 0; round < 4; ++round) {
+      pool.mark_step_begin();
+      const Buffer x = batch(3, round);
+      for (std::size_t i = 0; i < x.numel(); ++i) expected += x.get(i);
+      auto out = must(f({x, state}));
+      CHECK(state.get(0) == expected);
+      if (round >= 2) CHECK(out.kind() == cgt::CallKind::replay);
+    }
+  }
+  SECTION("a mutated input that would be padded runs eagerly, and the caller sees the mutation") {
+    EventLog log;
+    auto pool = make_pool({.log_sink = log.sink()});
+    auto f = must(pool.add_function(
+        [](Context& ctx, Inputs in) {
+          Buffer y = ctx.allocate(cgt::ElementType::f32, in[0].sizes());
+          ctx.launch([x = in[0], y] {
+            for (std::size_t i = 0; i < x.numel(); ++i) {
+              y.set(i, x.get(i));
+              x.set(i, x.get(i) + 1);
+            }
+          });
+          return Values{y};
+        },
+        {.name = "bump", .mutated_inputs = {0}, .buckets = {.sizes = {4}, .pad = {}, .per_input = {}}}));
+    const Buffer x = batch(3, 0);
+    const std::vector<double> before = values_of(x);
+    auto out = must(f({x}));
+    CHECK(out.kind() == cgt::CallKind::eager);
+    CHECK(values_of(must(out.get(0))) == before);
+    std::vector<double> bumped = before;
+    for (double& v : bumped) v += 1;
+    CHECK(values_of(x) == bumped);
+    CHECK(pool.stats().count(cgt::Reason::mutated_input) == 1);
+    CHECK(pool.stats().padded_calls == 0);
+    REQUIRE(!log.messages.empty());
+    CHECK(log.messages[0].find("would be padded") != std::string::npos);
+  }
+}
