@@ -314,9 +314,7 @@ class Device {
   // --- batch buckets (`FunctionOptions::buckets`); a backend without them says why ---
   /// Empty when `pad` and `slice` work; else why they do not, for the `invalid_argument` error of
   /// `add_function` with buckets.
-  [[nodiscard]] virtual std::string why_no_buckets() const {
-    return "this backend cannot pad inputs or slice outputs";
-  }
+  [[nodiscard]] virtual std::string why_no_buckets() const { return "this backend cannot pad inputs or slice outputs"; }
   /// A contiguous copy of `value` (described by `desc`, whose size along `dim` is smaller than
   /// `size`) grown along `dim` to `size`, the added elements filled as `pad` says, in memory
   /// outside the pool (the engine copies it into the graph's input slot like any caller's input).
@@ -329,9 +327,8 @@ class Device {
   /// the handle of the pool memory it views (null: not pool memory): a view the backend tracks
   /// (libtorch's escape check) is registered with it, as the value itself is.
   [[nodiscard]] virtual Result<std::shared_ptr<const void>> slice(const void* /*value*/,
-                                                                  const StorageHandle* /*storage*/,
-                                                                  std::size_t /*dim*/, std::int64_t /*bucket*/,
-                                                                  std::int64_t /*size*/) {
+                                                                  const StorageHandle* /*storage*/, std::size_t /*dim*/,
+                                                                  std::int64_t /*bucket*/, std::int64_t /*size*/) {
     return fail(Errc::invalid_argument, why_no_buckets());
   }
 

@@ -79,6 +79,7 @@ using cgt::Result;     // std::expected<T, Error>: what every fallible operation
 using cgt::to_string;  // names of Errc, Reason, FunctionMode, CallKind, NodeReason, ElementType values
 
 // How a pool behaves and reports its decisions (modules/cgt-options.cppm).
+using cgt::Buckets;             // FunctionOptions::buckets: capture sizes, padding up to the next one
 using cgt::Event;               // one logged decision
 using cgt::EventKind;           // what a logged decision did
 using cgt::FunctionMode;        // inference, or the forward or backward half of a trained function
@@ -86,11 +87,10 @@ using cgt::FunctionOptions;     // one function's static facts: name, static and
 using cgt::LogSink;             // where decisions go
 using cgt::OnStaticInputMoved;  // Options::on_static_input_moved
 using cgt::Options;             // one pool's behaviour
-using cgt::Reason;              // why a call did not replay, or why the pool warns
-using cgt::SizeSource;          // FunctionOptions::size_source
-using cgt::Buckets;             // FunctionOptions::buckets: capture sizes, padding up to the next one
 using cgt::Pad;                 // how a padded input's added rows are filled
 using cgt::PadMode;             // Pad::mode: a constant, or the last row again
+using cgt::Reason;              // why a call did not replay, or why the pool warns
+using cgt::SizeSource;          // FunctionOptions::size_source
 
 // What a pool tells about itself (modules/cgt-info.cppm).
 using cgt::Block;        // one allocated block

@@ -207,6 +207,12 @@ class Device final : public backend::Device {
   [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
   [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
                                                    const std::shared_ptr<void>& rescued) override;
+  /// Batch buckets are not supported: padding needs a fill kernel per element type, which cgt.cuda
+  /// does not have (`add_function` with `buckets` fails with `invalid_argument`, saying this).
+  [[nodiscard]] std::string why_no_buckets() const override {
+    return "cgt.cuda cannot pad inputs yet (it has no fill kernel for its buffers): use graph_sizes and pad to "
+           "those sizes yourself, or cgt.torch, which pads";
+  }
   [[nodiscard]] std::vector<Block> live_blocks() const override;
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;

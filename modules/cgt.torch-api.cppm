@@ -83,6 +83,14 @@ class Device final : public backend::Device {
   [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
   [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
                                                    const std::shared_ptr<void>& rescued) override;
+  /// Batch buckets: inputs padded with libtorch ops on the caller's stream, outputs sliced with
+  /// `narrow` (views registered with their storage's record, like the outputs they view).
+  [[nodiscard]] std::string why_no_buckets() const override { return {}; }
+  [[nodiscard]] Result<backend::Padded> pad(const void* value, const backend::ArgDesc& desc, std::size_t dim,
+                                            std::int64_t size, Pad pad) override;
+  [[nodiscard]] Result<std::shared_ptr<const void>> slice(const void* value, const backend::StorageHandle* storage,
+                                                          std::size_t dim, std::int64_t bucket,
+                                                          std::int64_t size) override;
   [[nodiscard]] std::vector<Block> live_blocks() const override;
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;

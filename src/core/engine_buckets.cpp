@@ -69,8 +69,7 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
     slots[i] = frame.args[i];
     descs[i] = frame.descs[i];
     if (!is_padded(function, i, frame.descs[i], dim, size)) continue;
-    auto padded =
-        device->pad(frame.args[i].value, frame.descs[i], dim, *bucket, function.options.buckets.pad_of(i));
+    auto padded = device->pad(frame.args[i].value, frame.descs[i], dim, *bucket, function.options.buckets.pad_of(i));
     if (!padded) {
       Error error = in_call(std::move(padded.error()), function, "padding an input to its bucket");
       error.input = static_cast<std::int32_t>(i);
@@ -104,7 +103,8 @@ Result<void> Engine::slice_outputs(CallOutputs& out, const FunctionRecord& funct
     // replays) while the caller holds the view of its first rows.
     const backend::StorageHandle* storage = lease.cell != nullptr ? &lease.cell->storage : nullptr;
     auto view = device->slice(lease.value, storage, dim, bucket, size);
-    if (!view) return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
+    if (!view)
+      return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
     if (*view == nullptr) continue;  // not `bucket` rows along `dim`: handed out whole
     lease.value = view->get();
     lease.owner = std::move(*view);

@@ -28,7 +28,8 @@ constexpr std::int64_t kCols = 3;
 // A batch of `rows` rows of `kCols` values, distinct per row, column and `seed`.
 Buffer batch(std::int64_t rows, double seed, std::int64_t cols = kCols) {
   Buffer x = must(Buffer::make(cgt::ElementType::f32, {rows, cols}));
-  for (std::size_t i = 0; i < x.numel(); ++i) x.set(i, seed + static_cast<double>(i % 7) - (0.5 * static_cast<double>(i)));
+  for (std::size_t i = 0; i < x.numel(); ++i)
+    x.set(i, seed + static_cast<double>(i % 7) - (0.5 * static_cast<double>(i)));
   return x;
 }
 
@@ -302,8 +303,7 @@ TEST_CASE("the caller chooses the padding: a constant per input, or the last row
   CHECK(pool.stats().recordings == 2);
 }
 
-TEST_CASE("a sliced output keeps its whole bucket's memory live, and is reclaimed like any output",
-          "[buckets][host]") {
+TEST_CASE("a sliced output keeps its whole bucket's memory live, and is reclaimed like any output", "[buckets][host]") {
   auto pool = make_pool();
   auto model = must(pool.add_function(row_model, bucketed({4})));
   const Buffer w = vector_of({1, 2, 3});
@@ -411,4 +411,19 @@ TEST_CASE("mutated inputs with buckets: a padded one runs eagerly, a static one 
     REQUIRE(!log.messages.empty());
     CHECK(log.messages[0].find("would be padded") != std::string::npos);
   }
+}
+
+TEST_CASE("copy_out_on_new_step keeps a sliced output's rows", "[buckets][host]") {
+  auto pool = make_pool({.copy_out_on_new_step = true});
+  auto model = must(pool.add_function(row_model, bucketed({4})));
+  const Buffer w = vector_of({1, 2, 3});
+  const Buffer x = batch(3, 2);
+  auto held = must(model({x, w}));
+  for (int round = 0; round < 3; ++round) {  // new steps reuse the bucket's memory
+    pool.mark_step_begin();
+    (void)must(model({batch(2, 40 + round), w}));
+  }
+  CHECK(sizes_of(must(held.get(0))) == std::vector<std::int64_t>{3, kCols});
+  CHECK(values_of(must(held.get(0))) == row_model_reference(x, w).y);
+  CHECK(pool.stats().leases_copied_out > 0);
 }
