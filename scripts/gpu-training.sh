@@ -27,16 +27,21 @@ fi
 start=$SECONDS
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON -DCGT_BUILD_BENCHMARKS=ON "${arch_args[@]}" \
   >"$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; exit 1; }
-cmake --build "$build" -j "$jobs" --target cgt_torch_training_tests training_bench torch_training >"$logs/build.log" 2>&1 ||
+cmake --build "$build" -j "$jobs" --target cgt_torch_training_tests cgt_torch_tests training_bench torch_training >"$logs/build.log" 2>&1 ||
   { grep -E "error" -A3 "$logs/build.log" | head -40; exit 1; }
 note "build: $((SECONDS - start))s"
 
 start=$SECONDS
 timeout 120 "$build/tests/cgt_torch_training_tests" "[training]" >"$logs/tests.log" 2>&1
 rc=$?
-grep -E "graph vs eager|FAILED|failed|with expansion|REQUIRE|CHECK" "$logs/tests.log" | head -40
+grep -E "graph vs eager|per-function:|vs libtorch|FAILED|failed|with expansion|REQUIRE|CHECK" "$logs/tests.log" | head -60
 note "tests [training]: rc $rc, $(grep -E '^test cases|All tests passed' "$logs/tests.log" | tail -1) ($((SECONDS - start))s)"
-grep -E "graph vs eager" -A1 "$logs/tests.log" | grep -v "^--" | while read -r line; do echo "  $line"; done >"$logs/diffs.txt"
+grep -E "graph vs eager|per-function:|vs libtorch" -A1 "$logs/tests.log" | grep -v "^--" | while read -r line; do echo "  $line"; done >"$logs/diffs.txt"
+# The autograd functions (their gradient buffers adopt an optimizer's `.grad`).
+start=$SECONDS
+timeout 120 "$build/tests/cgt_torch_tests" "[autograd]" >"$logs/autograd.log" 2>&1
+note "tests [autograd]: rc $?, $(grep -E '^test cases|All tests passed' "$logs/autograd.log" | tail -1) ($((SECONDS - start))s)"
+grep -E "FAILED|with expansion" -A3 "$logs/autograd.log" | head -30
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 start=$SECONDS
