@@ -206,7 +206,7 @@ std::vector<Method> methods() {
       {"cgt whole-step graph", [](Transformer& m, const Data& d) { return cgt_whole_step(m, d, true); }},
       {"cgt whole-step graph (per-step grads)",
        [](Transformer& m, const Data& d) { return cgt_whole_step(m, d, false); }},
-      {"cgt per-function fwd+bwd graphs, graphed update", cgt_per_function},
+      {"cgt per-function graphs + graphed update", cgt_per_function},
   };
 }
 

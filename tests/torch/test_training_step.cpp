@@ -92,6 +92,7 @@ std::vector<Batch> batches(std::vector<std::int64_t> x_sizes, std::vector<std::i
 struct Run {
   std::vector<float> losses;
   std::vector<torch::Tensor> params;
+  std::vector<std::string> names;  // the parameters' names, where the run knows them
 };
 
 enum class Method {
@@ -204,7 +205,10 @@ Run train(Method method, const std::vector<Batch>& data, cgt::Stats* stats = nul
   }
   Run run;
   for (const auto& loss : losses) run.losses.push_back(loss.item<float>());
-  for (const auto& p : model->parameters()) run.params.push_back(p.detach().cpu());
+  for (const auto& item : model->named_parameters()) {
+    run.params.push_back(item.value().detach().cpu());
+    run.names.push_back(item.key());
+  }
   return run;
 }
 
@@ -226,6 +230,28 @@ Difference difference(const Run& a, const Run& b) {
   return d;
 }
 
+// Against libtorch's own Adam, every parameter but the attention's key bias. That bias adds
+// q.b to every score of a row, which softmax ignores: its true gradient is zero and the computed
+// one is rounding noise, which Adam divides by its own size (m / sqrt(v)) into steps of about lr.
+// Two Adam implementations that round differently (the fused kernel, libtorch's per-op formula)
+// walk it apart by up to lr per step; against the same implementation run eagerly it is equal.
+// Returns the difference over the other parameters; `key_bias` gets the bias's own.
+Difference difference_but_key_bias(const Run& a, const Run& b, double& key_bias) {
+  Run a_rest = a, b_rest = b;
+  key_bias = 0;
+  for (std::size_t i = 0; i < a.names.size(); ++i) {
+    if (a.names[i] != "qkv.bias") continue;
+    const std::int64_t hidden = a.params[i].size(0) / 3;
+    const auto keys = torch::indexing::Slice(hidden, 2 * hidden);
+    key_bias = (a.params[i].index({keys}) - b.params[i].index({keys})).abs().max().item<double>();
+    a_rest.params[i] = a.params[i].clone();
+    a_rest.params[i].index_put_({keys}, 0);
+    b_rest.params[i] = b.params[i].clone();
+    b_rest.params[i].index_put_({keys}, 0);
+  }
+  return difference(a_rest, b_rest);
+}
+
 template <class Model>
 void graph_trains_as_eager(const std::vector<Batch>& data, const char* what) {
   cgt::Stats stats;
@@ -241,10 +267,11 @@ void graph_trains_as_eager(const std::vector<Batch>& data, const char* what) {
   CHECK(stats.replays == steps - 2);
   CHECK(stats.eager_calls == 0);
   const Difference vs_eager = difference(graph, eager);
-  const Difference vs_libtorch = difference(graph, libtorch);
+  double key_bias = 0;
+  const Difference vs_libtorch = difference_but_key_bias(graph, libtorch, key_bias);
   WARN(what << ": graph vs eager (capturable Adam): max loss diff " << vs_eager.loss << ", max param diff "
-            << vs_eager.param << "; vs torch::optim::Adam: loss " << vs_libtorch.loss << ", param "
-            << vs_libtorch.param);
+            << vs_eager.param << "; vs torch::optim::Adam: loss " << vs_libtorch.loss << ", param " << vs_libtorch.param
+            << " (attention key bias: " << key_bias << ")");
   CHECK(vs_eager.loss <= 1e-5);
   CHECK(vs_eager.param <= 1e-5);
   // The fused kernel's bias corrections are doubles from the device's step count, as libtorch's
@@ -290,10 +317,12 @@ TEST_CASE("training/per_function_graphs_with_a_graphed_update_train_as_eager", "
     CHECK(stats.replays == stats.calls - stats.warmups - stats.recordings);
     CHECK(stats.replays >= 5 * (steps - 2));
     const Difference vs_eager = difference(graphs, eager);
-    const Difference vs_libtorch = difference(graphs, libtorch);
+    double key_bias = 0;
+    const Difference vs_libtorch = difference_but_key_bias(graphs, libtorch, key_bias);
     WARN((transformer ? "transformer block" : "MLP")
          << " per-function: vs eager (cgt Adam): loss " << vs_eager.loss << ", param " << vs_eager.param
-         << "; vs torch::optim::Adam: loss " << vs_libtorch.loss << ", param " << vs_libtorch.param);
+         << "; vs torch::optim::Adam: loss " << vs_libtorch.loss << ", param " << vs_libtorch.param
+         << " (attention key bias: " << key_bias << ")");
     CHECK(vs_eager.loss <= 1e-5);
     CHECK(vs_eager.param <= 1e-5);
     CHECK(vs_libtorch.loss <= 1e-5);
