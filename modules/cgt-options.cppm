@@ -127,10 +127,12 @@ struct Pad {
   double value = 0.0;
 
   /// Added rows hold `value`: 0 for activations, a padding token id, an ignored position.
-  [[nodiscard]] static constexpr Pad constant(double value) noexcept { return {PadMode::constant, value}; }
+  [[nodiscard]] static constexpr Pad constant(double value) noexcept {
+    return {.mode = PadMode::constant, .value = value};
+  }
   /// Added rows repeat the last real row: for inputs where any constant could make a row-wise op
   /// produce NaN or infinity (a log, a division by a norm) and the program checks for those.
-  [[nodiscard]] static constexpr Pad replicate() noexcept { return {PadMode::replicate, 0.0}; }
+  [[nodiscard]] static constexpr Pad replicate() noexcept { return {.mode = PadMode::replicate, .value = 0.0}; }
 };
 
 /// Batch buckets (what vLLM and TensorRT-LLM do): graphs are recorded only at these sizes of one

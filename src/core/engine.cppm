@@ -484,7 +484,8 @@ class Engine {
   Result<CallOutputs> run_bucketed(CallFrame& frame);
   /// Makes each lease of `out` hand out its value's first `size` rows along `dim`, where the value
   /// has `bucket` of them there; the leases keep holding the whole storage.
-  Result<void> slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket, std::int64_t size);
+  Result<void> slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket,
+                             std::int64_t size) const;
 
   // --- eager fallback and warm-up (engine_warmup.cpp) ---
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);

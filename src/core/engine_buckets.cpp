@@ -95,7 +95,7 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
 }
 
 Result<void> Engine::slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket,
-                                   std::int64_t size) {
+                                   std::int64_t size) const {
   const std::size_t dim = function.options.size_source.dim;
   for (LeaseCore& lease : out.leases) {
     if (lease.value == nullptr) continue;

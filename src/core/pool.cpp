@@ -72,7 +72,7 @@ Result<void> check_buckets(const backend::Device& device, const FunctionOptions&
                  " follows " + std::to_string(sizes[i - 1]));
     }
   }
-  if (std::string why = device.why_no_buckets(); !why.empty()) return bad(why);
+  if (const std::string why = device.why_no_buckets(); !why.empty()) return bad(why);
   return {};
 }
 
