@@ -157,6 +157,11 @@ struct PoolOptions {
   /// it redoes, updates that one's executable (cudaGraphExecUpdate) instead of instantiating its
   /// own; the two then share it, and a replay of the one not loaded loads its graph back first.
   bool update_graphs_in_place = true;
+  /// Before instantiating a recorded graph, replace its memset nodes and its one-row
+  /// device-to-device memcpy nodes by kernel nodes that write the same bytes: a graph with such
+  /// nodes costs cudaGraphLaunch several times the CPU of one with kernels only (see
+  /// bench/results/launch.md). Counted in `GraphCounts`; false keeps the graph as captured.
+  bool rewrite_nodes_as_kernels = true;
 };
 
 /// How a pool's graphs came to be (`cgt::GraphCounts`).
@@ -169,7 +174,7 @@ using GraphCounts = cgt::GraphCounts;
 class Device final : public backend::Device {
  public:
   Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-         bool update_graphs_in_place = true);
+         bool update_graphs_in_place = true, bool rewrite_nodes_as_kernels = true);
   ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -221,6 +226,7 @@ class Device final : public backend::Device {
   std::unique_ptr<Arena> arena_;
   bool poison_;
   bool update_in_place_;
+  bool rewrite_nodes_;
   GraphCounts counts_;
 };
 
