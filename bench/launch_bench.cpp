@@ -1,6 +1,7 @@
 // Launch cost against node types (issue 12, item 4): the CPU time of one launch of a captured
 // graph with memset or memcpy nodes, launched raw (cudaGraphLaunch of the graph as captured), and
-// through cgt's replay with `rewrite_nodes_as_kernels` off and on; also the raw launch of the
+// through cgt's replay with the rewrite off and on (`rewrite_memset_nodes` and
+// `rewrite_memcpy_nodes` both, to measure the memcpys too); also the raw launch of the
 // rewritten graph (the rewrite alone, without cgt's bookkeeping). The GPU is idle before every
 // timed launch (a synchronisation after each, not timed). scripts/gpu-launch.sh runs it.
 //
@@ -140,7 +141,7 @@ cudaGraphExec_t instantiate_rewritten(cudaGraph_t graph, NodeCounts& after) {
   cudaGraph_t copy = nullptr;
   check(cudaGraphClone(&copy, graph), "cloning");
   cgt::kernels::NodeRewrites rewrites;
-  check(cgt::kernels::rewrite_for_launch(copy, true, rewrites), "rewriting");
+  check(cgt::kernels::rewrite_for_launch(copy, {.memsets = true, .memcpys = true}, rewrites), "rewriting");
   after = count_nodes(copy);
   cudaGraphExec_t exec = nullptr;
   check(cudaGraphInstantiate(&exec, copy, 0), "instantiating");
@@ -217,7 +218,7 @@ void synthetic(Extra extra) {
   synthetic_work(data.as<float>(), bytes.as<unsigned char>(), extra, true, stream);
   check(cudaStreamEndCapture(stream, &again), "end capture");
   cgt::kernels::NodeRewrites in_place;
-  check(cgt::kernels::rewrite_for_launch(again, true, in_place), "rewriting");
+  check(cgt::kernels::rewrite_for_launch(again, {.memsets = true, .memcpys = true}, in_place), "rewriting");
   cudaGraphExec_t in_place_exec = nullptr;
   check(cudaGraphInstantiate(&in_place_exec, again, 0), "instantiate");
   check(cudaGraphUpload(in_place_exec, stream), "upload");
@@ -230,7 +231,8 @@ void synthetic(Extra extra) {
   for (const bool rewrite : {false, true}) {
     cgt::cuda::PoolOptions options;
     options.blocking_stream = false;
-    options.rewrite_nodes_as_kernels = rewrite;
+    options.rewrite_memset_nodes = rewrite;
+    options.rewrite_memcpy_nodes = rewrite;
     cgt::cuda::Pool& pool = pools.emplace_back(must(cgt::cuda::make_pool(std::move(options))));
     cgt::cuda::Function& fn = functions.emplace_back(must(pool.add_function(
         [extra](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
@@ -401,7 +403,8 @@ void torch_workload(const Workload& workload) {
   pools.reserve(2);  // the calls below keep references to both
   functions.reserve(2);
   for (const bool rewrite : {false, true}) {
-    cgt::torch::Pool& pool = pools.emplace_back(must(cgt::torch::make_pool({.rewrite_nodes_as_kernels = rewrite})));
+    cgt::torch::Pool& pool = pools.emplace_back(
+        must(cgt::torch::make_pool({.rewrite_memset_nodes = rewrite, .rewrite_memcpy_nodes = rewrite})));
     auto run = workload.run;
     cgt::torch::Function& fn = functions.emplace_back(must(
         pool.add_function([run](cgt::torch::Inputs in) { return cgt::torch::Values{run(in[0])}; }, {.name = "w"})));

@@ -180,12 +180,13 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
 }
 
 Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-               bool update_graphs_in_place, bool rewrite_nodes_as_kernels)
+               bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes)
     : device_(device),
       stream_(stream),
       poison_(poison_dead_memory),
       update_in_place_(update_graphs_in_place),
-      rewrite_nodes_(rewrite_nodes_as_kernels) {
+      rewrite_memsets_(rewrite_memset_nodes),
+      rewrite_memcpys_(rewrite_memcpy_nodes) {
   ArenaOptions options = arena;
   options.source.obtain = [device](std::size_t bytes, std::size_t /*alignment*/) -> std::byte* {
     void* memory = nullptr;  // cudaMalloc aligns to at least 256 bytes
@@ -304,10 +305,12 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(settled.error()));
   }
-  // Before anything compares or instantiates it: launches of the graph then cost what its
-  // kernels cost (node_rewrite.hpp).
+  // Memset nodes (and, when asked, one-row device-to-device memcpy nodes) become kernel nodes,
+  // before anything compares or instantiates the graph: its launches then cost what its kernels
+  // cost (node_rewrite.hpp).
   kernels::NodeRewrites rewrites;
-  if (auto rewritten = checked(kernels::rewrite_for_launch(graph.get(), rewrite_nodes_, rewrites),
+  if (auto rewritten = checked(kernels::rewrite_for_launch(
+                                   graph.get(), {.memsets = rewrite_memsets_, .memcpys = rewrite_memcpys_}, rewrites),
                                "replacing a graph's memset and memcpy nodes by kernels");
       !rewritten) {
     backend::free_all(*arena_, context.allocations_);
@@ -443,7 +446,8 @@ Result<Pool> make_pool(PoolOptions options) {
     return std::unexpected(created.error());
   }
   auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory,
-                                         options.update_graphs_in_place, options.rewrite_nodes_as_kernels);
+                                         options.update_graphs_in_place, options.rewrite_memset_nodes,
+                                         options.rewrite_memcpy_nodes);
   return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
 }
 

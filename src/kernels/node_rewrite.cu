@@ -171,7 +171,7 @@ cudaError_t rewrite_memcpy(cudaGraph_t graph, cudaGraphNode_t node, int device, 
 
 }  // namespace
 
-cudaError_t rewrite_for_launch(cudaGraph_t graph, bool rewrite, NodeRewrites& counts) {
+cudaError_t rewrite_for_launch(cudaGraph_t graph, RewriteChoice choice, NodeRewrites& counts) {
   int device = 0;
   if (const cudaError_t got = cudaGetDevice(&device); got != cudaSuccess) return got;
   std::size_t count = 0;
@@ -184,8 +184,8 @@ cudaError_t rewrite_for_launch(cudaGraph_t graph, bool rewrite, NodeRewrites& co
     cudaGraphNodeType type{};
     if (const cudaError_t typed = cudaGraphNodeGetType(node, &type); typed != cudaSuccess) return typed;
     cudaError_t done = cudaSuccess;
-    if (type == cudaGraphNodeTypeMemset) done = rewrite_memset(graph, node, device, rewrite, counts);
-    if (type == cudaGraphNodeTypeMemcpy) done = rewrite_memcpy(graph, node, device, rewrite, counts);
+    if (type == cudaGraphNodeTypeMemset) done = rewrite_memset(graph, node, device, choice.memsets, counts);
+    if (type == cudaGraphNodeTypeMemcpy) done = rewrite_memcpy(graph, node, device, choice.memcpys, counts);
     if (done != cudaSuccess) return done;
   }
   return cudaSuccess;

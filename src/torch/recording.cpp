@@ -458,16 +458,18 @@ Result<void> capture_function(Device::State& state, backend::Invoker& fn, std::s
   return {};
 }
 
-// Step 3a: the captured graph's memset and one-row device-to-device memcpy nodes replaced by
-// kernel nodes (node_rewrite.hpp), before anything compares or instantiates it: launches of the
-// graph then cost what its kernels cost. A graph half rewritten on failure is given up.
+// Step 3a: the captured graph's memset nodes (and, when asked, its one-row device-to-device memcpy
+// nodes) replaced by kernel nodes (node_rewrite.hpp), before anything compares or instantiates it:
+// launches of the graph then cost what its kernels cost. A graph half rewritten on failure is
+// given up.
 Result<void> rewrite_nodes(Device::State& state, Capture& capture) {
   kernels::NodeRewrites rewrites;
   auto rewritten = guarded("replacing a graph's memset and memcpy nodes by kernels", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
-    return checked(
-        kernels::rewrite_for_launch(capture.graph->raw_cuda_graph(), state.rewrite_nodes_as_kernels, rewrites),
-        "replacing a graph's memset and memcpy nodes by kernels");
+    return checked(kernels::rewrite_for_launch(
+                       capture.graph->raw_cuda_graph(),
+                       {.memsets = state.rewrite_memset_nodes, .memcpys = state.rewrite_memcpy_nodes}, rewrites),
+                   "replacing a graph's memset and memcpy nodes by kernels");
   });
   if (!rewritten) return rewritten;
   state.graph_counts.memset_nodes_rewritten += rewrites.memsets_rewritten;

@@ -1,6 +1,7 @@
 // cgt.cuda's recorded graphs with memset and memcpy nodes: replaced by kernel nodes before
-// instantiation (`PoolOptions::rewrite_nodes_as_kernels`), they must write byte for byte what the
-// memsets and copies wrote, in the same order with the kernels around them. Tagged [gpu][launch].
+// instantiation (`PoolOptions::rewrite_memset_nodes`, `rewrite_memcpy_nodes`), they must write
+// byte for byte what the memsets and copies wrote, in the same order with the kernels around them.
+// Tagged [gpu][launch].
 #include <catch2/catch_test_macros.hpp>
 
 #include <cuda_runtime_api.h>
@@ -87,10 +88,11 @@ TEST_CASE("cuda/memset and memcpy nodes become kernels that write the same bytes
   const std::size_t memsets = lt::memsets_in(lt::script_before_kernel()) + lt::memsets_in(lt::script_after_kernel());
   const std::size_t copies = lt::copies_in(lt::script_after_kernel());
   for (const bool rewrite : {true, false}) {
-    INFO("rewrite_nodes_as_kernels = " << rewrite);
+    INFO("rewrite_memset_nodes = rewrite_memcpy_nodes = " << rewrite);
     cgt::cuda::PoolOptions options;
     options.poison_dead_memory = true;  // a replay that skipped a byte shows 0xFF there
-    options.rewrite_nodes_as_kernels = rewrite;
+    options.rewrite_memset_nodes = rewrite;
+    options.rewrite_memcpy_nodes = rewrite;
     auto pool = must(cgt::cuda::make_pool(std::move(options)));
     auto script = must(pool.add_function(
         [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) { return run_script(ctx, in[0]); }, {.name = "script"}));
@@ -116,7 +118,7 @@ TEST_CASE("cuda/memset and memcpy nodes become kernels that write the same bytes
 
 // A re-recording because a static input moved has the rewritten topology of the first recording
 // (the rewrite goes node by node in creation order): it updates that executable in place, and
-// both graphs, loaded in turn, write their bytes.
+// both graphs, loaded in turn, write their bytes. Default options: memsets rewritten, memcpys kept.
 TEST_CASE("cuda/a rewritten graph updates in place when a static input moves, and both addresses replay right",
           "[gpu][launch]") {
   scenario::skip_unless_available<H>();
@@ -142,4 +144,6 @@ TEST_CASE("cuda/a rewritten graph updates in place when a static input moves, an
   CHECK(counts.memset_nodes_kept == 0);
   CHECK(counts.memset_nodes_rewritten ==
         2 * (lt::memsets_in(lt::script_before_kernel()) + lt::memsets_in(lt::script_after_kernel())));
+  CHECK(counts.memcpy_nodes_rewritten == 0);
+  CHECK(counts.memcpy_nodes_kept == 2 * lt::copies_in(lt::script_after_kernel()));
 }

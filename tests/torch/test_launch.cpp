@@ -1,6 +1,6 @@
 // cgt.torch's recorded graphs with memset and memcpy nodes: replaced by kernel nodes before
-// instantiation (`PoolOptions::rewrite_nodes_as_kernels`), they must write byte for byte what the
-// memsets and copies wrote, around libtorch's kernels. Tagged [gpu][launch].
+// instantiation (`PoolOptions::rewrite_memset_nodes`, `rewrite_memcpy_nodes`), they must write
+// byte for byte what the memsets and copies wrote, around libtorch's kernels. Tagged [gpu][launch].
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -78,8 +78,9 @@ TEST_CASE("torch/memset and memcpy nodes become kernels that write the same byte
   const std::size_t memsets = lt::memsets_in(lt::script_before_kernel()) + lt::memsets_in(lt::script_after_kernel());
   const std::size_t copies = lt::copies_in(lt::script_after_kernel());
   for (const bool rewrite : {true, false}) {
-    INFO("rewrite_nodes_as_kernels = " << rewrite);
-    auto pool = must(cgt::torch::make_pool({.tree = {.debug_checks = true}, .rewrite_nodes_as_kernels = rewrite}));
+    INFO("rewrite_memset_nodes = rewrite_memcpy_nodes = " << rewrite);
+    auto pool = must(cgt::torch::make_pool(
+        {.tree = {.debug_checks = true}, .rewrite_memset_nodes = rewrite, .rewrite_memcpy_nodes = rewrite}));
     auto script = must(pool.add_function([](cgt::torch::Inputs in) { return run_script(in[0]); }, {.name = "script"}));
     for (int step = 0; step < 5; ++step) {
       INFO("step " << step);
@@ -104,18 +105,20 @@ TEST_CASE("torch/memset and memcpy nodes become kernels that write the same byte
 }
 
 // Ordinary libtorch work whose capture holds memcpy nodes (copy_ of contiguous tensors of one
-// type is a cudaMemcpyAsync) and maybe memsets (cuBLAS, CUB): replays give eager's values.
+// type is a cudaMemcpyAsync) and memset nodes (CUB's radix sort of 65536 values: the benchmark's
+// probe counted 6 memsets in sort + cumsum): replays give eager's values.
 TEST_CASE("torch/a capture of libtorch copies and matmuls, its nodes rewritten, replays eager's values",
           "[gpu][launch]") {
   scenario::skip_unless_available<H>();
-  auto pool = must(cgt::torch::make_pool({}));
+  auto pool = must(cgt::torch::make_pool({.rewrite_memcpy_nodes = true}));
   const auto layer = [](const at::Tensor& x, const at::Tensor& w) {
     at::Tensor copy = at::empty_like(x);
     copy.copy_(x);
     at::Tensor y = at::matmul(copy, w);
     at::Tensor z = at::zeros({y.size(0), 3}, y.options());
     z.add_(y.narrow(1, 0, 3));
-    return cgt::torch::Values{y, z, copy, at::cumsum(copy, 1)};
+    const at::Tensor many = copy.flatten().repeat(171).narrow(0, 0, 65536);
+    return cgt::torch::Values{y, z, copy, at::cumsum(copy, 1), at::cumsum(std::get<0>(at::sort(many)), 0)};
   };
   const at::Tensor w = at::randn({48, 40}, H::cuda());
   auto fn = must(pool.add_function([w, layer](cgt::torch::Inputs in) { return layer(in[0], w); }, {.name = "layer"}));
@@ -127,13 +130,17 @@ TEST_CASE("torch/a capture of libtorch copies and matmuls, its nodes rewritten, 
     const cgt::torch::Values eager = layer(x, w);
     for (std::size_t i = 0; i < eager.size(); ++i) {
       INFO("output " << i);
-      CHECK(at::allclose(must(out.get(i)).get(), eager[i], 1e-5, 1e-5));
+      // The last sums 65536 values (to about 3e4) by CUB's scan, whose order of additions depends
+      // on timing: it matches eager to rounding only.
+      const bool long_sum = i + 1 == eager.size();
+      CHECK(at::allclose(must(out.get(i)).get(), eager[i], long_sum ? 1e-3 : 1e-5, long_sum ? 1e-1 : 1e-5));
     }
     CHECK(at::equal(must(out.get(2)).get(), x));
   }
   CHECK(pool.stats().replays == 2);
   const cgt::GraphCounts& counts = must(pool.device()).get().graph_counts();
   CHECK(counts.memcpy_nodes_rewritten >= 1);
+  CHECK(counts.memset_nodes_rewritten >= 1);
   CHECK(counts.memset_nodes_kept == 0);
   CHECK(counts.memcpy_nodes_kept == 0);
 }
