@@ -71,7 +71,9 @@ int main(int argc, char** argv) {
     bool same = true;
     for (std::int64_t position = 0; position < max_length - 1; ++position) {
       const torch::Tensor where = torch::full({1}, position, cuda.dtype(torch::kLong));
-      const torch::Tensor input = position < prompt_length ? prompt.select(1, position) : next;
+      // Contiguous, as the generated tokens are: strides are part of a graph's key, so a strided
+      // column of the prompt would get a graph of its own.
+      const torch::Tensor input = position < prompt_length ? prompt.select(1, position).contiguous() : next;
       const torch::Tensor input_eager = position < prompt_length ? prompt.select(1, position) : next_eager;
 
       pool->mark_step_begin();  // the last step's logits may be reclaimed from here on

@@ -51,7 +51,9 @@ Decoded decode(const torch::Tensor& prompt, Step&& step) {
   std::vector<torch::Tensor> tokens;
   torch::Tensor next;
   for (std::int64_t position = 0; position < max_length - 1; ++position) {
-    const torch::Tensor input = position < prompt_length ? prompt.select(1, position) : next;
+    // Contiguous, as the generated tokens are: strides are part of a graph's key, so a strided
+    // column of the prompt would get a graph of its own.
+    const torch::Tensor input = position < prompt_length ? prompt.select(1, position).contiguous() : next;
     const torch::Tensor logits =
         step(input, torch::full({1}, position, torch::TensorOptions(device).dtype(torch::kLong)));
     out.logits.push_back(logits.cpu());
