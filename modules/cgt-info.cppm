@@ -80,6 +80,15 @@ struct GraphCounts {
   std::uint64_t instantiated = 0;      ///< executables instantiated (cudaGraphInstantiate)
   std::uint64_t updated_in_place = 0;  ///< re-recordings that updated an earlier recording's executable
   std::uint64_t switched = 0;          ///< replays that loaded their graph back into a shared executable
+  /// Memset nodes of recorded graphs replaced by kernel nodes (`rewrite_memset_nodes`), and those
+  /// left as they were (the option off, or memory of another device or of the host).
+  std::uint64_t memset_nodes_rewritten = 0;
+  std::uint64_t memset_nodes_kept = 0;
+  /// Memcpy nodes of recorded graphs replaced by kernel nodes (`rewrite_memcpy_nodes`: one row of
+  /// bytes between memory of the pool's device), and those left as they were (the option off,
+  /// host memory, 2D or 3D).
+  std::uint64_t memcpy_nodes_rewritten = 0;
+  std::uint64_t memcpy_nodes_kept = 0;
 };
 
 /// One allocated block of the pool.

@@ -157,6 +157,14 @@ struct PoolOptions {
   /// it redoes, updates that one's executable (cudaGraphExecUpdate) instead of instantiating its
   /// own; the two then share it, and a replay of the one not loaded loads its graph back first.
   bool update_graphs_in_place = true;
+  /// Before instantiating a recorded graph, replace its memset nodes by kernel nodes that write
+  /// the same bytes: a graph with memset nodes costs cudaGraphLaunch many times the CPU of one
+  /// with kernels only (60 memsets among 400 kernels: 116 us against 5 us on an H100, see
+  /// bench/results/launch.md). Counted in `GraphCounts`; false keeps them as captured.
+  bool rewrite_memset_nodes = true;
+  /// Replace one-row device-to-device memcpy nodes by copy kernels too. Off by default: they were
+  /// measured no slower to launch than kernels.
+  bool rewrite_memcpy_nodes = false;
 };
 
 /// How a pool's graphs came to be (`cgt::GraphCounts`).
@@ -169,7 +177,7 @@ using GraphCounts = cgt::GraphCounts;
 class Device final : public backend::Device {
  public:
   Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-         bool update_graphs_in_place = true);
+         bool update_graphs_in_place = true, bool rewrite_memset_nodes = true, bool rewrite_memcpy_nodes = false);
   ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -227,6 +235,8 @@ class Device final : public backend::Device {
   std::unique_ptr<Arena> arena_;
   bool poison_;
   bool update_in_place_;
+  bool rewrite_memsets_;
+  bool rewrite_memcpys_;
   GraphCounts counts_;
 };
 

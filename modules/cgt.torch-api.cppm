@@ -36,6 +36,15 @@ struct PoolOptions {
   /// own; the two then share it, and a replay of the one not loaded loads its graph back first.
   /// Only graphs that draw no random numbers share (those replay through `CUDAGraph::replay`).
   bool update_graphs_in_place = true;
+  /// Before instantiating a recorded graph, replace its memset nodes (cuBLAS, cuDNN, CUB and
+  /// Inductor captures have them) by kernel nodes that write the same bytes: a graph with memset
+  /// nodes costs cudaGraphLaunch many times the CPU of one with kernels only (a BERT-like stack of
+  /// at:: ops with 24 memsets: 55 us a raw launch, 15 us a cgt replay, on an H100; see
+  /// bench/results/launch.md). Counted in `GraphCounts`; false keeps them as captured.
+  bool rewrite_memset_nodes = true;
+  /// Replace one-row device-to-device memcpy nodes (`copy_` of contiguous tensors) by copy
+  /// kernels too. Off by default: they were measured no slower to launch than kernels.
+  bool rewrite_memcpy_nodes = false;
 };
 
 /// Number of usable CUDA devices; 0 without a GPU or driver. Never throws.
@@ -52,7 +61,8 @@ struct PoolOptions {
 /// captures (it is one per device).
 class Device final : public backend::Device {
  public:
-  explicit Device(std::int16_t device, bool update_graphs_in_place = true);
+  explicit Device(std::int16_t device, bool update_graphs_in_place = true, bool rewrite_memset_nodes = true,
+                  bool rewrite_memcpy_nodes = false);
   ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -60,7 +70,7 @@ class Device final : public backend::Device {
   [[nodiscard]] std::int16_t index() const noexcept;
   /// Is `address` inside a segment of this pool's private memory pool?
   [[nodiscard]] bool contains(std::uintptr_t address) const;
-  /// How this pool's graphs came to be: instantiated, updated in place, switched.
+  /// How this pool's graphs came to be: instantiated, updated in place, switched, nodes rewritten.
   [[nodiscard]] const GraphCounts& graph_counts() const noexcept;
 
   /// A tensor's element type by name ("Float"), for messages.

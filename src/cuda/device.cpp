@@ -4,6 +4,7 @@ module;
 #include <cuda_runtime_api.h>
 
 #include "input_copy.hpp"
+#include "node_rewrite.hpp"
 #include "shared_exec.hpp"
 
 #include <algorithm>
@@ -59,6 +60,13 @@ kernels::Gather gather_of(const Buffer& source, const Buffer& slot) {
   gather.element_bytes = static_cast<int>(element_size(source.type()));
   gather.count = static_cast<long long>(source.numel());
   return gather;
+}
+
+void count_rewrites(GraphCounts& counts, const kernels::NodeRewrites& rewrites) {
+  counts.memset_nodes_rewritten += rewrites.memsets_rewritten;
+  counts.memset_nodes_kept += rewrites.memsets_kept;
+  counts.memcpy_nodes_rewritten += rewrites.memcpys_rewritten;
+  counts.memcpy_nodes_kept += rewrites.memcpys_kept;
 }
 
 // What owns a cuda pool's instantiated graph: the executable and the graph it came from (destroyed
@@ -172,8 +180,13 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
 }
 
 Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-               bool update_graphs_in_place)
-    : device_(device), stream_(stream), poison_(poison_dead_memory), update_in_place_(update_graphs_in_place) {
+               bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes)
+    : device_(device),
+      stream_(stream),
+      poison_(poison_dead_memory),
+      update_in_place_(update_graphs_in_place),
+      rewrite_memsets_(rewrite_memset_nodes),
+      rewrite_memcpys_(rewrite_memcpy_nodes) {
   ArenaOptions options = arena;
   options.source.obtain = [device](std::size_t bytes, std::size_t /*alignment*/) -> std::byte* {
     void* memory = nullptr;  // cudaMalloc aligns to at least 256 bytes
@@ -292,6 +305,18 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(settled.error()));
   }
+  // Memset nodes (and, when asked, one-row device-to-device memcpy nodes) become kernel nodes,
+  // before anything compares or instantiates the graph: its launches then cost what its kernels
+  // cost (node_rewrite.hpp).
+  kernels::NodeRewrites rewrites;
+  if (auto rewritten = checked(kernels::rewrite_for_launch(
+                                   graph.get(), {.memsets = rewrite_memsets_, .memcpys = rewrite_memcpys_}, rewrites),
+                               "replacing a graph's memset and memcpy nodes by kernels");
+      !rewritten) {
+    backend::free_all(*arena_, context.allocations_);
+    return std::unexpected(rewritten.error());
+  }
+  count_rewrites(counts_, rewrites);
   std::vector<kernels::CopyBatch> captured = kernels::batches_of(nodes);
   // A re-recording because a static input moved: update the old recording's executable when the
   // topology is the same, instead of instantiating another; the recording then owns its graph.
@@ -421,7 +446,8 @@ Result<Pool> make_pool(PoolOptions options) {
     return std::unexpected(created.error());
   }
   auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory,
-                                         options.update_graphs_in_place);
+                                         options.update_graphs_in_place, options.rewrite_memset_nodes,
+                                         options.rewrite_memcpy_nodes);
   return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
 }
 

@@ -66,7 +66,7 @@ int device_count() noexcept {
   return c10::cuda::device_count();
 }
 
-Device::Device(std::int16_t device, bool update_graphs_in_place) {
+Device::Device(std::int16_t device, bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes) {
   const auto index = static_cast<c10::DeviceIndex>(device);
   c10::cuda::CUDAGuard device_guard(index);
   // The caching allocator must be initialised before its pool functions are used.
@@ -82,6 +82,8 @@ Device::Device(std::int16_t device, bool update_graphs_in_place) {
       std::make_unique<State>(index, c10::cuda::getStreamFromExternal(stream, index), at::cuda::graph_pool_handle());
   state_->own_stream = stream;
   state_->update_graphs_in_place = update_graphs_in_place;
+  state_->rewrite_memset_nodes = rewrite_memset_nodes;
+  state_->rewrite_memcpy_nodes = rewrite_memcpy_nodes;
   // Keeps the private pool alive between graphs (PyTorch keeps an empty graph for this).
   allocator::createOrIncrefPool(index, state_->pool);
 }
@@ -317,7 +319,8 @@ Result<Pool> make_pool(PoolOptions options) {
                                          std::to_string(device_count()) + ")");
   }
   auto device = guarded("making the pool", [&]() -> Result<std::unique_ptr<Device>> {
-    return std::make_unique<Device>(options.device, options.update_graphs_in_place);
+    return std::make_unique<Device>(options.device, options.update_graphs_in_place, options.rewrite_memset_nodes,
+                                    options.rewrite_memcpy_nodes);
   });
   if (!device) return std::unexpected(std::move(device.error()));
   return backend::make_pool<Backend>(std::move(*device), std::move(options.tree));

@@ -89,6 +89,8 @@ struct Device::State {
   std::size_t host_pool_uses_kept = 0;
   cudaStream_t own_stream = nullptr;  ///< `stream`, created for this pool; destroyed with it
   bool update_graphs_in_place = true;
+  bool rewrite_memset_nodes = true;   ///< `PoolOptions::rewrite_memset_nodes`
+  bool rewrite_memcpy_nodes = false;  ///< `PoolOptions::rewrite_memcpy_nodes`
   GraphCounts graph_counts;
   std::size_t peak_allocated = 0;
   /// One record per StorageImpl, so that outputs of several graphs viewing one storage share it.

@@ -12,6 +12,7 @@ module;
 
 #include "generator_access.hpp"
 #include "input_copy.hpp"
+#include "node_rewrite.hpp"
 #include "shared_exec.hpp"
 
 #include <cstddef>
@@ -457,6 +458,27 @@ Result<void> capture_function(Device::State& state, backend::Invoker& fn, std::s
   return {};
 }
 
+// Step 3a: the captured graph's memset nodes (and, when asked, its one-row device-to-device memcpy
+// nodes) replaced by kernel nodes (node_rewrite.hpp), before anything compares or instantiates it:
+// launches of the graph then cost what its kernels cost. A graph half rewritten on failure is
+// given up.
+Result<void> rewrite_nodes(Device::State& state, Capture& capture) {
+  kernels::NodeRewrites rewrites;
+  auto rewritten = guarded("replacing a graph's memset and memcpy nodes by kernels", [&]() -> Result<void> {
+    const c10::cuda::CUDAGuard device_guard(state.index);
+    return checked(kernels::rewrite_for_launch(
+                       capture.graph->raw_cuda_graph(),
+                       {.memsets = state.rewrite_memset_nodes, .memcpys = state.rewrite_memcpy_nodes}, rewrites),
+                   "replacing a graph's memset and memcpy nodes by kernels");
+  });
+  if (!rewritten) return rewritten;
+  state.graph_counts.memset_nodes_rewritten += rewrites.memsets_rewritten;
+  state.graph_counts.memset_nodes_kept += rewrites.memsets_kept;
+  state.graph_counts.memcpy_nodes_rewritten += rewrites.memcpys_rewritten;
+  state.graph_counts.memcpy_nodes_kept += rewrites.memcpys_kept;
+  return {};
+}
+
 // Where a new recording's graph runs: an executable it shares (the graph is then its own), or
 // one instantiated from its graph.
 struct Placement {
@@ -554,6 +576,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   if (auto prepared = prepare_slots(state, capture, plan); !prepared) return std::unexpected(prepared.error());
   if (auto captured = capture_function(state, fn, args, capture); !captured) return std::unexpected(captured.error());
   if (auto usable = check_outputs(capture.outputs, false); !usable) return std::unexpected(usable.error());
+  if (auto rewritten = rewrite_nodes(state, capture); !rewritten) return std::unexpected(rewritten.error());
   std::vector<kernels::CopyBatch> captured = kernels::batches_of(capture.nodes);
   auto placement = place_graph(state, plan, capture, captured);
   if (!placement) return std::unexpected(std::move(placement.error()));
