@@ -166,7 +166,7 @@ class Model {
   [[nodiscard]] const Function& function() const noexcept { return function_; }
   [[nodiscard]] std::string_view name() const noexcept { return function_.name(); }
 
-  struct Runner;  // the module or package, and what its calls have seen; in src/torch/model.cpp
+  struct Runner;  // the module or package, and what its calls have seen; src/torch/model_runner.cppm
 
  private:
   friend Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, ModelOptions options);

@@ -50,7 +50,7 @@ Result<Model> add_aoti_package(Pool& pool, const std::string& path, ModelOptions
     // run_single_threaded: the default runner records a CUDA event per run and queries it at the
     // next, which a capture does not allow.
     loader = std::make_shared<Loader>(path, model_name, /*run_single_threaded=*/true, /*num_runners=*/1,
-                                      device->get().index());
+                                      static_cast<c10::DeviceIndex>(device->get().index()));
   } catch (const std::exception& error) {
     return fail(Errc::invalid_argument,
                 "cannot load the AOTInductor package '" + path + "' (model '" + model_name + "'): " + message_of(error),
@@ -63,7 +63,8 @@ Result<Model> add_aoti_package(Pool& pool, std::shared_ptr<Loader> loader, Model
   if (!loader) return fail(Errc::invalid_argument, "add_aoti_package with an empty loader", options.name);
   auto device = pool.device();
   if (!device) return std::unexpected(std::move(device.error()));
-  auto runner = std::make_shared<AotiRunner>(std::move(loader), device->get().index(), options.priming_runs);
+  auto runner = std::make_shared<AotiRunner>(std::move(loader), static_cast<c10::DeviceIndex>(device->get().index()),
+                                             options.priming_runs);
   auto function = register_model(pool, runner, options);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));

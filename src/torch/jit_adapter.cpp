@@ -53,7 +53,7 @@ Result<void> check_on_device(const ::torch::jit::Module& module, c10::DeviceInde
 Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, ModelOptions options) {
   auto device = pool.device();
   if (!device) return std::unexpected(std::move(device.error()));
-  const c10::DeviceIndex index = device->get().index();
+  const c10::DeviceIndex index = static_cast<c10::DeviceIndex>(device->get().index());
   try {
     if (!module.find_method("forward")) {
       return fail(Errc::invalid_argument, "the TorchScript module has no forward method", options.name);

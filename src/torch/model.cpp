@@ -379,7 +379,7 @@ void Model::Runner::prime(const std::vector<c10::IValue>& arguments) {
 }
 
 Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner, const ModelOptions& options) {
-  return pool.add_function([runner = std::move(runner)](Inputs in) { return (*runner)(std::move(in)); },
+  return pool.add_function([runner = std::move(runner)](Inputs in) { return (*runner)(in); },
                            {.name = options.name,
                             .static_inputs = options.static_inputs,
                             .mutated_inputs = options.mutated_inputs,
