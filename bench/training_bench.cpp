@@ -149,18 +149,22 @@ Trainer cgt_whole_step(Transformer& model, const Data& data, bool static_grads) 
 }
 
 // Each block, and the final norm with the loss, as a cgt autograd function (forward graph; the
-// backward graph recomputes the forward), chained into one path per step; the capturable Adam
-// steps eagerly after `backward()`, as under reduce-overhead.
+// backward graph recomputes the forward), chained into one path per step; `backward()` runs
+// through them, then the capturable Adam's update replays as a graph of its own
+// (make_optimizer_step). The optimizer is made first: the functions' backward graphs accumulate
+// into its gradients directly.
 Trainer cgt_per_function(Transformer& model, const Data& data) {
   struct State {
     cgt::torch::Adam adam;
     cgt::torch::Pool pool;
     std::vector<cgt::torch::AutogradFunction> blocks;
     std::optional<cgt::torch::AutogradFunction> head;
+    std::optional<cgt::torch::OptimizerStep> update;
   };
   auto state = std::make_shared<State>(State{must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3})),
                                              must(cgt::torch::make_pool({.device = 0})),
                                              {},
+                                             std::nullopt,
                                              std::nullopt});
   for (std::size_t i = 0; i < model->blocks.size(); ++i) {
     Block block = model->blocks[i];
@@ -175,7 +179,9 @@ Trainer cgt_per_function(Transformer& model, const Data& data) {
                                                 return cgt::torch::Values{torch::mse_loss(norm->forward(in[0]), in[1])};
                                               },
                                               {.name = "norm_and_loss", .parameters = norm->parameters()}));
+  state->update = must(cgt::torch::make_optimizer_step(state->pool, state->adam));
   return {state, [state, &data] {
+            state->pool.mark_step_begin();
             state->adam.zero_grad(false);
             std::vector<cgt::torch::AutogradOutputs> outs;
             outs.reserve(state->blocks.size() + 1);
@@ -186,7 +192,10 @@ Trainer cgt_per_function(Transformer& model, const Data& data) {
             }
             outs.push_back(must((*state->head)({h, data.y})));
             outs.back()[0].backward();
-            state->adam.step();
+            if (auto updated = (*state->update)(); !updated) {
+              std::cerr << updated.error().describe() << '\n';
+              std::exit(1);
+            }
           }};
 }
 
@@ -197,7 +206,7 @@ std::vector<Method> methods() {
       {"cgt whole-step graph", [](Transformer& m, const Data& d) { return cgt_whole_step(m, d, true); }},
       {"cgt whole-step graph (per-step grads)",
        [](Transformer& m, const Data& d) { return cgt_whole_step(m, d, false); }},
-      {"cgt per-function fwd+bwd graphs", cgt_per_function},
+      {"cgt per-function graphs + graphed update", cgt_per_function},
   };
 }
 

@@ -27,8 +27,11 @@
 //
 // Gradients reach inputs that require grad as eager autograd would give them (accumulated into a
 // leaf's `.grad()`, passed on to earlier nodes otherwise), and the parameters' `.grad()`: each
-// parameter's gradient is accumulated by the backward graph into a buffer the function owns,
-// outside the pool, which becomes the parameter's `.grad()` when it has none. So no `.grad()`
+// parameter's gradient is accumulated by the backward graph into a buffer outside the pool,
+// which becomes the parameter's `.grad()` when it has none: the `.grad()` the parameter had when
+// the function was made (a capturable optimizer's static gradient, cgt.torch:optim: make the
+// optimizer first, and the backward graph writes straight into what its update reads), or one
+// the function makes. So no `.grad()`
 // ever lives in the pool (by design: PyTorch's "gradient accumulation into a .grad tensor output
 // of CUDAGraphs" cannot happen), accumulation over several backwards works, `retain_graph`
 // works, and both `zero_grad()` forms work; a `.grad()` the program assigned itself receives the

@@ -46,13 +46,20 @@ import :api;
 
 export namespace cgt::torch {
 
-/// Adam's hyper-parameters (libtorch's `AdamOptions`, without amsgrad); constants of the graph.
+/// Adam's hyper-parameters (libtorch's `AdamOptions`); constants of the graph.
 struct AdamOptions {
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0;  ///< L2 penalty added to the gradient (Adam, not AdamW)
+  /// L2 penalty added to the gradient (Adam), or, with `decoupled_weight_decay`, the parameters
+  /// shrunk by `lr * weight_decay` before the update (AdamW: libtorch's `AdamW` is
+  /// `{.weight_decay = 1e-2, .decoupled_weight_decay = true}`).
+  double weight_decay = 0;
+  bool decoupled_weight_decay = false;
+  /// The maximum of the second moments so far in the denominator (AMSGrad); one more state tensor
+  /// per parameter.
+  bool amsgrad = false;
   /// The gradients at static addresses, made with the optimizer (outside any pool) and zeroed in
   /// place by the training step: `.grad` stays readable after each step, and the memory of the
   /// gradients is held through the forward. False: the training step sets `.grad` to none at its
@@ -124,20 +131,28 @@ class Optimizer {
   bool static_grads_ = true;
 };
 
-/// Adam with its state on the device (PyTorch's `Adam(capturable=True)`, multi-tensor path):
-/// bias corrections are computed on the device from the step tensors.
+/// Adam with its state on the device: PyTorch's fused Adam (`Adam(fused=True)`: one kernel
+/// launch per ~hundred tensors, bias corrections in double precision from the device's step
+/// counts) where every parameter, gradient and state tensor share a dtype, a device and a dense
+/// layout; otherwise PyTorch's `capturable=True` multi-tensor formula (bias corrections in
+/// float32 on the device). Both are capturable.
 class Adam final : public Optimizer {
  public:
   [[nodiscard]] const AdamOptions& options() const noexcept { return options_; }
   [[nodiscard]] const std::vector<at::Tensor>& exp_avgs() const noexcept { return exp_avgs_; }
   [[nodiscard]] const std::vector<at::Tensor>& exp_avg_sqs() const noexcept { return exp_avg_sqs_; }
+  /// The running maxima of the second moments (empty without `amsgrad`).
+  [[nodiscard]] const std::vector<at::Tensor>& max_exp_avg_sqs() const noexcept { return max_exp_avg_sqs_; }
 
  private:
   friend Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options);
   void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
+  // The multi-tensor formula, for parameter sets the fused kernel does not take.
+  void update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads);
   AdamOptions options_;
   std::vector<at::Tensor> exp_avgs_;
   std::vector<at::Tensor> exp_avg_sqs_;
+  std::vector<at::Tensor> max_exp_avg_sqs_;
 };
 
 /// SGD (with momentum, Nesterov, weight decay) whose momentum buffers are made with it (zeros:
@@ -185,6 +200,49 @@ class TrainingStep {
   Function function_;
   Optimizer* optimizer_;
 };
+
+/// The optimizer's update as a graph of its own: for training with autograd functions
+/// (cgt.torch:autograd), where the forward and backward are graphs and the update would otherwise
+/// be eager launches after `backward()`:
+///
+///   auto adam = cgt::torch::make_adam(model->parameters(), {.lr = 1e-3});  // first: it makes `.grad`
+///   auto layer = cgt::torch::make_autograd_function(*pool, fn, {.parameters = model->parameters()});
+///   auto update = cgt::torch::make_optimizer_step(*pool, *adam);
+///   for (...) {
+///     pool->mark_step_begin();
+///     adam->zero_grad(false);
+///     auto out = (*layer)({x});
+///     (*out)[0].sum().backward();     // the backward graph accumulates into the optimizer's `.grad`
+///     auto done = (*update)();        // one graph launch
+///   }
+///
+/// The graph reads the gradients at the addresses it recorded: the optimizer's own (static
+/// gradients). An autograd function made after the optimizer accumulates into them directly.
+class OptimizerStep {
+ public:
+  /// One update: calls the function (warm-up, recording, then replays). Every parameter's `.grad`
+  /// must be the optimizer's tensor: fails with `invalid_argument` where it is undefined (eager
+  /// `step()` would skip the parameter; a graph cannot) or another tensor (an eager backward after
+  /// `zero_grad(true)` makes one; a backward through cgt autograd functions puts the optimizer's
+  /// back), before any update; and as `Function::operator()` does.
+  [[nodiscard]] Result<void> operator()() const;
+  /// The pool function (its name, its id).
+  [[nodiscard]] const Function& function() const noexcept { return function_; }
+
+ private:
+  friend Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, FunctionOptions options);
+  OptimizerStep(Function function, Optimizer& optimizer) noexcept
+      : function_(std::move(function)), optimizer_(&optimizer) {}
+  Function function_;
+  Optimizer* optimizer_;
+};
+
+/// Adds `optimizer.step()` to `pool` as a function of no inputs and no outputs. The optimizer
+/// must have static gradients (gradients made per step live at addresses a graph cannot follow:
+/// `invalid_argument` otherwise), outlive the step and stay where it is. `options.mode` must be
+/// `inference`. Fails as `Pool::add_function` does.
+[[nodiscard]] Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer,
+                                                        FunctionOptions options = {.name = "optimizer_step"});
 
 /// Adds the training step to `pool`: `loss(inputs)` returns the loss first (a tensor of one
 /// element; more values may follow, returned too). The optimizer must outlive the step (and stay

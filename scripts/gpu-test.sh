@@ -93,6 +93,8 @@ cat "$logs/memcheck-torch-autograd.txt"
 timed "compute-sanitizer training tests" memcheck-training.txt memcheck training cgt_torch_training_tests "[training]"
 leak_check=full
 cat "$logs/memcheck-training.txt"
+timed "compute-sanitizer decode tests" memcheck-decode.txt memcheck decode cgt_torch_decode_tests "[decode]"
+cat "$logs/memcheck-decode.txt"
 if [ -x "$build/tests/cgt_cuda_tests" ]; then
   timed "compute-sanitizer cgt.cuda tests" memcheck-cuda.txt \
     memcheck cuda cgt_cuda_tests "~[property]~[provokes-api-errors]"
@@ -110,6 +112,11 @@ fi
 if [ -x "$build/examples/torch_training" ]; then
   timed "example torch_training" training.log bash -c "cd '$logs' && '$root/$build/examples/torch_training'"
   tail -3 "$logs/training.log"
+fi
+
+if [ -x "$build/examples/torch_kv_decode" ]; then
+  timed "example torch_kv_decode" kv_decode.log bash -c "cd '$logs' && '$root/$build/examples/torch_kv_decode'"
+  tail -4 "$logs/kv_decode.log"
 fi
 
 echo

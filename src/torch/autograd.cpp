@@ -109,25 +109,31 @@ struct AutogradFunction::State {
   std::optional<Function> inference;
   std::optional<Function> forward;
   std::optional<Function> backward;
-  /// The parameters that receive gradients, and their gradient buffers (outside the pool). When
-  /// all parameters have one dtype and device the buffers are views of one flat tensor, zeroed in
-  /// one launch.
+  /// The parameters that receive gradients, and their gradient buffers (outside the pool): the
+  /// `.grad()` a parameter had when the function was made (an optimizer's static gradient), so
+  /// that the backward graph accumulates into it with no copy; otherwise buffers made here, views
+  /// of one flat tensor where the dtypes allow (zeroed in one launch).
   std::vector<at::Tensor> parameters;
   std::vector<at::Tensor> gradients;
+  std::vector<bool> in_flat;
   at::Tensor flat;
 
   /// Before a backward: a buffer that is not its parameter's `.grad()` holds nothing of it, and
   /// is zeroed, since the backward graph accumulates into it.
   void prepare_gradients() {
     std::vector<std::size_t> stale;
+    bool whole_flat_stale = flat.defined();
     for (std::size_t i = 0; i < parameters.size(); ++i) {
-      if (!is_buffer(parameters[i].grad(), i)) stale.push_back(i);
+      if (!is_buffer(parameters[i].grad(), i)) {
+        stale.push_back(i);
+      } else if (in_flat[i]) {
+        whole_flat_stale = false;
+      }
     }
-    if (flat.defined() && stale.size() == parameters.size()) {
-      flat.zero_();
-      return;
+    if (whole_flat_stale) flat.zero_();
+    for (const std::size_t i : stale) {
+      if (!whole_flat_stale || !in_flat[i]) gradients[i].zero_();
     }
-    for (const std::size_t i : stale) gradients[i].zero_();
   }
 
   /// After a backward: the buffer becomes `.grad()` where there is none (eager's AccumulateGrad
@@ -421,31 +427,54 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
     if (parameter.requires_grad()) state->parameters.push_back(parameter);
   }
 
-  // The gradient buffers: outside the pool, zero, one flat tensor where the dtypes allow.
+  // The gradient buffers: a `.grad()` the parameter has (outside this pool, with its own dtype,
+  // sizes and a dense layout) is adopted; the others are made here, zero, outside the pool.
+  const Device& pool_device = device->get();
+  auto adoptable = [&pool_device](const at::Tensor& parameter) {
+    const at::Tensor& grad = parameter.grad();
+    return grad.defined() && !grad.requires_grad() && grad.device() == parameter.device() &&
+           grad.scalar_type() == parameter.scalar_type() && grad.sizes() == parameter.sizes() &&
+           grad.is_non_overlapping_and_dense() &&
+           !pool_device.contains(reinterpret_cast<std::uintptr_t>(grad.data_ptr()));
+  };
   auto made = [&]() -> Result<void> {
     try {
       const at::NoGradGuard no_grad;
       const auto& params = state->parameters;
-      bool uniform = !params.empty();
+      state->gradients.resize(params.size());
+      state->in_flat.assign(params.size(), false);
+      std::vector<std::size_t> to_make;
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        if (adoptable(params[i])) {
+          state->gradients[i] = params[i].grad();
+        } else {
+          to_make.push_back(i);
+        }
+      }
+      bool uniform = !to_make.empty();
       std::int64_t total = 0;
-      for (const at::Tensor& p : params) {
-        uniform = uniform && p.scalar_type() == params.front().scalar_type() && p.device() == params.front().device();
+      for (const std::size_t i : to_make) {
+        const at::Tensor& p = params[i];
+        const at::Tensor& first = params[to_make.front()];
+        uniform = uniform && p.scalar_type() == first.scalar_type() && p.device() == first.device();
         total += p.numel();
       }
       if (uniform) {
-        state->flat = at::zeros({total}, params.front().options().requires_grad(false));
+        state->flat = at::zeros({total}, params[to_make.front()].options().requires_grad(false));
         std::int64_t offset = 0;
-        for (const at::Tensor& p : params) {
+        for (const std::size_t i : to_make) {
+          const at::Tensor& p = params[i];
           // A tensor over the flat storage, not an autograd view of it: optimizers' zero_grad()
           // detach_()es a .grad(), which libtorch refuses for a view.
           at::Tensor gradient = at::empty({0}, state->flat.options());
           gradient.set_(state->flat.storage(), offset, p.sizes(), c10::contiguous_strides(p.sizes()));
-          state->gradients.push_back(std::move(gradient));
+          state->gradients[i] = std::move(gradient);
+          state->in_flat[i] = true;
           offset += p.numel();
         }
       } else {
-        for (const at::Tensor& p : params) {
-          state->gradients.push_back(at::zeros(p.sizes(), p.options().requires_grad(false)));
+        for (const std::size_t i : to_make) {
+          state->gradients[i] = at::zeros(params[i].sizes(), params[i].options().requires_grad(false));
         }
       }
     } catch (const std::exception& error) {

@@ -6,6 +6,7 @@ module;
 
 #include <cstddef>
 #include <expected>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -138,6 +139,7 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
     for (const at::Tensor& p : adam.params_) {
       adam.exp_avgs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
       adam.exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+      if (options.amsgrad) adam.max_exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
     }
   } catch (const std::exception& e) {
     return fail(Errc::backend_error, std::string("making Adam's state: ") + e.what());
@@ -145,9 +147,66 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
   return adam;
 }
 
+namespace {
+
+// Whether PyTorch's fused Adam kernel takes these lists: it walks each tensor's memory as one
+// dense range, so every tensor of a parameter's group must have the parameter's dtype, device,
+// sizes and strides, and be dense; the step counts are float32 on the same device.
+bool fused_kernel_takes(const std::vector<std::vector<at::Tensor>>& lists, const std::vector<at::Tensor>& steps) {
+  const std::vector<at::Tensor>& params = lists.front();
+  if (params.empty()) return false;
+  const at::Tensor& first = params.front();
+  if (first.scalar_type() != at::kFloat && first.scalar_type() != at::kDouble && first.scalar_type() != at::kHalf &&
+      first.scalar_type() != at::kBFloat16) {
+    return false;
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    if (p.scalar_type() != first.scalar_type() || p.device() != first.device() || !p.is_non_overlapping_and_dense()) {
+      return false;
+    }
+    for (const auto& list : lists) {
+      const at::Tensor& t = list[i];
+      if (!t.defined() || t.scalar_type() != p.scalar_type() || t.device() != p.device() || t.sizes() != p.sizes() ||
+          t.strides() != p.strides()) {
+        return false;
+      }
+    }
+    if (steps[i].scalar_type() != at::kFloat || steps[i].device() != p.device()) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+  const std::vector<at::Tensor> params = pick(params_, index);
+  const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
+  const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
+  const std::vector<at::Tensor> max_exp_avg_sqs =
+      options_.amsgrad ? pick(max_exp_avg_sqs_, index) : std::vector<at::Tensor>{};
+  const std::vector<at::Tensor> steps = pick(steps_, index);
+  std::vector<std::vector<at::Tensor>> lists{params, grads, exp_avgs, exp_avg_sqs};
+  if (options_.amsgrad) lists.push_back(max_exp_avg_sqs);
+  if (!fused_kernel_takes(lists, steps)) {
+    update_multi_tensor(index, std::move(grads));
+    return;
+  }
+  // The steps are counted first (the kernel reads them), then every tensor is updated in one pass.
+  const auto& o = options_;
+  at::_foreach_add_(steps, 1);
+  if (o.decoupled_weight_decay) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr, o.beta1, o.beta2,
+                      o.weight_decay, o.eps, o.amsgrad, /*maximize=*/false);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr, o.beta1, o.beta2,
+                     o.weight_decay, o.eps, o.amsgrad, /*maximize=*/false);
+  }
+}
+
 // PyTorch's _multi_tensor_adam with capturable=True (torch/optim/adam.py), op for op: the step
 // counts and bias corrections stay on the device.
-void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+void Adam::update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
   const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
@@ -155,7 +214,13 @@ void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor>
   const auto& o = options_;
 
   at::_foreach_add_(steps, 1);
-  if (o.weight_decay != 0) grads = at::_foreach_add(grads, params, o.weight_decay);
+  if (o.weight_decay != 0) {
+    if (o.decoupled_weight_decay) {
+      at::_foreach_mul_(params, 1 - o.lr * o.weight_decay);
+    } else {
+      grads = at::_foreach_add(grads, params, o.weight_decay);
+    }
+  }
   at::_foreach_lerp_(exp_avgs, grads, 1 - o.beta1);
   at::_foreach_mul_(exp_avg_sqs, o.beta2);
   at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - o.beta2);
@@ -170,8 +235,14 @@ void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor>
   at::_foreach_reciprocal_(step_size);
   at::_foreach_sqrt_(correction2_sqrt);
 
-  // denom = -(1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps) / lr; param += m / denom.
-  std::vector<at::Tensor> denom = at::_foreach_sqrt(exp_avg_sqs);
+  // denom = -(1 - beta1^t) * (sqrt(v) / sqrt(1 - beta2^t) + eps) / lr; param += m / denom, where
+  // v is the second moment, or its running maximum (AMSGrad).
+  std::vector<at::Tensor> second = exp_avg_sqs;
+  if (o.amsgrad) {
+    second = pick(max_exp_avg_sqs_, index);
+    at::_foreach_maximum_(second, exp_avg_sqs);
+  }
+  std::vector<at::Tensor> denom = at::_foreach_sqrt(second);
   at::_foreach_div_(denom, correction2_sqrt);
   at::_foreach_add_(denom, o.eps);
   at::_foreach_div_(denom, step_size);
@@ -219,6 +290,51 @@ void SGD::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> 
     }
   }
   at::_foreach_add_(params, grads, -o.lr);
+}
+
+Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, FunctionOptions options) {
+  if (options.mode != FunctionMode::inference) {
+    return fail(Errc::invalid_argument, "an optimizer step has no backward: its mode must be inference");
+  }
+  if (!optimizer.has_static_grads()) {
+    return fail(Errc::invalid_argument,
+                "a graphed optimizer step reads the gradients at the addresses it recorded: make the optimizer "
+                "with static_grads = true (gradients made per step are allocated anew by each backward)");
+  }
+  if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  auto function = pool.add_function(
+      [optimizer = &optimizer](Inputs) -> Values {
+        optimizer->step();
+        return {};
+      },
+      std::move(options));
+  if (!function) return std::unexpected(std::move(function.error()));
+  return OptimizerStep(std::move(*function), optimizer);
+}
+
+Result<void> OptimizerStep::operator()() const {
+  // Eagerly, a parameter without a gradient is skipped; a graph cannot skip it, and a gradient
+  // at another address is one it cannot read: both are refused rather than updated from stale
+  // values.
+  const auto& params = optimizer_->params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& grad = params[i].grad();
+    if (!grad.defined()) {
+      return fail(Errc::invalid_argument,
+                  "parameter " + std::to_string(i) +
+                      " has no .grad: a graphed update updates every parameter from the gradient it recorded; run "
+                      "a backward first (zero_grad(false) keeps the optimizer's gradients in place)");
+    }
+    if (!grad.is_same(optimizer_->grads()[i])) {
+      return fail(Errc::invalid_argument,
+                  "parameter " + std::to_string(i) +
+                      "'s .grad is not the optimizer's tensor, which the graph reads (an eager backward after "
+                      "zero_grad(true) makes a new one): use zero_grad(false), or attach_grads() before the backward");
+    }
+  }
+  auto out = function_(std::span<const Arg>());
+  if (!out) return std::unexpected(std::move(out.error()));
+  return {};
 }
 
 }  // namespace cgt::torch
