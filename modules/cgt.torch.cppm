@@ -37,3 +37,4 @@ export import cgt;
 export import :api;       // Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
 export import :autograd;  // AutogradFunction, make_autograd_function: pool functions in libtorch's autograd
 export import :optim;     // capturable Adam and SGD, make_training_step (training: a whole step as one graph)
+export import :models;    // add_jit_module, add_aoti_package: TorchScript modules and AOTInductor packages

@@ -1,0 +1,73 @@
+// AOTInductor packages as pool functions: the runner calls a package loader made for capture.
+module;
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <exception>
+#include <expected>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt.torch;
+import cgt.backend;
+import :model_runner;
+
+namespace cgt::torch {
+
+namespace {
+
+using Loader = ::torch::inductor::AOTIModelPackageLoader;
+
+class AotiRunner final : public Model::Runner {
+ public:
+  AotiRunner(std::shared_ptr<Loader> loader, c10::DeviceIndex device, std::uint32_t priming_runs)
+      : Runner("AOTInductor package", device, priming_runs, /*structured_inputs=*/false), loader_(std::move(loader)) {}
+
+  // No stream argument: the runner then uses the current stream, the pool's during warm-up and
+  // capture. The outputs come back flat, as the loader returns them: a list of tensors.
+  c10::IValue forward(std::vector<c10::IValue> inputs) override {
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(inputs.size());
+    for (c10::IValue& input : inputs) tensors.push_back(std::move(input).toTensor());
+    c10::List<at::Tensor> outputs;
+    for (at::Tensor& output : loader_->run(tensors)) outputs.push_back(std::move(output));
+    return outputs;
+  }
+
+ private:
+  std::shared_ptr<Loader> loader_;
+};
+
+}  // namespace
+
+Result<Model> add_aoti_package(Pool& pool, const std::string& path, ModelOptions options,
+                               const std::string& model_name) {
+  auto device = pool.device();
+  if (!device) return std::unexpected(std::move(device.error()));
+  std::shared_ptr<Loader> loader;
+  try {
+    // run_single_threaded: the default runner records a CUDA event per run and queries it at the
+    // next, which a capture does not allow.
+    loader = std::make_shared<Loader>(path, model_name, /*run_single_threaded=*/true, /*num_runners=*/1,
+                                      static_cast<c10::DeviceIndex>(device->get().index()));
+  } catch (const std::exception& error) {
+    return fail(Errc::invalid_argument,
+                "cannot load the AOTInductor package '" + path + "' (model '" + model_name + "'): " + message_of(error),
+                options.name);
+  }
+  return add_aoti_package(pool, std::move(loader), std::move(options));
+}
+
+Result<Model> add_aoti_package(Pool& pool, std::shared_ptr<Loader> loader, ModelOptions options) {
+  if (!loader) return fail(Errc::invalid_argument, "add_aoti_package with an empty loader", options.name);
+  auto device = pool.device();
+  if (!device) return std::unexpected(std::move(device.error()));
+  auto runner = std::make_shared<AotiRunner>(std::move(loader), static_cast<c10::DeviceIndex>(device->get().index()),
+                                             options.priming_runs);
+  auto function = register_model(pool, runner, options);
+  if (!function) return std::unexpected(std::move(function.error()));
+  return Model(std::move(*function), std::move(runner));
+}
+
+}  // namespace cgt::torch
