@@ -10,7 +10,9 @@
 # CMAKE_PREFIX_PATH first: `bash .carry/on-device.sh scripts/gpu-test.sh` does that there.)
 # Configures with Torch and CUDA, builds, runs every test including the [gpu] ones, runs the GPU
 # tests under compute-sanitizer (memcheck with a full leak check), runs the torch example, and
-# prints a table last. Logs go to $OUT (or build-gpu/logs).
+# prints a table last. Logs go to $OUT (or build-gpu/logs). The exported-model tests get their
+# models from scripts/export-test-models.py, run beside the build (the AOTInductor export
+# compiles for about a minute). CGT_MEMCHECK=0 leaves out the compute-sanitizer phases (a quick run).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$root"
@@ -45,10 +47,19 @@ if [ -n "$capability" ]; then
   export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$capability}"
   arch_args+=(-DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-${capability/./}}")
 fi
+# The test models, exported while cgt builds (scripts/export-test-models.py; no downloads).
+models="$root/$build/models"
+mkdir -p "$models"
+(timeout "${EXPORT_TIMEOUT:-300}" env PYTHONUNBUFFERED=1 python3 scripts/export-test-models.py "$models" \
+  >"$logs/export.log" 2>&1; echo "export exit status $?" >>"$logs/export.log") &
+exporter=$!
 timed "configure (torch + cuda)" configure.log \
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON "${arch_args[@]}" ||
   { tail -20 "$logs/configure.log"; printf '%s\n' "${rows[@]}"; exit 1; }
 timed "build" build.log cmake --build "$build" -j "$jobs" || { tail -40 "$logs/build.log"; printf '%s\n' "${rows[@]}"; exit 1; }
+wait "$exporter"
+record "export test models" "$(grep -q 'export exit status 0' "$logs/export.log"; echo $?)" 0 "$(ls "$models" | tr '\n' ' ')"
+export CGT_TEST_MODELS="$models"
 timed "ctest (host + gpu)" ctest.log ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
 grep -E "tests passed|tests failed|Not Run|Failed|\*\*\*" "$logs/ctest.log" | tail -20
 skipped=$(grep -c "Skipped" "$logs/ctest.log" || true)
@@ -63,6 +74,10 @@ leak_check=full
 memcheck() {  # memcheck <name> <binary> <test spec> [sanitizer options...]
   local name="$1" binary="$2" spec="$3"
   shift 3
+  if [ "${CGT_MEMCHECK:-1}" = 0 ]; then
+    echo "compute-sanitizer left out (CGT_MEMCHECK=0)"
+    return 0
+  fi
   timeout 400 "$sanitizer" --tool memcheck --leak-check "$leak_check" "$@" --xml --save "$logs/memcheck-$name.xml" \
     "$build/tests/$binary" "$spec" >"$logs/memcheck-$name.log" 2>&1
   local tests=$?
