@@ -34,6 +34,13 @@ std::string quoted(const std::string& name) {
   return "'" + name + "'";
 }
 
+// A dimension's stride as the key sees it: that of a dimension of size 1 is never stepped along
+// (its index is always 0), so it is 0 whatever the tensor says. Without this, a column of one
+// element ([1], stride 8) and a fresh scalar tensor ([1], stride 1) recorded a graph each.
+std::int64_t key_stride(const backend::ArgDesc& desc, std::size_t d) noexcept {
+  return desc.sizes[d] == 1 ? 0 : desc.strides[d];
+}
+
 // The key of a call's input shapes: sizes, strides and broadcast dimensions of every value, and
 // every scalar (a scalar is baked into a graph, like PyTorch's int inputs). Strides belong to it: a
 // graph reads a static or pool-managed input in place, with the layout it was recorded with, so a
@@ -45,7 +52,7 @@ void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_
       continue;
     }
     key.insert(key.end(), desc.sizes, desc.sizes + desc.rank);
-    key.insert(key.end(), desc.strides, desc.strides + desc.rank);
+    for (std::size_t d = 0; d < desc.rank; ++d) key.push_back(key_stride(desc, d));
     key.push_back(desc.expanded);
   }
 }
@@ -62,7 +69,7 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
     const std::size_t rank = desc.rank;
     if (at + (2 * rank) + 1 > key.size()) return false;
     for (std::size_t d = 0; d < desc.rank; ++d) {  // ranks are small: a loop beats memcmp here
-      if (key[at + d] != desc.sizes[d] || key[at + rank + d] != desc.strides[d]) return false;
+      if (key[at + d] != desc.sizes[d] || key[at + rank + d] != key_stride(desc, d)) return false;
     }
     at += 2 * rank;
     if (key[at] != desc.expanded) return false;

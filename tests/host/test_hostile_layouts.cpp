@@ -240,6 +240,25 @@ TEST_CASE("a copied input with overlapping strides reads right and its slot hold
   }
 }
 
+// A dimension of size 1 is never stepped along: its stride says nothing about the data, and a
+// view of one element ([1], stride 8: a column of a prompt) shares the graph of a fresh one.
+TEST_CASE("the stride of a size-1 dimension does not split graphs", "[copied_inputs][host]") {
+  auto pool = make_pool();
+  auto f = twice(pool);
+  const Buffer storage = iota({16});
+  for (int call = 0; call < 6; ++call) {
+    const Buffer column = view(storage, call, {1, 2}, {8, 1});  // elements call, call + 1
+    const Buffer fresh = iota({1, 2}, 100 + call);
+    const Buffer& x = call % 2 == 0 ? column : fresh;
+    auto out = must(f({x}));
+    CHECK(values_of(must(out.get(0)).get()) == doubled(x));
+  }
+  const cgt::Stats stats = pool.stats();
+  CHECK(stats.warmups == 1);
+  CHECK(stats.recordings == 1);
+  CHECK(stats.replays == 4);
+}
+
 TEST_CASE("a copied input with a negative stride is copied inside its slot, never before it", "[copied_inputs][host]") {
   auto pool = make_pool();
   auto seen = std::make_shared<std::vector<std::int64_t>>();
