@@ -129,6 +129,7 @@ struct Figures {
   std::uint64_t seeds = 0, sequences = 0, actions = 0, calls = 0, ok_calls = 0, checks = 0, failures = 0;
   std::uint64_t dropped_elsewhere = 0, dropped_during_call = 0;  // [threads]: handles the other thread dropped
   std::uint64_t forward_steps = 0;                               // calls of forwards that began a step
+  std::uint64_t padded_calls = 0;                                // calls padded up to a bucket
   std::map<std::string, std::uint64_t> errors;                   // Errc name -> calls that gave it
   std::map<std::string, std::uint64_t> kinds;                    // CallKind name -> successful calls
   std::vector<std::string> failure_reports;
@@ -298,6 +299,7 @@ class Sequence {
                                                             .static_inputs = def.statics,
                                                             .mutated_inputs = def.mutated,
                                                             .graph_sizes = def.graph_sizes,
+                                                            .buckets = def.buckets,
                                                             .mode = fn.mode});
     if (shut_down_) {
       expect(!added && added.error().code == Errc::pool_shut_down,
@@ -588,6 +590,7 @@ class Sequence {
 
     const Expected expected = def.model(model_inputs, scalars);
     const auto before_calls = pool_stats_calls();
+    const std::uint64_t padded_before = pool_ ? pool_->stats().padded_calls : 0;
     cgt::Result<cgt::host::Outputs> result = std::unexpected(cgt::Error{});
     try {
       graveyard_.in_call = true;
@@ -637,6 +640,20 @@ class Sequence {
            "has_pending_backward() is not " + std::string(pending_backward_ ? "true" : "false") +
                " after a call of a " + std::string(cgt::to_string(fn->mode)) + " function");
     ++figures_.kinds[std::string(cgt::to_string(result->kind()))];
+    if (pool_) {
+      // Only a bucketed function's calls are padded, and one that replays or records at a size
+      // between its buckets always is.
+      const std::uint64_t padded = pool_->stats().padded_calls - padded_before;
+      figures_.padded_calls += padded;
+      const auto& sizes = def.buckets.sizes;
+      const std::int64_t n = model_inputs.empty() || model_inputs[0].sizes.empty() ? 0 : model_inputs[0].sizes[0];
+      const bool between =
+          !sizes.empty() && n > 0 && n < sizes.back() && std::find(sizes.begin(), sizes.end(), n) == sizes.end();
+      expect(padded <= (between ? 1U : 0U), "call " + text + " was padded: its size is not between two buckets");
+      const bool graphed = result->kind() == cgt::CallKind::replay || result->kind() == cgt::CallKind::recording;
+      expect(!between || !graphed || padded == 1,
+             "call " + text + " between two buckets " + std::string(cgt::to_string(result->kind())) + " unpadded");
+    }
     last_call_step_ = step_;
     log("  -> " + std::string(cgt::to_string(result->kind())) + " node " + std::to_string(result->node()));
     expect(!shut_down_, "a call after shutdown() succeeded");
@@ -1142,6 +1159,7 @@ void report(const char* mode, const Config& config, const Figures& figures) {
             << "\n  call kinds:";
   for (const auto& [kind, count] : figures.kinds) std::cout << " " << kind << "=" << count;
   std::cout << "\n  calls of forwards that began a step: " << figures.forward_steps;
+  std::cout << "\n  calls padded up to a bucket: " << figures.padded_calls;
   if (figures.dropped_elsewhere > 0) {
     std::cout << "\n  handles dropped on the other thread: " << figures.dropped_elsewhere << " ("
               << figures.dropped_during_call << " while the main thread was in a call)";

@@ -46,6 +46,7 @@ struct FnDef {
   std::vector<In> inputs;
   std::vector<std::size_t> statics, mutated;
   std::vector<std::int64_t> graph_sizes;
+  cgt::Buckets buckets;  // none unless sizes are given
   std::vector<Out> outs;
   std::function<Expected(const std::vector<Value>&, const std::vector<std::int64_t>&)> model;
   std::function<cgt::host::Callable(std::shared_ptr<Control>)> make;
@@ -289,6 +290,31 @@ inline std::vector<FnDef> catalog() {
                   .make = body([](auto) {
                     return [](Context& ctx, Inputs in) {
                       return Values{head_view(in[0]), map_kernel(ctx, in[0], [](double v) { return v + 7; })};
+                    };
+                  })});
+  // Batch buckets: a call between two sizes is padded with zeros, replays the bucket's graph and
+  // gets its first output sliced back; the sum (one element: no batch dimension) comes whole and
+  // the zeros add nothing to it. Sizes above 9 run eagerly.
+  defs.push_back({.name = "bucketed_scale_and_sum",
+                  .inputs = {In::vec},
+                  .buckets = {.sizes = {2, 5, 9}, .pad = cgt::Pad::constant(0)},
+                  .outs = {{.temp = 0}, {.temp = 1}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        double total = 0;
+                        for (const double v : x[0].data) total += v;
+                        return Expected{{map(x[0], [](double v) { return (3 * v) - 1; }), Value{{1}, {f32(total)}}},
+                                        {}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      Buffer sum = ctx.allocate(in[0].type(), {1});
+                      ctx.launch([x = in[0], sum] {
+                        double total = 0;
+                        for (std::size_t i = 0; i < x.numel(); ++i) total += x.get(i);
+                        sum.set(0, total);
+                      });
+                      return Values{map_kernel(ctx, in[0], [](double v) { return (3 * v) - 1; }), sum};
                     };
                   })});
   defs.push_back(
