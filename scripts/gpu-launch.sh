@@ -4,20 +4,14 @@
 # [launch] tests, the benchmark, then the rest of both test suites (the rewrite is on by default:
 # every graph with a memset or memcpy node goes through it). Logs in $OUT; a summary last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
+cd "$root"
 logs="${OUT:-build-gpu/logs}"
 mkdir -p "$logs"
-if torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
-  export CMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH:+$CMAKE_PREFIX_PATH:}$torch_prefix"
-fi
-capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' ')
-export TORCH_CUDA_ARCH_LIST="$capability"
 summary=()
 note() { summary+=("$1"); echo "$1"; }
 start=$SECONDS
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON \
-  -DCGT_BUILD_BENCHMARKS=ON -DCMAKE_CUDA_ARCHITECTURES="${capability/./}" >"$logs/configure.log" 2>&1 ||
-  { tail -30 "$logs/configure.log"; exit 1; }
+gpu_configure build-gpu "$logs/configure.log" -DCGT_BUILD_BENCHMARKS=ON || exit 1
 # All three at once (-j 16 overlaps them); when that fails, the tests alone.
 cmake --build build-gpu -j 16 --target cgt_cuda_tests cgt_torch_tests launch_bench >"$logs/build.log" 2>&1 || {
   grep -E "error" -A5 "$logs/build.log" | head -40

@@ -5,16 +5,12 @@
 # (RelWithDebInfo, Torch + CUDA), then runs the [models] tests and the example on each model.
 # Logs and the exported models' listing in $OUT (default build-gpu/logs).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+source "$(dirname "$0")/common.sh"
+cd "$root"
 logs="${OUT:-build-gpu/logs}"
 mkdir -p "$logs"
 models="$PWD/build-gpu/models"
 mkdir -p "$models"
-if torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
-  export CMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH:+$CMAKE_PREFIX_PATH:}$torch_prefix"
-fi
-capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' ')
-export TORCH_CUDA_ARCH_LIST="$capability"
 start=$SECONDS
 
 # The export (about a minute: AOTInductor compiles C++ and Triton kernels) runs beside the build.
@@ -22,9 +18,7 @@ start=$SECONDS
   >"$logs/export.log" 2>&1; echo "export exit status $?" >>"$logs/export.log") &
 exporter=$!
 
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON \
-  -DCGT_BUILD_BENCHMARKS=OFF -DCMAKE_CUDA_ARCHITECTURES="${capability/./}" >"$logs/configure.log" 2>&1 ||
-  { tail -30 "$logs/configure.log"; exit 1; }
+gpu_configure build-gpu "$logs/configure.log" -DCGT_BUILD_BENCHMARKS=OFF || exit 1
 cmake --build build-gpu -j 16 --target cgt_torch_tests serve_model >"$logs/build.log" 2>&1 ||
   { grep -E "error" -A5 "$logs/build.log" | head -80; exit 1; }
 echo "configure + build: $((SECONDS - start)) s"

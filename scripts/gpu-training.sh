@@ -18,18 +18,8 @@ summary=()
 note() { summary+=("$1"); }
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-if torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
-  export CMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH:+$CMAKE_PREFIX_PATH:}$torch_prefix"
-fi
-capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
-arch_args=()
-if [ -n "$capability" ]; then
-  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$capability}"
-  arch_args+=(-DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-${capability/./}}")
-fi
 start=$SECONDS
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON -DCGT_BUILD_BENCHMARKS=ON "${arch_args[@]}" \
-  >"$logs/configure.log" 2>&1 || { tail -20 "$logs/configure.log"; exit 1; }
+gpu_configure "$build" "$logs/configure.log" -DCGT_BUILD_BENCHMARKS=ON || exit 1
 cmake --build "$build" -j "$jobs" --target cgt_torch_training_tests cgt_torch_tests training_bench torch_training >"$logs/build.log" 2>&1 ||
   { grep -E "error" -A3 "$logs/build.log" | head -40; exit 1; }
 note "build: $((SECONDS - start))s"
