@@ -60,7 +60,7 @@ for build in $builds; do
     log="$dir/stress-$mode.log"
     rc=0
     CGT_STRESS_SECONDS="$secs" "$dir/tests/cgt_stress_tests" "$filter" >"$log" 2>&1 || rc=$?
-    grep -E "^stress\[|^  (call kinds|errors):" "$log" || true
+    grep -E "^stress\[|^  (call kinds|errors|calls padded up to a bucket|calls of forwards that began a step):" "$log" || true
     reports=$(grep -cE "ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:|WARNING: ThreadSanitizer" "$log" || true)
     line=$(grep -E "^stress\[" "$log" | tail -1 || true)
     figures=$(echo "$line" | sed -E 's/.*seeds ([0-9]+) \(from ([0-9]+)\), sequences ([0-9]+), actions ([0-9]+), calls ([0-9]+) \(([0-9]+) succeeded\), checks ([0-9]+), failures ([0-9]+).*/\1 \2 \3 \5 \6 \7 \8/')
