@@ -143,8 +143,14 @@ struct Pad {
 ///    is `n` (the others, weights and tables, are passed as they are);
 ///  * sliced: every output whose size along the dimension is `b`, to its first `n` rows (a view:
 ///    its lease keeps the whole bucket's memory live); other outputs are handed out whole.
+/// The rules go by size: an input or output that is not batch-shaped but has the batch's size by
+/// coincidence (a [64] mean over the batch with a bucket of 64, a table of n rows) would be
+/// padded or sliced too. Name those in `unpadded_inputs` and `whole_outputs`.
 /// A call at a bucket size is neither padded nor sliced. Sizes above the largest bucket run
-/// eagerly (`Reason::size_above_buckets`), as do calls of size 0 (`Reason::size_not_graphed`).
+/// eagerly (`Reason::size_above_buckets`), as do calls of size 0 (`Reason::size_not_graphed`), and
+/// calls that would pad an input the function mutates (`Reason::mutated_input`: the write would
+/// land in the padded copy; make it static, as a KV cache is). Scalars are never padded: an
+/// integer argument that carries `n` is part of the graph's key, one graph per `n`.
 /// Padded rows are computed like real ones: functions whose outputs mix rows (a mean over the
 /// batch, attention across it) see them; pick pad values that make them harmless (a mask of 0).
 struct Buckets {
@@ -154,6 +160,12 @@ struct Buckets {
   Pad pad;
   /// Padding for particular inputs, by input index (token ids padded with a pad token, say).
   std::vector<std::pair<std::size_t, Pad>> per_input;
+  /// Inputs passed as they are, whatever their size (an index past the call's inputs fails the
+  /// call with `invalid_argument`).
+  std::vector<std::size_t> unpadded_inputs;
+  /// Outputs handed out whole, never sliced, whatever their size (an index past the function's
+  /// outputs fails the call with `invalid_argument`).
+  std::vector<std::size_t> whole_outputs;
 
   /// The padding of input `input`.
   [[nodiscard]] Pad pad_of(std::size_t input) const noexcept {

@@ -18,12 +18,31 @@ import :engine;
 namespace cgt::detail {
 namespace {
 
+bool listed(const std::vector<std::size_t>& list, std::size_t i) noexcept {
+  return std::ranges::find(list, i) != list.end();
+}
+
+// An output `whole_outputs` names must exist: a typo would otherwise leave an output sliced.
+Result<CallOutputs> checked_whole_outputs(Result<CallOutputs> out, const FunctionRecord& function) {
+  if (!out) return out;
+  for (const std::size_t index : function.options.buckets.whole_outputs) {
+    if (index >= out->leases.size()) {
+      return fail(Errc::invalid_argument,
+                  "buckets.whole_outputs names output " + std::to_string(index) + " of '" + function.name +
+                      "', which is out of range: it returned " + std::to_string(out->leases.size()) + " outputs",
+                  function.name);
+    }
+  }
+  return out;
+}
+
 // Whether input `i` grows with the call's size: a value that is not static and has `size` rows
 // along `dim`. Static inputs (weights, tables, caches) are never padded: a graph reads them in
 // place, and their sizes are not the batch's even when they happen to be equal.
 bool is_padded(const FunctionRecord& function, std::size_t i, const backend::ArgDesc& desc, std::size_t dim,
                std::int64_t size) noexcept {
-  return desc.kind == backend::ArgKind::value && !function.is_static[i] && dim < desc.rank && desc.sizes[dim] == size;
+  return desc.kind == backend::ArgKind::value && !function.is_static[i] && dim < desc.rank && desc.sizes[dim] == size &&
+         !listed(function.options.buckets.unpadded_inputs, i);
 }
 
 }  // namespace
@@ -47,7 +66,7 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
     copied[i] = !function.is_mutated[i] && is_padded(function, i, frame.descs[i], dim, size);
   }
   frame.always_copied = copied;
-  if (*bucket == size) return run_selected(frame);  // a bucket's own size: nothing to pad or slice
+  if (*bucket == size) return checked_whole_outputs(run_selected(frame), function);  // nothing to pad or slice
 
   for (std::size_t i = 0; i < count; ++i) {
     if (function.is_mutated[i] && is_padded(function, i, frame.descs[i], dim, size)) {
@@ -88,7 +107,7 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
                          .rerecording_of = nullptr,
                          .step = frame.step,
                          .always_copied = copied};
-  auto out = run_selected(padded_frame);
+  auto out = checked_whole_outputs(run_selected(padded_frame), function);
   if (!out) return out;
   if (auto sliced = slice_outputs(*out, function, *bucket, size); !sliced) return std::unexpected(sliced.error());
   return out;
@@ -97,8 +116,9 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
 Result<void> Engine::slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket,
                                    std::int64_t size) const {
   const std::size_t dim = function.options.size_source.dim;
-  for (LeaseCore& lease : out.leases) {
-    if (lease.value == nullptr) continue;
+  for (std::size_t o = 0; o < out.leases.size(); ++o) {
+    LeaseCore& lease = out.leases[o];
+    if (lease.value == nullptr || listed(function.options.buckets.whole_outputs, o)) continue;
     // The lease keeps its cell: the whole bucket's storage stays live (and protected from
     // replays) while the caller holds the view of its first rows.
     const backend::StorageHandle* storage = lease.cell != nullptr ? &lease.cell->storage : nullptr;

@@ -177,13 +177,18 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
                     function.name);
       }
     }
+    const auto out_of_range = [&](const char* field, std::size_t index) {
+      return fail(Errc::invalid_argument,
+                  std::string("buckets.") + field + " names input " + std::to_string(index) + " of " +
+                      quoted(function.name) + ", which is out of range: the call has " + std::to_string(descs.size()) +
+                      " inputs",
+                  function.name);
+    };
     for (const auto& [index, pad] : function.options.buckets.per_input) {
-      if (index >= descs.size()) {
-        return fail(Errc::invalid_argument,
-                    "buckets.per_input names input " + std::to_string(index) + " of " + quoted(function.name) +
-                        ", which is out of range: the call has " + std::to_string(descs.size()) + " inputs",
-                    function.name);
-      }
+      if (index >= descs.size()) return out_of_range("per_input", index);
+    }
+    for (const std::size_t index : function.options.buckets.unpadded_inputs) {
+      if (index >= descs.size()) return out_of_range("unpadded_inputs", index);
     }
     Signature signature;
     for (const auto& desc : descs) {

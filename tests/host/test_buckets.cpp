@@ -427,3 +427,72 @@ TEST_CASE("copy_out_on_new_step keeps a sliced output's rows", "[buckets][host]"
   CHECK(values_of(must(held.get(0))) == row_model_reference(x, w).y);
   CHECK(pool.stats().leases_copied_out > 0);
 }
+
+// The rules go by size. An output that is not batch-shaped (c: 7 values) is cut to the call's rows
+// when a bucket is 7, and a table that is not static is padded when it has the call's size: both
+// unless named in whole_outputs / unpadded_inputs. Indices past the function's are refused.
+TEST_CASE("outputs and inputs of the batch's size by coincidence are kept whole when named", "[buckets][host]") {
+  auto pool = make_pool();
+  cgt::FunctionOptions by_size = bucketed({3, 7});
+  cgt::FunctionOptions named = bucketed({3, 7});
+  named.name = "named";
+  named.buckets.whole_outputs = {2};
+  auto cut = must(pool.add_function(row_model, by_size));
+  auto kept = must(pool.add_function(row_model, named));
+  const Buffer w = vector_of({0.25, -1, 3});
+  for (int round = 0; round < 3; ++round) {  // warm-up, recording, replay
+    pool.mark_step_begin();
+    const Buffer x = batch(5, round);
+    const Reference ref = row_model_reference(x, w);
+    auto a = must(cut({x, w}));
+    CHECK(sizes_of(must(a.get(2))) == std::vector<std::int64_t>{5});  // what the option is for
+    auto b = must(kept({x, w}));
+    CHECK(values_of(must(b.get(2))) == ref.c);
+    CHECK(values_of(must(b.get(0))) == ref.y);  // the batch's outputs are still sliced
+    CHECK(values_of(must(b.get(1))) == ref.s);
+  }
+
+  // y = x * sum(t), t a table passed by value (not static) that has 3 values, as the batch has rows.
+  const auto scaled = [](Context& ctx, Inputs in) {
+    const Buffer x = in[0];
+    const Buffer t = in[1];
+    Buffer y = ctx.allocate_like(x);
+    ctx.launch([x, t, y] {
+      double total = 0;
+      for (std::size_t i = 0; i < t.numel(); ++i) total += t.get(i);
+      for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) * total);
+    });
+    return Values{y};
+  };
+  const cgt::Buckets padded_by_size{.sizes = {2, 5}, .pad = cgt::Pad::constant(1)};
+  cgt::Buckets table_whole = padded_by_size;
+  table_whole.unpadded_inputs = {1};
+  auto padded_table = must(pool.add_function(scaled, {.name = "padded_table", .buckets = padded_by_size}));
+  auto whole_table = must(pool.add_function(scaled, {.name = "whole_table", .buckets = table_whole}));
+  const Buffer t = vector_of({1, 2, 3});
+  for (int round = 0; round < 3; ++round) {
+    pool.mark_step_begin();
+    const Buffer x = batch(3, round);
+    std::vector<double> expected = values_of(x);
+    for (double& v : expected) v = static_cast<double>(static_cast<float>(v * 6));
+    auto wrong = must(padded_table({x, t}));
+    CHECK(values_of(must(wrong.get(0))) != expected);  // the table was padded with two ones
+    auto right = must(whole_table({x, t}));
+    CHECK(values_of(must(right.get(0))) == expected);
+    CHECK(right.kind() != cgt::CallKind::eager);
+  }
+
+  cgt::FunctionOptions bad_output = bucketed({3, 7});
+  bad_output.name = "bad_output";
+  bad_output.buckets.whole_outputs = {3};  // row_model returns 3 outputs
+  auto no_such_output = must(pool.add_function(row_model, bad_output));
+  auto refused = no_such_output({batch(5, 0), w});
+  REQUIRE_FALSE(refused.has_value());
+  CHECK(refused.error().code == cgt::Errc::invalid_argument);
+  cgt::Buckets bad_input = padded_by_size;
+  bad_input.unpadded_inputs = {2};
+  auto no_such_input = must(pool.add_function(scaled, {.name = "bad_input", .buckets = bad_input}));
+  auto refused_input = no_such_input({batch(3, 0), t});
+  REQUIRE_FALSE(refused_input.has_value());
+  CHECK(refused_input.error().code == cgt::Errc::invalid_argument);
+}
