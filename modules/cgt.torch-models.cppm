@@ -74,7 +74,11 @@ struct ModelOptions {
   /// types, structure), before its result is computed, on a side stream outside the pool's memory;
   /// not while a capture is in progress. They make lazy set-up happen before the recording, and
   /// keep what the model keeps from it out of the pool: TorchScript's profiling executor
-  /// profiles its first run and optimises (compiles fusions) at its second.
+  /// profiles its first run and optimises (compiles fusions) at its second; an AOTInductor
+  /// package loads its kernels at its first. A model with `mutated_inputs` is never primed (the
+  /// extra runs would repeat its writes: a counter, a cache position); nor is any model when the
+  /// pool's `Options::skip_warmup` records the first call directly (then TorchScript's
+  /// profiling runs inside the capture: leave `skip_warmup` off for TorchScript).
   std::uint32_t priming_runs = 2;
 };
 
@@ -120,8 +124,12 @@ class ModelOutputs {
    public:
     explicit Temporary(std::expected<ModelOutputs, Error>& outputs) noexcept : outputs_(&outputs) {}
     [[nodiscard]] const Temporary* operator->() const noexcept { return this; }
-    [[nodiscard]] std::size_t size() const noexcept { return (**outputs_).size(); }
-    [[nodiscard]] CallKind kind() const noexcept { return (**outputs_).kind(); }
+    /// 0 for a failed call (check the result first to tell why).
+    [[nodiscard]] std::size_t size() const noexcept { return outputs_->has_value() ? (**outputs_).size() : 0; }
+    /// `CallKind::eager` for a failed call (check the result first to tell why).
+    [[nodiscard]] CallKind kind() const noexcept {
+      return outputs_->has_value() ? (**outputs_).kind() : CallKind::eager;
+    }
     [[nodiscard]] Result<c10::IValue> take() const {
       if (!outputs_->has_value()) return std::unexpected(outputs_->error());
       return (**outputs_).take();
@@ -178,7 +186,9 @@ class Model {
 };
 
 /// Registers a TorchScript module's `forward` with `pool`. The module handle is copied (it shares
-/// the module's object: its parameters are the program's own). Call `module.eval()` first.
+/// the module's object: its parameters are the program's own). Call `module.eval()` first: a
+/// module left in training mode keeps dropout on and updates BatchNorm's running statistics at
+/// every call, replays included (and at each priming run).
 /// Fails with `invalid_argument` when a parameter or buffer is not on the pool's device, or the
 /// module has no `forward`; as `Pool::add_function` otherwise.
 [[nodiscard]] Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, ModelOptions options = {});

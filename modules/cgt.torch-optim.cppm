@@ -240,7 +240,8 @@ class OptimizerStep {
 /// Adds `optimizer.step()` to `pool` as a function of no inputs and no outputs. The optimizer
 /// must have static gradients (gradients made per step live at addresses a graph cannot follow:
 /// `invalid_argument` otherwise), outlive the step and stay where it is. `options.mode` must be
-/// `inference`. Fails as `Pool::add_function` does.
+/// `inference`, and the options about inputs (sizes, buckets, static and mutated inputs) empty
+/// (`invalid_argument`). Fails as `Pool::add_function` does.
 [[nodiscard]] Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer,
                                                         FunctionOptions options = {.name = "optimizer_step"});
 
@@ -250,8 +251,9 @@ class OptimizerStep {
 /// parameter it does not hold would get a `.grad` allocated in the pool). The inputs (batch,
 /// target) are copied into the graph on each call unless declared static in `options`. The
 /// function runs with grad mode on, whatever the caller's is. `options.mode` must be `inference`
-/// (the step is whole: no backward follows it); fails with `invalid_argument` otherwise, and as
-/// `Pool::add_function` does.
+/// (the step is whole: no backward follows it), and `graph_sizes` and `buckets` empty (buckets
+/// would train on padded rows; each batch size records its own graph); fails with
+/// `invalid_argument` otherwise, and as `Pool::add_function` does.
 [[nodiscard]] Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
                                                       FunctionOptions options = {.name = "training_step"});
 

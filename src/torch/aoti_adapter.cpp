@@ -2,6 +2,7 @@
 module;
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include <cstdint>
 #include <exception>
 #include <expected>
 #include <memory>
@@ -63,8 +64,10 @@ Result<Model> add_aoti_package(Pool& pool, std::shared_ptr<Loader> loader, Model
   if (!loader) return fail(Errc::invalid_argument, "add_aoti_package with an empty loader", options.name);
   auto device = pool.device();
   if (!device) return std::unexpected(std::move(device.error()));
-  auto runner = std::make_shared<AotiRunner>(std::move(loader), static_cast<c10::DeviceIndex>(device->get().index()),
-                                             options.priming_runs);
+  // A model that writes its inputs is not primed: the extra runs would repeat the writes.
+  const std::uint32_t priming = options.mutated_inputs.empty() ? options.priming_runs : 0;
+  auto runner =
+      std::make_shared<AotiRunner>(std::move(loader), static_cast<c10::DeviceIndex>(device->get().index()), priming);
   auto function = register_model(pool, runner, options);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));

@@ -2,6 +2,7 @@
 module;
 #include <torch/script.h>
 
+#include <cstdint>
 #include <exception>
 #include <expected>
 #include <memory>
@@ -66,7 +67,9 @@ Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, Mod
     return fail(Errc::invalid_argument, "the TorchScript module cannot be inspected: " + message_of(error),
                 options.name);
   }
-  auto runner = std::make_shared<JitRunner>(module, index, options.priming_runs);
+  // A model that writes its inputs is not primed: the extra runs would repeat the writes.
+  const std::uint32_t priming = options.mutated_inputs.empty() ? options.priming_runs : 0;
+  auto runner = std::make_shared<JitRunner>(module, index, priming);
   auto function = register_model(pool, runner, options);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));

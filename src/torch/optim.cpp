@@ -296,6 +296,12 @@ Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, Func
   if (options.mode != FunctionMode::inference) {
     return fail(Errc::invalid_argument, "an optimizer step has no backward: its mode must be inference");
   }
+  if (!options.graph_sizes.empty() || !options.buckets.sizes.empty() || !options.static_inputs.empty() ||
+      !options.mutated_inputs.empty()) {
+    return fail(
+        Errc::invalid_argument,
+        "an optimizer step has no inputs: graph_sizes, buckets, static_inputs and mutated_inputs must be empty");
+  }
   if (!optimizer.has_static_grads()) {
     return fail(Errc::invalid_argument,
                 "a graphed optimizer step reads the gradients at the addresses it recorded: make the optimizer "

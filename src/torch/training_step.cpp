@@ -20,6 +20,12 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
     return fail(Errc::invalid_argument,
                 "a training step is a whole step (forward, backward and update): its mode must be inference");
   }
+  if (!options.graph_sizes.empty() || !options.buckets.sizes.empty()) {
+    // Padded rows would enter the loss and the gradients (the loss, one element, is never sliced).
+    return fail(Errc::invalid_argument,
+                "a training step trains on the whole batch it is given: buckets would train on padded rows, and "
+                "graph_sizes is for inference; record each batch size (calls of a new size record a graph)");
+  }
   if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   auto step = [optimizer = &optimizer, loss = std::move(loss)](Inputs in) mutable -> Values {
     const c10::AutoGradMode grad_on(true);

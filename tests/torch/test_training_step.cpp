@@ -426,6 +426,16 @@ TEST_CASE("training/optimizer_step_refuses_what_a_graph_cannot_follow", "[gpu][t
   auto as_forward = cgt::torch::make_optimizer_step(pool, adam, {.name = "update", .mode = cgt::FunctionMode::forward});
   REQUIRE_FALSE(as_forward.has_value());
   CHECK(as_forward.error().code == cgt::Errc::invalid_argument);
+  auto sized = cgt::torch::make_optimizer_step(pool, adam, {.name = "update", .graph_sizes = {4}});
+  REQUIRE_FALSE(sized.has_value());
+  CHECK(sized.error().code == cgt::Errc::invalid_argument);
+  // A training step trains on its whole batch: buckets (padded rows in the loss) are refused.
+  auto bucketed = cgt::torch::make_training_step(
+      pool, adam,
+      [&](cgt::torch::Inputs in) { return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])}; },
+      {.name = "bucketed", .buckets = {.sizes = {8, 32}}});
+  REQUIRE_FALSE(bucketed.has_value());
+  CHECK(bucketed.error().code == cgt::Errc::invalid_argument);
   auto update = must(cgt::torch::make_optimizer_step(pool, adam));
   const auto x = torch::randn({32, 16}, gpu), y = torch::randn({32, 8}, gpu);
   for (int i = 0; i < 3; ++i) {  // warm-up, recording, replay
