@@ -195,6 +195,12 @@ struct FunctionOptions {
   SizeSource size_source;
   /// Inference, or the forward or backward half of a trained function.
   FunctionMode mode = FunctionMode::inference;
+  /// Warm up every new shape key before recording it, as PyTorch's trees do (each shape is a new
+  /// function there). False: only the function's first shape warms up; a later shape records at
+  /// its first call, one eager run fewer per size (capture time for many batch sizes). For code
+  /// whose lazy set-up does not depend on the shape (an AOTInductor package, raw kernels): a
+  /// shape whose capture fails (set-up inside it) runs eagerly from then on (`Reason::capture_failed`).
+  bool warm_up_each_shape = true;
 };
 
 }  // namespace cgt

@@ -71,7 +71,8 @@ struct ModelOptions {
   std::vector<std::int64_t> graph_sizes;
   SizeSource size_source;
   /// Extra runs of the model in the first call of each new input signature (sizes, strides,
-  /// types, structure), before its result is computed, on a side stream outside the pool's memory;
+  /// types, structure; an AOTInductor package: in its first call only, as its kernels serve every
+  /// shape), before its result is computed, on a side stream outside the pool's memory;
   /// not while a capture is in progress. They make lazy set-up happen before the recording, and
   /// keep what the model keeps from it out of the pool: TorchScript's profiling executor
   /// profiles its first run and optimises (compiles fusions) at its second; an AOTInductor
@@ -80,6 +81,11 @@ struct ModelOptions {
   /// pool's `Options::skip_warmup` records the first call directly (then TorchScript's
   /// profiling runs inside the capture: leave `skip_warmup` off for TorchScript).
   std::uint32_t priming_runs = 2;
+  /// `FunctionOptions::warm_up_each_shape`: false records a new batch size at its first call (no
+  /// eager warm-up after the model's first shape): faster capture of many sizes. Safe for an
+  /// AOTInductor package (its kernels serve every shape); keep it for TorchScript (a recording
+  /// without warm-up is not primed: the executor would profile a new signature inside the capture).
+  bool warm_up_each_shape = true;
 };
 
 /// What a model's output looks like: tensors (index `i` is flattened output `i`), None, and

@@ -5,17 +5,22 @@
 //
 //   model_bench DIR MODEL [CALLS]        MODEL: bert | resnet
 //
-// Per format (TorchScript DIR/MODEL.pt, AOTInductor DIR/MODEL.pt2):
-//   * capture: a fresh pool, the model registered, then warm-up + recording + the first replay of
-//     each CAPTURE_SIZES batch in turn (priming runs included), timed per size;
+// Per format (TorchScript DIR/MODEL.pt, AOTInductor DIR/MODEL.pt2, and DIR/MODEL-b1.pt2, a
+// package exported for batch 1, at batch 1):
+//   * capture (after serving): a fresh pool, the model registered, then warm-up + recording + the
+//     first replay of each CAPTURE_SIZES batch in turn (priming runs included), timed per size;
+//     AOTI also with `warm_up_each_shape = false`;
 //   * serve, per batch of SIZES: eager libtorch and cgt.torch, CPU per call with the GPU idle,
 //     wall per call back to back, latency of one request (call + synchronise), max |difference|
 //     from eager PyTorch; the methods interleaved in rounds, each cell the median round;
 //   * launch: the model captured by libtorch's CUDAGraph (as captured: no node rewrite), its node
-//     types, and the CPU of a raw cudaGraphLaunch of it, with the GPU idle;
+//     types, and the CPU of a raw cudaGraphLaunch of it and of cgt's call in turn, with the GPU
+//     idle (right after a synchronisation, and 1 ms after one);
 //   * pool: the cgt pool's reserved bytes after serving every size.
 // Prints the CSV lines bench/models/report.py reads (the same as models.py's), plus
-//   launch,MODEL,BATCH,METHOD,nodes,memsets,cpu_us     calls,MODEL,METHOD,replays,eager calls
+//   launch,MODEL,BATCH,METHOD,nodes,memsets,raw_us,cgt_us,raw_us_after_1ms,cgt_us_after_1ms
+//   calls,MODEL,METHOD,replays,eager calls
+// With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass, against drift).
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -48,7 +53,7 @@ import cgt.torch;
 
 namespace {
 
-constexpr std::int64_t sizes[] = {1, 8, 32};                   // the serving table (models.py SIZES)
+constexpr std::int64_t sizes[] = {1, 8, 32};                    // the serving table (models.py SIZES)
 constexpr std::int64_t capture_sizes[] = {1, 2, 4, 8, 16, 32};  // models.py CAPTURE_SIZES
 constexpr std::int64_t sequence = 128;
 constexpr int rounds = 3;
@@ -70,8 +75,12 @@ void check(cudaError_t status, const char* what) {
 }
 
 using Clock = std::chrono::steady_clock;
-double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
-void synchronize() { check(cudaDeviceSynchronize(), "synchronising"); }
+double micros(Clock::duration d) {
+  return std::chrono::duration<double, std::micro>(d).count();
+}
+void synchronize() {
+  check(cudaDeviceSynchronize(), "synchronising");
+}
 
 double median(std::vector<double> values) {
   std::ranges::sort(values);
@@ -92,8 +101,8 @@ at::Tensor request(const std::string& dir, const std::string& model, std::int64_
   const std::string bytes = read_file(dir + "/" + model + "-b" + std::to_string(batch) + ".input");
   const bool tokens = model == "bert";
   const auto type = tokens ? at::kLong : at::kFloat;
-  std::vector<std::int64_t> shape = tokens ? std::vector<std::int64_t>{batch, sequence}
-                                           : std::vector<std::int64_t>{batch, 3, 224, 224};
+  std::vector<std::int64_t> shape =
+      tokens ? std::vector<std::int64_t>{batch, sequence} : std::vector<std::int64_t>{batch, 3, 224, 224};
   at::Tensor host = at::empty(shape, at::TensorOptions().dtype(type));
   if (static_cast<std::size_t>(host.nbytes()) != bytes.size()) {
     std::cerr << model << " batch " << batch << ": the input file has the wrong size\n";
@@ -162,7 +171,10 @@ struct Format {
   std::string label;  // "TorchScript" or "AOTI"
   std::function<std::vector<at::Tensor>(const at::Tensor&)> run_eager;
   // Registers the model with `pool` (a fresh registration per call).
-  std::function<cgt::torch::Model(cgt::torch::Pool&, std::uint32_t priming_runs)> add_to;
+  std::function<cgt::torch::Model(cgt::torch::Pool&, bool warm_up_each_shape)> add_to;
+  // The batch sizes it serves (a package exported for one batch size serves that one only).
+  std::vector<std::int64_t> sizes{std::begin(::sizes), std::end(::sizes)};
+  bool time_capture = true;
   // Runs the model once for capture by libtorch's CUDAGraph (a runner that can be captured).
   std::function<void(const at::Tensor&)> run_capturable;
 };
@@ -181,11 +193,11 @@ void print_capture(const std::string& model, const std::string& method, const st
 }
 
 // Warm-up + recording + the first replay of every capture size on a fresh pool, timed per size.
-void time_capture(const std::string& model, const Format& format, std::uint32_t priming_runs, const char* suffix) {
+void time_capture(const std::string& model, const Format& format, bool warm_up_each_shape, const char* suffix) {
   cgt::torch::Pool pool = must(cgt::torch::make_pool({.device = 0}), "making a pool");
   std::vector<double> per_size;
   {
-    const cgt::torch::Model fn = format.add_to(pool, priming_runs);
+    const cgt::torch::Model fn = format.add_to(pool, warm_up_each_shape);
     for (const std::int64_t batch : capture_sizes) {
       const at::Tensor x = any_request(model, batch);
       synchronize();
@@ -221,7 +233,8 @@ NodeTypes node_types(cudaGraph_t graph) {
 
 // The model captured by libtorch's CUDAGraph as it is (no rewrite), launched raw: the CPU of one
 // cudaGraphLaunch with the GPU idle, the yardstick of issue 12's launch-cost target.
-void raw_launch(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x, int calls) {
+void raw_launch(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x, int calls,
+                const std::function<void()>& cgt_call) {
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
   const c10::cuda::CUDAStreamGuard guard(side);
   format.run_capturable(x);  // warm-up on the capture stream
@@ -232,7 +245,7 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
     format.run_capturable(x);
     graph.capture_end();
   } catch (const std::exception& error) {
-    std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0\n", model.c_str(),
+    std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0,0,0,0\n", model.c_str(),
                 static_cast<long long>(batch), format.label.c_str());
     (void)cudaGetLastError();
     return;
@@ -241,26 +254,39 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
   graph.instantiate();
   const cudaGraphExec_t exec = graph.raw_cuda_graph_exec();
   check(cudaGraphUpload(exec, side.stream()), "upload");
-  std::vector<double> cpu;
-  for (int i = 0; i < calls + 10; ++i) {
+  // The raw launch and cgt's call in turn, each with the GPU idle: right after the
+  // synchronisation, and after the host waited 1 ms more (whether the launch's cost depends on
+  // how recently the GPU finished).
+  std::vector<double> raw, ours, raw_paused, ours_paused;
+  const auto one = [&](const std::function<void()>& call, bool pause, std::vector<double>& into, bool keep) {
     synchronize();
+    if (pause) {
+      const auto until = Clock::now() + std::chrono::milliseconds(1);
+      while (Clock::now() < until) {
+      }
+    }
     const auto start = Clock::now();
-    check(cudaGraphLaunch(exec, side.stream()), "launch");
-    if (i >= 10) cpu.push_back(micros(Clock::now() - start));
+    call();
+    if (keep) into.push_back(micros(Clock::now() - start));
+  };
+  const std::function<void()> launch = [&] { check(cudaGraphLaunch(exec, side.stream()), "launch"); };
+  for (int i = 0; i < calls + 10; ++i) {
+    one(launch, false, raw, i >= 10);
+    one(cgt_call, false, ours, i >= 10);
+    one(launch, true, raw_paused, i >= 10);
+    one(cgt_call, true, ours_paused, i >= 10);
   }
   synchronize();
-  std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),%zu,%zu,%.2f\n", model.c_str(), static_cast<long long>(batch),
-              format.label.c_str(), types.total, types.memsets, median(cpu));
+  std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),%zu,%zu,%.2f,%.2f,%.2f,%.2f\n", model.c_str(),
+              static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets, median(raw),
+              median(ours), median(raw_paused), median(ours_paused));
   std::fflush(stdout);
 }
 
-void bench_format(const std::string& dir, const std::string& model, const Format& format, int calls) {
-  time_capture(model, format, 2, "");
-  time_capture(model, format, 0, ", priming_runs 0");
-
+void bench_format(const std::string& dir, const std::string& model, const Format& format, int calls, bool first_pass) {
   // The pool that serves: every size recorded once, then timed against eager.
   cgt::torch::Pool pool = must(cgt::torch::make_pool({.device = 0}), "making a pool");
-  const cgt::torch::Model fn = format.add_to(pool, 2);
+  const cgt::torch::Model fn = format.add_to(pool, true);
   const std::vector<Method> methods{
       {"eager libtorch (" + format.label + ")", [&](const at::Tensor& x) { (void)format.run_eager(x); },
        [&](const at::Tensor& x) { return format.run_eager(x).at(0); }},
@@ -275,7 +301,7 @@ void bench_format(const std::string& dir, const std::string& model, const Format
          return must(out.take(0), "take");
        }},
   };
-  for (const std::int64_t batch : sizes) {
+  for (const std::int64_t batch : format.sizes) {
     const at::Tensor x = request(dir, model, batch);
     const at::Tensor expected = reference(dir, model, batch);
     std::vector<std::vector<Timing>> measured(methods.size());
@@ -295,13 +321,18 @@ void bench_format(const std::string& dir, const std::string& model, const Format
                   methods[m].name.c_str(), cell(&Timing::cpu), cell(&Timing::wall), cell(&Timing::latency), diff);
       std::fflush(stdout);
     }
-    raw_launch(model, batch, format, x, calls);
+    if (first_pass) raw_launch(model, batch, format, x, calls, [&] { methods[1].call(x); });
   }
   const cgt::Stats stats = pool.stats();
   std::printf("calls,%s,cgt.torch (%s),%llu,%llu\n", model.c_str(), format.label.c_str(),
               static_cast<unsigned long long>(stats.replays), static_cast<unsigned long long>(stats.eager_calls));
   std::printf("pool,%s,cgt.torch (%s),%zu\n", model.c_str(), format.label.c_str(), pool.memory().reserved_bytes);
   std::fflush(stdout);
+  // After the serving runs, as models.py times PyTorch's trees after its eager runs.
+  if (first_pass && format.time_capture) {
+    time_capture(model, format, true, "");
+    if (format.label == "AOTI") time_capture(model, format, false, " warm_up_each_shape false");
+  }
 }
 
 std::vector<at::Tensor> tensors_of(const c10::IValue& value) {
@@ -332,6 +363,8 @@ int main(int argc, char* argv[]) {
   const std::string dir = argv[1];
   const std::string model = argv[2];
   const int calls = argc > 3 ? std::atoi(argv[3]) : 150;
+  // A second pass (scripts/gpu-bench-models.sh runs Python, C++, Python, C++) serves only.
+  const bool first_pass = std::getenv("CGT_BENCH_SECOND_PASS") == nullptr;
   if (!cgt::torch::is_available()) {
     std::cerr << "no CUDA device\n";
     return 1;
@@ -346,35 +379,46 @@ int main(int argc, char* argv[]) {
         .label = "TorchScript",
         .run_eager = [&](const at::Tensor& x) { return tensors_of(module.forward({x})); },
         .add_to =
-            [&](cgt::torch::Pool& pool, std::uint32_t priming_runs) {
-              return must(cgt::torch::add_jit_module(pool, module, {.name = model, .priming_runs = priming_runs}),
-                          "add_jit_module");
+            [&](cgt::torch::Pool& pool, bool warm_up_each_shape) {
+              return must(
+                  cgt::torch::add_jit_module(pool, module, {.name = model, .warm_up_each_shape = warm_up_each_shape}),
+                  "add_jit_module");
             },
         .run_capturable = [&](const at::Tensor& x) { (void)module.forward({x}); },
     };
-    bench_format(dir, model, torchscript, calls);
+    bench_format(dir, model, torchscript, calls, first_pass);
   } catch (const std::exception& error) {
     std::printf("error,%s,TorchScript,%s\n", model.c_str(), error.what());
   }
 
-  try {
-    const std::string path = dir + "/" + model + ".pt2";
-    // As users load a package (the default multi-threaded runner), and one that can be captured.
-    torch::inductor::AOTIModelPackageLoader eager_loader(path);
-    torch::inductor::AOTIModelPackageLoader capturable(path, "model", /*run_single_threaded=*/true, 1, 0);
-    const Format aoti{
-        .label = "AOTI",
-        .run_eager = [&](const at::Tensor& x) { return eager_loader.run({x}); },
-        .add_to =
-            [&](cgt::torch::Pool& pool, std::uint32_t priming_runs) {
-              return must(cgt::torch::add_aoti_package(pool, path, {.name = model, .priming_runs = priming_runs}),
-                          "add_aoti_package");
-            },
-        .run_capturable = [&](const at::Tensor& x) { (void)capturable.run({x}); },
-    };
-    bench_format(dir, model, aoti, calls);
-  } catch (const std::exception& error) {
-    std::printf("error,%s,AOTI,%s\n", model.c_str(), error.what());
+  // AOTI: the package with a dynamic batch, and the one exported for batch 1 (reduce-overhead's
+  // batch-1 graph is specialised too: Dynamo specialises sizes 0 and 1).
+  for (const bool batch_one : {false, true}) {
+    const std::string label = batch_one ? "AOTI batch-1 package" : "AOTI";
+    try {
+      const std::string path = dir + "/" + model + (batch_one ? "-b1" : "") + ".pt2";
+      // As users load a package (the default multi-threaded runner), and one that can be captured.
+      torch::inductor::AOTIModelPackageLoader eager_loader(path);
+      torch::inductor::AOTIModelPackageLoader capturable(path, "model", /*run_single_threaded=*/true, 1, 0);
+      Format aoti{
+          .label = label,
+          .run_eager = [&](const at::Tensor& x) { return eager_loader.run({x}); },
+          .add_to =
+              [&](cgt::torch::Pool& pool, bool warm_up_each_shape) {
+                return must(
+                    cgt::torch::add_aoti_package(pool, path, {.name = model, .warm_up_each_shape = warm_up_each_shape}),
+                    "add_aoti_package");
+              },
+          .run_capturable = [&](const at::Tensor& x) { (void)capturable.run({x}); },
+      };
+      if (batch_one) {
+        aoti.sizes = {1};
+        aoti.time_capture = false;
+      }
+      bench_format(dir, model, aoti, calls, first_pass);
+    } catch (const std::exception& error) {
+      std::printf("error,%s,%s,%s\n", model.c_str(), label.c_str(), std::string(error.what()).substr(0, 300).c_str());
+    }
   }
   return 0;
 }

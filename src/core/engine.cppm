@@ -173,6 +173,7 @@ struct FunctionRecord {
   bool warned_mutation = false;
   bool warned_many_keys = false;
   bool warned_pending_backward = false;
+  bool warmed_up_once = false;  ///< some shape of it has warmed up (see `warm_up_each_shape`)
   std::set<Reason> logged;  ///< reasons already printed by the default sink
 };
 
@@ -476,7 +477,7 @@ class Engine {
   std::optional<Reason> fallback_reason(CallFrame& frame);
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
   bool mutates_unmanaged_input(CallFrame& frame);
-  [[nodiscard]] bool needs_warmup(const Variant& variant) const noexcept;
+  [[nodiscard]] bool needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept;
 
   // --- batch buckets (engine_buckets.cpp) ---
   /// A call of a function with `buckets`: runs eagerly above the largest bucket, else pads the

@@ -288,10 +288,12 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
   return variants.back().get();
 }
 
-bool Engine::needs_warmup(const Variant& variant) const noexcept {
+bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept {
   // A warm-up allocates at addresses the caching state of that moment decides, so a recording
   // cannot follow it on the same path: once warming up, the path warms up until it ends.
-  return (!variant.warmed_up && !options.skip_warmup) || state == PathState::warmup || options.force_warmup;
+  const bool shape_needs_it =
+      !variant.warmed_up && !options.skip_warmup && (function.options.warm_up_each_shape || !function.warmed_up_once);
+  return shape_needs_it || state == PathState::warmup || options.force_warmup;
 }
 
 Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
@@ -362,7 +364,7 @@ Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match
 Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   if (auto reason = fallback_reason(frame)) return run_eager(frame, *reason);
 
-  if (needs_warmup(*frame.variant)) {
+  if (needs_warmup(*frame.function, *frame.variant)) {
     if (state == PathState::execution) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));

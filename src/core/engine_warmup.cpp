@@ -162,6 +162,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   node->take_outputs(*this, result->outputs, function.id);
   CallOutputs out = hand_out(*node, *result, frame, CallKind::warmup);
   variant.warmed_up = true;
+  function.warmed_up_once = true;
   ++stats.warmups;
   warmup_chain.push_back(std::move(node));
   enter(*warmup_chain.back(), PathState::warmup, frame);

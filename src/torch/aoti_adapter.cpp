@@ -23,7 +23,9 @@ using Loader = ::torch::inductor::AOTIModelPackageLoader;
 class AotiRunner final : public Model::Runner {
  public:
   AotiRunner(std::shared_ptr<Loader> loader, c10::DeviceIndex device, std::uint32_t priming_runs)
-      : Runner("AOTInductor package", device, priming_runs, /*structured_inputs=*/false), loader_(std::move(loader)) {}
+      : Runner("AOTInductor package", device, priming_runs, /*structured_inputs=*/false,
+               /*prime_each_signature=*/false),
+        loader_(std::move(loader)) {}
 
   // No stream argument: the runner then uses the current stream, the pool's during warm-up and
   // capture. The outputs come back flat, as the loader returns them: a list of tensors.

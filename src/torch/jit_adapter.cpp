@@ -21,7 +21,9 @@ namespace {
 class JitRunner final : public Model::Runner {
  public:
   JitRunner(::torch::jit::Module module, c10::DeviceIndex device, std::uint32_t priming_runs)
-      : Runner("TorchScript module", device, priming_runs, /*structured_inputs=*/true), module_(std::move(module)) {}
+      : Runner("TorchScript module", device, priming_runs, /*structured_inputs=*/true,
+               /*prime_each_signature=*/true),
+        module_(std::move(module)) {}
 
   c10::IValue forward(std::vector<c10::IValue> inputs) override { return module_.forward(std::move(inputs)); }
 

@@ -343,7 +343,7 @@ Values Model::Runner::operator()(Inputs in) {
     }
   }
   if (priming_runs > 0 && c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None &&
-      primed.insert(signature_of(in, call != nullptr ? call->structure_hash : 0)).second) {
+      primed.insert(prime_each_signature ? signature_of(in, call != nullptr ? call->structure_hash : 0) : 0).second) {
     prime(arguments);
   }
   const c10::IValue result = forward(std::move(arguments));
@@ -384,7 +384,8 @@ Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runne
                             .static_inputs = options.static_inputs,
                             .mutated_inputs = options.mutated_inputs,
                             .graph_sizes = options.graph_sizes,
-                            .size_source = options.size_source});
+                            .size_source = options.size_source,
+                            .warm_up_each_shape = options.warm_up_each_shape});
 }
 
 // ---- the handles --------------------------------------------------------------------------------

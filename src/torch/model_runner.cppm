@@ -52,8 +52,13 @@ struct ModelCall {
 /// The body of a model's pool function: rebuilds the model's inputs from the pool function's,
 /// runs the model (priming it on new input signatures), flattens its output.
 struct Model::Runner {
-  Runner(std::string kind, c10::DeviceIndex device, std::uint32_t priming_runs, bool structured_inputs)
-      : kind(std::move(kind)), device(device), priming_runs(priming_runs), structured_inputs(structured_inputs) {}
+  Runner(std::string kind, c10::DeviceIndex device, std::uint32_t priming_runs, bool structured_inputs,
+         bool prime_each_signature)
+      : kind(std::move(kind)),
+        device(device),
+        priming_runs(priming_runs),
+        structured_inputs(structured_inputs),
+        prime_each_signature(prime_each_signature) {}
   virtual ~Runner() = default;
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
@@ -74,6 +79,9 @@ struct Model::Runner {
   const std::uint32_t priming_runs;
   /// TorchScript: IValue inputs of any structure, and a last scalar naming it. AOTInductor: tensors.
   const bool structured_inputs;
+  /// TorchScript: its executor profiles and optimises per input signature. AOTInductor: its
+  /// kernels serve every shape, loaded at the first run; later signatures need no priming.
+  const bool prime_each_signature;
   /// The output's structure, set by the first run; later runs must produce the same.
   std::shared_ptr<const OutputStructure> structure;
   /// Input signatures the model was primed on.

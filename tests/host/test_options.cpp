@@ -351,3 +351,38 @@ TEST_CASE("counters count what happened", "[options][host]") {
   CHECK(pool.memory().live_blocks == 0);
   CHECK(pool.memory().reserved_bytes > 0);
 }
+
+TEST_CASE("warm_up_each_shape = false: only the first shape warms up, later shapes record at once", "[options][host]") {
+  auto pool = must(H::make_pool({}));
+  using K = cgt::CallKind;
+  for (const bool each : {true, false}) {
+    auto body = [](cgt::host::Context& ctx, cgt::host::Inputs in) {
+      cgt::host::Buffer out = ctx.allocate(cgt::host::ElementType::f32, in[0].sizes());
+      const cgt::host::Buffer x = in[0];
+      ctx.launch([x, out] {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(x.numel()); ++i) out.set(i, x.get(i) * 2);
+      });
+      return cgt::host::Values{out};
+    };
+    auto f = must(pool.add_function(body, {.name = each ? "each" : "first", .warm_up_each_shape = each}));
+    const auto warmups_before = pool.stats().warmups;
+    std::vector<K> kinds;
+    for (const std::int64_t size : {4, 8, 16}) {
+      for (int call = 0; call < 3; ++call) {
+        pool.mark_step_begin();
+        auto out = must(f({H::make(HostTensor::full({size}, 3))}));
+        kinds.push_back(out.kind());
+        CHECK(scenario::value_of<H>(out, 0).data == std::vector<double>(static_cast<std::size_t>(size), 6));
+      }
+    }
+    if (each) {
+      CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::warmup, K::recording, K::replay, K::warmup,
+                                 K::recording, K::replay});
+      CHECK(pool.stats().warmups - warmups_before == 3);
+    } else {
+      CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::recording, K::replay, K::replay, K::recording,
+                                 K::replay, K::replay});
+      CHECK(pool.stats().warmups - warmups_before == 1);
+    }
+  }
+}
