@@ -1,0 +1,380 @@
+// The model benchmark's C++ half (scripts/gpu-bench-models.sh runs it after
+// `bench/models/models.py export DIR`): serves the exported models from C++, eagerly with libtorch
+// and through cgt.torch, TorchScript and AOTInductor, on the requests the export wrote, and
+// compares every output with eager PyTorch's (the .output files).
+//
+//   model_bench DIR MODEL [CALLS]        MODEL: bert | resnet
+//
+// Per format (TorchScript DIR/MODEL.pt, AOTInductor DIR/MODEL.pt2):
+//   * capture: a fresh pool, the model registered, then warm-up + recording + the first replay of
+//     each CAPTURE_SIZES batch in turn (priming runs included), timed per size;
+//   * serve, per batch of SIZES: eager libtorch and cgt.torch, CPU per call with the GPU idle,
+//     wall per call back to back, latency of one request (call + synchronise), max |difference|
+//     from eager PyTorch; the methods interleaved in rounds, each cell the median round;
+//   * launch: the model captured by libtorch's CUDAGraph (as captured: no node rewrite), its node
+//     types, and the CPU of a raw cudaGraphLaunch of it, with the GPU idle;
+//   * pool: the cgt pool's reserved bytes after serving every size.
+// Prints the CSV lines bench/models/report.py reads (the same as models.py's), plus
+//   launch,MODEL,BATCH,METHOD,nodes,memsets,cpu_us     calls,MODEL,METHOD,replays,eager calls
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/script.h>
+#include <torch/torch.h>
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+import cgt;
+import cgt.torch;
+
+namespace {
+
+constexpr std::int64_t sizes[] = {1, 8, 32};                   // the serving table (models.py SIZES)
+constexpr std::int64_t capture_sizes[] = {1, 2, 4, 8, 16, 32};  // models.py CAPTURE_SIZES
+constexpr std::int64_t sequence = 128;
+constexpr int rounds = 3;
+
+template <class T>
+T must(cgt::Result<T> result, const char* what) {
+  if (!result) {
+    std::cerr << what << ": " << result.error().describe() << '\n';
+    std::exit(1);
+  }
+  return std::move(*result);
+}
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::cerr << what << ": " << cudaGetErrorString(status) << '\n';
+    std::exit(1);
+  }
+}
+
+using Clock = std::chrono::steady_clock;
+double micros(Clock::duration d) { return std::chrono::duration<double, std::micro>(d).count(); }
+void synchronize() { check(cudaDeviceSynchronize(), "synchronising"); }
+
+double median(std::vector<double> values) {
+  std::ranges::sort(values);
+  return values.empty() ? 0 : values[values.size() / 2];
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::cerr << "cannot read " << path << " (run bench/models/models.py export first)\n";
+    std::exit(1);
+  }
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A request of `batch` as the export wrote it (the same bytes eager PyTorch ran), on the GPU.
+at::Tensor request(const std::string& dir, const std::string& model, std::int64_t batch) {
+  const std::string bytes = read_file(dir + "/" + model + "-b" + std::to_string(batch) + ".input");
+  const bool tokens = model == "bert";
+  const auto type = tokens ? at::kLong : at::kFloat;
+  std::vector<std::int64_t> shape = tokens ? std::vector<std::int64_t>{batch, sequence}
+                                           : std::vector<std::int64_t>{batch, 3, 224, 224};
+  at::Tensor host = at::empty(shape, at::TensorOptions().dtype(type));
+  if (static_cast<std::size_t>(host.nbytes()) != bytes.size()) {
+    std::cerr << model << " batch " << batch << ": the input file has the wrong size\n";
+    std::exit(1);
+  }
+  std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+  return host.to(at::Device(at::kCUDA, 0));
+}
+
+// A request of a size the export did not write (capture timing only: any values do).
+at::Tensor any_request(const std::string& model, std::int64_t batch) {
+  const auto cuda = at::TensorOptions().device(at::kCUDA, 0);
+  if (model == "bert") return at::randint(0, 30522, {batch, sequence}, cuda.dtype(at::kLong));
+  return at::randn({batch, 3, 224, 224}, cuda);
+}
+
+at::Tensor reference(const std::string& dir, const std::string& model, std::int64_t batch) {
+  const std::string bytes = read_file(dir + "/" + model + "-b" + std::to_string(batch) + ".output");
+  at::Tensor host = at::empty({static_cast<std::int64_t>(bytes.size() / sizeof(float))}, at::kFloat);
+  std::memcpy(host.data_ptr(), bytes.data(), bytes.size());
+  return host;
+}
+
+double difference(const at::Tensor& output, const at::Tensor& expected) {
+  const at::Tensor got = output.detach().to(at::kCPU, at::kFloat).flatten();
+  if (got.numel() != expected.numel()) return INFINITY;
+  return (got - expected).abs().max().item<double>();
+}
+
+struct Timing {
+  double cpu = 0, wall = 0, latency = 0;
+};
+
+// The same method as models.py's timed(): CPU with the GPU idle, latency, wall back to back.
+Timing timed(const std::function<void()>& call, int calls) {
+  for (int i = 0; i < 10; ++i) call();
+  std::vector<double> cpu, latency;
+  for (int i = 0; i < calls; ++i) {
+    synchronize();
+    const auto start = Clock::now();
+    call();
+    cpu.push_back(micros(Clock::now() - start));
+  }
+  for (int i = 0; i < std::max(calls / 2, 10); ++i) {
+    synchronize();
+    const auto start = Clock::now();
+    call();
+    synchronize();
+    latency.push_back(micros(Clock::now() - start));
+  }
+  synchronize();
+  const auto start = Clock::now();
+  for (int i = 0; i < calls; ++i) call();
+  synchronize();
+  return {median(cpu), micros(Clock::now() - start) / calls, median(latency)};
+}
+
+// A way to run the model: eager or through a pool; `output` runs once and returns output 0.
+struct Method {
+  std::string name;
+  std::function<void(const at::Tensor&)> call;
+  std::function<at::Tensor(const at::Tensor&)> output;
+};
+
+struct Format {
+  std::string label;  // "TorchScript" or "AOTI"
+  std::function<std::vector<at::Tensor>(const at::Tensor&)> run_eager;
+  // Registers the model with `pool` (a fresh registration per call).
+  std::function<cgt::torch::Model(cgt::torch::Pool&, std::uint32_t priming_runs)> add_to;
+  // Runs the model once for capture by libtorch's CUDAGraph (a runner that can be captured).
+  std::function<void(const at::Tensor&)> run_capturable;
+};
+
+void print_capture(const std::string& model, const std::string& method, const std::vector<double>& per_size) {
+  double total = 0;
+  std::ostringstream sizes_text, times;
+  for (std::size_t i = 0; i < per_size.size(); ++i) {
+    total += per_size[i];
+    sizes_text << (i ? " " : "") << capture_sizes[i];
+    times << (i ? " " : "") << per_size[i];
+  }
+  std::printf("capture,%s,%s,%s,%.1f,%s\n", model.c_str(), method.c_str(), sizes_text.str().c_str(), total,
+              times.str().c_str());
+  std::fflush(stdout);
+}
+
+// Warm-up + recording + the first replay of every capture size on a fresh pool, timed per size.
+void time_capture(const std::string& model, const Format& format, std::uint32_t priming_runs, const char* suffix) {
+  cgt::torch::Pool pool = must(cgt::torch::make_pool({.device = 0}), "making a pool");
+  std::vector<double> per_size;
+  {
+    const cgt::torch::Model fn = format.add_to(pool, priming_runs);
+    for (const std::int64_t batch : capture_sizes) {
+      const at::Tensor x = any_request(model, batch);
+      synchronize();
+      const auto start = Clock::now();
+      for (int call = 0; call < 6; ++call) {
+        pool.mark_step_begin();
+        if (must(fn({x}), "capture call").kind() == cgt::CallKind::replay) break;
+      }
+      synchronize();
+      per_size.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+    }
+  }
+  print_capture(model, "cgt.torch (" + format.label + suffix + ")", per_size);
+}
+
+struct NodeTypes {
+  std::size_t total = 0, memsets = 0;
+};
+
+NodeTypes node_types(cudaGraph_t graph) {
+  std::size_t count = 0;
+  check(cudaGraphGetNodes(graph, nullptr, &count), "counting nodes");
+  std::vector<cudaGraphNode_t> nodes(count);
+  check(cudaGraphGetNodes(graph, nodes.data(), &count), "listing nodes");
+  NodeTypes types{.total = count};
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    check(cudaGraphNodeGetType(node, &type), "node type");
+    if (type == cudaGraphNodeTypeMemset) ++types.memsets;
+  }
+  return types;
+}
+
+// The model captured by libtorch's CUDAGraph as it is (no rewrite), launched raw: the CPU of one
+// cudaGraphLaunch with the GPU idle, the yardstick of issue 12's launch-cost target.
+void raw_launch(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x, int calls) {
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  const c10::cuda::CUDAStreamGuard guard(side);
+  format.run_capturable(x);  // warm-up on the capture stream
+  side.synchronize();
+  at::cuda::CUDAGraph graph(/*keep_graph=*/true);
+  try {
+    graph.capture_begin();
+    format.run_capturable(x);
+    graph.capture_end();
+  } catch (const std::exception& error) {
+    std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0\n", model.c_str(),
+                static_cast<long long>(batch), format.label.c_str());
+    (void)cudaGetLastError();
+    return;
+  }
+  const NodeTypes types = node_types(graph.raw_cuda_graph());
+  graph.instantiate();
+  const cudaGraphExec_t exec = graph.raw_cuda_graph_exec();
+  check(cudaGraphUpload(exec, side.stream()), "upload");
+  std::vector<double> cpu;
+  for (int i = 0; i < calls + 10; ++i) {
+    synchronize();
+    const auto start = Clock::now();
+    check(cudaGraphLaunch(exec, side.stream()), "launch");
+    if (i >= 10) cpu.push_back(micros(Clock::now() - start));
+  }
+  synchronize();
+  std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),%zu,%zu,%.2f\n", model.c_str(), static_cast<long long>(batch),
+              format.label.c_str(), types.total, types.memsets, median(cpu));
+  std::fflush(stdout);
+}
+
+void bench_format(const std::string& dir, const std::string& model, const Format& format, int calls) {
+  time_capture(model, format, 2, "");
+  time_capture(model, format, 0, ", priming_runs 0");
+
+  // The pool that serves: every size recorded once, then timed against eager.
+  cgt::torch::Pool pool = must(cgt::torch::make_pool({.device = 0}), "making a pool");
+  const cgt::torch::Model fn = format.add_to(pool, 2);
+  const std::vector<Method> methods{
+      {"eager libtorch (" + format.label + ")", [&](const at::Tensor& x) { (void)format.run_eager(x); },
+       [&](const at::Tensor& x) { return format.run_eager(x).at(0); }},
+      {"cgt.torch (" + format.label + ")",
+       [&](const at::Tensor& x) {
+         pool.mark_step_begin();
+         (void)must(fn({x}), "call");
+       },
+       [&](const at::Tensor& x) {
+         pool.mark_step_begin();
+         auto out = must(fn({x}), "call");
+         return must(out.take(0), "take");
+       }},
+  };
+  for (const std::int64_t batch : sizes) {
+    const at::Tensor x = request(dir, model, batch);
+    const at::Tensor expected = reference(dir, model, batch);
+    std::vector<std::vector<Timing>> measured(methods.size());
+    for (int round = 0; round < rounds; ++round) {
+      for (std::size_t m = 0; m < methods.size(); ++m) {
+        measured[m].push_back(timed([&] { methods[m].call(x); }, calls / rounds));
+      }
+    }
+    for (std::size_t m = 0; m < methods.size(); ++m) {
+      auto cell = [&](double Timing::* field) {
+        std::vector<double> values;
+        for (const Timing& t : measured[m]) values.push_back(t.*field);
+        return median(values);
+      };
+      const double diff = difference(methods[m].output(x), expected);
+      std::printf("serve,%s,%lld,%s,%.1f,%.1f,%.1f,%.3g\n", model.c_str(), static_cast<long long>(batch),
+                  methods[m].name.c_str(), cell(&Timing::cpu), cell(&Timing::wall), cell(&Timing::latency), diff);
+      std::fflush(stdout);
+    }
+    raw_launch(model, batch, format, x, calls);
+  }
+  const cgt::Stats stats = pool.stats();
+  std::printf("calls,%s,cgt.torch (%s),%llu,%llu\n", model.c_str(), format.label.c_str(),
+              static_cast<unsigned long long>(stats.replays), static_cast<unsigned long long>(stats.eager_calls));
+  std::printf("pool,%s,cgt.torch (%s),%zu\n", model.c_str(), format.label.c_str(), pool.memory().reserved_bytes);
+  std::fflush(stdout);
+}
+
+std::vector<at::Tensor> tensors_of(const c10::IValue& value) {
+  std::vector<at::Tensor> out;
+  if (value.isTensor()) out.push_back(value.toTensor());
+  if (value.isTuple()) {
+    for (const c10::IValue& element : value.toTupleRef().elements()) out.push_back(element.toTensor());
+  }
+  return out;
+}
+
+void warm_up_gpu() {
+  at::Tensor x = at::zeros({1 << 20}, at::TensorOptions().device(at::kCUDA, 0));
+  const auto start = Clock::now();
+  while (Clock::now() - start < std::chrono::seconds(3)) {
+    for (int i = 0; i < 16; ++i) x.add_(1);
+    synchronize();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  if (argc < 3) {
+    std::cerr << "usage: model_bench DIR bert|resnet [CALLS]\n";
+    return 2;
+  }
+  const std::string dir = argv[1];
+  const std::string model = argv[2];
+  const int calls = argc > 3 ? std::atoi(argv[3]) : 150;
+  if (!cgt::torch::is_available()) {
+    std::cerr << "no CUDA device\n";
+    return 1;
+  }
+  const torch::NoGradGuard no_grad;
+  warm_up_gpu();
+
+  try {
+    torch::jit::Module module = torch::jit::load(dir + "/" + model + ".pt", torch::Device(torch::kCUDA, 0));
+    module.eval();
+    const Format torchscript{
+        .label = "TorchScript",
+        .run_eager = [&](const at::Tensor& x) { return tensors_of(module.forward({x})); },
+        .add_to =
+            [&](cgt::torch::Pool& pool, std::uint32_t priming_runs) {
+              return must(cgt::torch::add_jit_module(pool, module, {.name = model, .priming_runs = priming_runs}),
+                          "add_jit_module");
+            },
+        .run_capturable = [&](const at::Tensor& x) { (void)module.forward({x}); },
+    };
+    bench_format(dir, model, torchscript, calls);
+  } catch (const std::exception& error) {
+    std::printf("error,%s,TorchScript,%s\n", model.c_str(), error.what());
+  }
+
+  try {
+    const std::string path = dir + "/" + model + ".pt2";
+    // As users load a package (the default multi-threaded runner), and one that can be captured.
+    torch::inductor::AOTIModelPackageLoader eager_loader(path);
+    torch::inductor::AOTIModelPackageLoader capturable(path, "model", /*run_single_threaded=*/true, 1, 0);
+    const Format aoti{
+        .label = "AOTI",
+        .run_eager = [&](const at::Tensor& x) { return eager_loader.run({x}); },
+        .add_to =
+            [&](cgt::torch::Pool& pool, std::uint32_t priming_runs) {
+              return must(cgt::torch::add_aoti_package(pool, path, {.name = model, .priming_runs = priming_runs}),
+                          "add_aoti_package");
+            },
+        .run_capturable = [&](const at::Tensor& x) { (void)capturable.run({x}); },
+    };
+    bench_format(dir, model, aoti, calls);
+  } catch (const std::exception& error) {
+    std::printf("error,%s,AOTI,%s\n", model.c_str(), error.what());
+  }
+  return 0;
+}

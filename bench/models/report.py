@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Writes bench/results/models.md from the CSV lines of bench/models/models.py (Python: eager
+PyTorch, reduce-overhead, PyTorch's trees) and model_bench (C++: eager libtorch and cgt.torch,
+TorchScript and AOTInductor), with each model's targets (issue 12, items 4-6) checked.
+
+  python3 bench/models/report.py RESULTS.csv OUT_DIR COMMIT "GPU NAME"
+"""
+import collections
+import sys
+
+NAMES = {"bert": "BERT-base (Hugging Face BertModel, 128 tokens)", "resnet": "ResNet-18 (torchvision, 224x224)"}
+RO = "PyTorch reduce-overhead"
+CGT_AOTI = "cgt.torch (AOTI)"
+
+
+def read(path):
+    serve = collections.OrderedDict()  # (model, batch, method) -> (cpu, wall, latency, diff)
+    pools, captures, launches, calls, notes = {}, {}, {}, {}, []
+    with open(path) as lines:
+        for line in lines:
+            fields = line.rstrip("\n").split(",")
+            kind = fields[0]
+            try:
+                if kind == "serve":
+                    serve[(fields[1], int(fields[2]), fields[3])] = tuple(map(float, fields[4:8]))
+                elif kind == "pool":
+                    pools[(fields[1], fields[2])] = int(fields[3])
+                elif kind == "capture" and len(fields) >= 6:
+                    captures[(fields[1], fields[2])] = (fields[3], float(fields[4]), fields[5])
+                elif kind == "launch" and len(fields) >= 7 and fields[4] != "capture failed":
+                    launches[(fields[1], int(fields[2]), fields[3])] = (int(fields[4]), int(fields[5]), float(fields[6]))
+                elif kind == "calls":
+                    calls[(fields[1], fields[2])] = (int(fields[3]), int(fields[4]))
+                elif kind in ("error", "export", "measure") or (kind == "capture" and "failed" in line):
+                    notes.append(line.strip())
+            except (ValueError, IndexError):
+                notes.append("unparsed: " + line.strip())
+    return serve, pools, captures, launches, calls, notes
+
+
+def model_section(model, serve, pools, captures, launches, calls):
+    out = [f"## {NAMES.get(model, model)}", ""]
+    out += ["CPU: the call's CPU time with the GPU idle. Wall: per call, back to back. Latency: one request, "
+            "call + synchronise. Medians, microseconds. Difference: max |output 0 - eager PyTorch's|.", ""]
+    out += ["| batch | method | CPU per call | wall per call | latency | max difference |", "|---|---|---|---|---|---|"]
+    batches = sorted({b for (m, b, _) in serve if m == model})
+    for batch in batches:
+        for (m, b, method), (cpu, wall, latency, diff) in serve.items():
+            if m == model and b == batch:
+                out.append(f"| {batch} | {method} | {cpu:.1f} | {wall:.1f} | {latency:.1f} | {diff:.3g} |")
+    out.append("")
+
+    out += ["Targets (issue 12, item 6): cgt + AOTI wall at or below reduce-overhead, CPU at least 20x below it.", ""]
+    out += ["| batch | wall cgt+AOTI / reduce-overhead | CPU reduce-overhead / cgt+AOTI | met |", "|---|---|---|---|"]
+    for batch in batches:
+        ro, ours = serve.get((model, batch, RO)), serve.get((model, batch, CGT_AOTI))
+        if not ro or not ours:
+            out.append(f"| {batch} | missing | missing | no |")
+            continue
+        wall, cpu = ours[1] / ro[1], ro[0] / ours[0]
+        out.append(f"| {batch} | {wall:.2f}x | {cpu:.1f}x | {'yes' if wall <= 1.0 and cpu >= 20 else 'no'} |")
+    out.append("")
+
+    out += ["Launch cost (item 4: cgt's replay at most 10 us of CPU on every graph): the model captured by "
+            "libtorch's CUDAGraph as it is, launched raw, against cgt's call (the serving CPU above: step, "
+            "input copy, replay).", ""]
+    out += ["| batch | format | nodes | memset nodes | raw cudaGraphLaunch | cgt call | met |", "|---|---|---|---|---|---|---|"]
+    for (m, batch, method), (nodes, memsets, cpu) in sorted(launches.items()):
+        if m != model:
+            continue
+        label = method[method.index("(") + 1:-1]
+        ours = serve.get((model, batch, f"cgt.torch ({label})"))
+        ours_text = f"{ours[0]:.1f}" if ours else "missing"
+        met = "yes" if ours and ours[0] <= 10 else "no"
+        out.append(f"| {batch} | {label} | {nodes} | {memsets} | {cpu:.1f} | {ours_text} | {met} |")
+    out.append("")
+
+    out += ["Capture time (item 5): warm-up + recording + the first replay of each batch size in turn, "
+            "on a fresh pool / tree (milliseconds).", ""]
+    out += ["| method | sizes | total | per size |", "|---|---|---|---|"]
+    for (m, method), (sizes, total, per_size) in captures.items():
+        if m == model:
+            out.append(f"| {method} | {sizes} | {total:.1f} | {per_size} |")
+    out.append("")
+    out += ["| method | pool memory (MiB) | replays | eager calls |", "|---|---|---|---|"]
+    for (m, method), reserved in pools.items():
+        if m == model:
+            replays, eager = calls.get((model, method), ("-", "-"))
+            out.append(f"| {method} | {reserved / 2**20:.1f} | {replays} | {eager} |")
+    out.append("")
+    return out
+
+
+def main():
+    if len(sys.argv) < 5:
+        print(__doc__)
+        return 2
+    serve, pools, captures, launches, calls, notes = read(sys.argv[1])
+    out = [f"# Real models served from C++", "",
+           f"Measured on {sys.argv[4]} at commit `{sys.argv[3]}` by `scripts/gpu-bench-models.sh` "
+           "(bench/models/: models.py exports and runs the Python methods, model_bench the C++ ones; "
+           "random weights, nothing downloaded).", ""]
+    models = list(dict.fromkeys(m for (m, _, _) in serve))
+    for model in models:
+        out += model_section(model, serve, pools, captures, launches, calls)
+    if notes:
+        out += ["## Notes from the run", ""] + [f"    {n[:300]}" for n in notes] + [""]
+    with open(f"{sys.argv[2]}/models.md", "w") as file:
+        file.write("\n".join(out))
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
