@@ -22,7 +22,8 @@ Result<Buffer> Buffer::make(ElementType type, std::span<const std::int64_t> size
   const auto checked_bytes = contiguous_bytes(type, sizes);
   if (!checked_bytes) return fail(Errc::invalid_argument, "Buffer::make: " + checked_bytes.error().message);
   const std::size_t bytes = *checked_bytes;
-  if (auto set = checked(cudaSetDevice(device), "selecting the device"); !set) return std::unexpected(set.error());
+  CurrentDevice current;
+  if (auto set = current.enter(device); !set) return std::unexpected(set.error());
   auto memory = device_allocation(bytes, "making a buffer");
   if (!memory) return std::unexpected(std::move(memory.error()));
   if (auto zeroed = checked(cudaMemset(memory->get(), 0, bytes), "zeroing a new buffer"); !zeroed) {
@@ -51,9 +52,12 @@ Buffer Buffer::on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr
 }
 
 // read and write wait for the whole device: a pool's stream may be non-blocking, and then the
-// legacy default stream's cudaMemcpy is not ordered with it.
+// legacy default stream's cudaMemcpy is not ordered with it. They make the buffer's device current
+// first (and put the caller's back): the wait and the legacy stream are the current device's.
 Result<std::vector<double>> Buffer::read() const {
   if (!fits()) return fail(Errc::invalid_argument, "Buffer::read: the view is invalid or reaches outside its storage");
+  CurrentDevice current;
+  if (auto set = current.enter(device_); !set) return std::unexpected(set.error());
   if (auto idle = checked(cudaDeviceSynchronize(), "waiting for the device before reading a buffer"); !idle)
     return std::unexpected(idle.error());
   std::vector<std::byte> host(storage_bytes_);
@@ -71,6 +75,8 @@ Result<std::vector<double>> Buffer::read() const {
 
 Result<void> Buffer::write(std::span<const double> values) const {
   if (!fits()) return fail(Errc::invalid_argument, "Buffer::write: the view is invalid or reaches outside its storage");
+  CurrentDevice current;
+  if (auto set = current.enter(device_); !set) return set;
   if (auto idle = checked(cudaDeviceSynchronize(), "waiting for the device before writing a buffer"); !idle)
     return idle;
   std::vector<std::byte> host(storage_bytes_);

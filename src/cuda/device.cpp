@@ -92,11 +92,12 @@ class CudaRecording final : public backend::Recording {
 
   // `own_graph` is null when the recording's graph is `exec`'s origin (owned there).
   CudaRecording(const std::shared_ptr<SharedExec>& exec, kernels::GraphHandle own_graph,
-                std::vector<kernels::CopyBatch> captured, cudaStream_t stream, std::vector<Copy> copies, Values outputs,
-                GraphCounts& counts)
+                std::vector<kernels::CopyBatch> captured, cudaStream_t stream, int device, std::vector<Copy> copies,
+                Values outputs, GraphCounts& counts)
       : own_graph_(std::move(own_graph)),
         graph_(exec, own_graph_ ? own_graph_.get() : exec->owner.origin.get(), std::move(captured)),
         stream_(stream),
+        device_(device),
         copies_(std::move(copies)),
         outputs_(std::move(outputs)),
         counts_(counts) {}
@@ -107,6 +108,9 @@ class CudaRecording final : public backend::Recording {
   [[nodiscard]] const std::shared_ptr<SharedExec>& shared_exec() const noexcept { return graph_.share(); }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
+    // The gathers and the node updates act on the current device: the pool's, for this replay.
+    CurrentDevice current;
+    if (auto set = current.enter(device_); !set) return set;
     if (!graph_.is_loaded()) {
       if (auto loaded = checked(graph_.load(), "loading a graph into its shared executable"); !loaded) return loaded;
       ++counts_.switched;
@@ -149,6 +153,7 @@ class CudaRecording final : public backend::Recording {
   kernels::GraphHandle own_graph_;            // a re-recording's graph, or null: the executable's origin
   kernels::GraphInExec<Instantiated> graph_;  // this recording's graph in its (shared) executable
   cudaStream_t stream_;
+  int device_;
   std::vector<Copy> copies_;
   Values outputs_;
   GraphCounts& counts_;
@@ -190,7 +195,8 @@ Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool 
   ArenaOptions options = arena;
   options.source.obtain = [device](std::size_t bytes, std::size_t /*alignment*/) -> std::byte* {
     void* memory = nullptr;  // cudaMalloc aligns to at least 256 bytes
-    if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&memory, bytes) != cudaSuccess) {
+    CurrentDevice current;
+    if (!current.enter(device) || cudaMalloc(&memory, bytes) != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;
     }
@@ -227,7 +233,8 @@ Result<backend::RunResult> Device::finish(Context& context, Values&& outputs) {
 
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                        backend::RunMode mode) {
-  if (auto set = checked(cudaSetDevice(device_), "selecting the device"); !set) return std::unexpected(set.error());
+  CurrentDevice current;
+  if (auto set = current.enter(device_); !set) return std::unexpected(set.error());
   const CallInputs inputs(args);
   Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::device_memory,
                   false);
@@ -241,7 +248,8 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
 
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                          const backend::RecordPlan& plan) {
-  if (auto set = checked(cudaSetDevice(device_), "selecting the device"); !set) return std::unexpected(set.error());
+  CurrentDevice current;
+  if (auto set = current.enter(device_); !set) return std::unexpected(set.error());
   CallInputs inputs(args);
   Context context(*this, Context::Target::pool, true);
   // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span,
@@ -342,7 +350,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
       return std::unexpected(uploaded.error());
     }
   }
-  auto recording = std::make_unique<CudaRecording>(shared, std::move(graph), std::move(captured), stream_,
+  auto recording = std::make_unique<CudaRecording>(shared, std::move(graph), std::move(captured), stream_, device_,
                                                    std::move(copies), *outputs, counts_);
   // Capture ran nothing: this launch copies the inputs and produces the first outputs.
   if (auto launched = checked(cudaGraphLaunch(shared->exec, stream_), "launching a new graph"); !launched) {
@@ -369,6 +377,8 @@ void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, 
   if (!arena_) return;
   // Zero bytes: a zero-element output, which points at no device memory (no_elements_storage).
   if (poison_ && storage.bytes != 0) {
+    CurrentDevice current;
+    (void)current.enter(device_);
     (void)cudaMemsetAsync(backend::pointer_to(storage.address), 0xFF, storage.bytes, stream_);
   }
   if (storage.owned_by_allocator) (void)arena_->free(storage.address);  // NOLINT(bugprone-unused-return-value)
@@ -377,6 +387,8 @@ void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, 
 void Device::adopt(backend::StorageHandle& /*storage*/) {}
 
 Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
+  CurrentDevice current;
+  if (auto set = current.enter(device_); !set) return std::unexpected(set.error());
   auto copy = device_allocation(storage.bytes, "copying an output out of the pool");
   if (!copy) return copy;
   if (auto copied = checked(cudaMemcpyAsync(copy->get(), backend::pointer_to(storage.address), storage.bytes,
@@ -404,6 +416,8 @@ MemoryInfo Device::memory() const {
 
 void Device::shutdown() {
   if (!arena_) return;
+  CurrentDevice current;
+  (void)current.enter(device_);
   (void)cudaStreamSynchronize(stream_);
   arena_.reset();  // gives the segments back (cudaFree)
   (void)cudaStreamDestroy(stream_);
@@ -412,6 +426,8 @@ void Device::shutdown() {
 
 Result<Buffer> Backend::take(const Buffer& buffer) {
   if (buffer.empty()) return Buffer{};
+  CurrentDevice current;  // the copy goes on the buffer's device
+  if (auto set = current.enter(buffer.device()); !set) return std::unexpected(set.error());
   // The work that wrote the buffer may be on a non-blocking pool stream, which the legacy default
   // stream of cudaMemcpy does not wait for; and a device-to-device cudaMemcpy may return before
   // it is done. So: wait, copy, wait.
@@ -438,8 +454,8 @@ Result<Pool> make_pool(PoolOptions options) {
     return fail(Errc::backend_error, "no usable CUDA device " + std::to_string(options.device) + " (this machine has " +
                                          std::to_string(device_count()) + ")");
   }
-  if (auto set = checked(cudaSetDevice(options.device), "selecting the device"); !set)
-    return std::unexpected(set.error());
+  CurrentDevice current;
+  if (auto set = current.enter(options.device); !set) return std::unexpected(set.error());
   cudaStream_t stream = nullptr;
   const unsigned flags = options.blocking_stream ? cudaStreamDefault : cudaStreamNonBlocking;
   if (auto created = checked(cudaStreamCreateWithFlags(&stream, flags), "creating the pool's stream"); !created) {

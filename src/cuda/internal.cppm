@@ -18,9 +18,33 @@ namespace cgt::cuda {
 
 using kernels::checked;  // NOLINT(misc-unused-using-decls): for the module's other units
 
-/// `bytes` of new memory on the current device, freed (cudaFree) when its last owner lets go.
-/// Fails with out_of_memory when the device has no room, else backend_error, saying what was being
-/// done.
+/// Makes a device current for one piece of work and puts the caller's current device back after:
+/// a pool on device 1 called from a thread whose current device is 0 launches on device 1 and
+/// leaves the thread on device 0. When the device already is current (the usual case) it costs
+/// one cudaGetDevice (the runtime answers from the thread's state, no driver call).
+class CurrentDevice {
+ public:
+  CurrentDevice() = default;
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+  ~CurrentDevice() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  [[nodiscard]] Result<void> enter(int device) {
+    if (auto got = checked(cudaGetDevice(&previous_), "reading the current device"); !got) return got;
+    if (previous_ == device) return {};
+    if (auto set = checked(cudaSetDevice(device), "selecting the device"); !set) return set;
+    switched_ = true;
+    return {};
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+/// `bytes` of new memory on the current device (callers make the right one current), freed (cudaFree) when its last
+/// owner lets go. Fails with out_of_memory when the device has no room, else backend_error, saying what was being done.
 inline Result<std::shared_ptr<void>> device_allocation(std::size_t bytes, const char* doing) {
   void* memory = nullptr;
   if (const cudaError_t status = cudaMalloc(&memory, bytes); status != cudaSuccess) {

@@ -18,28 +18,37 @@
 import cgt;
 import cgt.cuda;
 
-struct CudaHarness : scenario::HarnessTypes<cgt::cuda::Backend> {
+// On CUDA device `DeviceIndex` (the scenario suite runs on device 1 too: tests/multi).
+template <int DeviceIndex = 0>
+struct CudaHarnessOn : scenario::HarnessTypes<cgt::cuda::Backend> {
   static constexpr const char* name = "cuda";
   /// Steps of the randomized walk (scenario::random_calls_match_eager): fewer than the host's,
   /// every call being real launches.
   static constexpr std::size_t property_steps = 10000;
 
-  static std::string unavailable() { return cgt::cuda::device_count() > 0 ? std::string{} : "no CUDA device"; }
+  static std::string unavailable() {
+    if (cgt::cuda::device_count() > DeviceIndex) return {};
+    return DeviceIndex == 0 ? std::string("no CUDA device")
+                            : "no CUDA device " + std::to_string(DeviceIndex) + " (fewer than " +
+                                  std::to_string(DeviceIndex + 1) + " GPUs)";
+  }
 
   static cgt::Result<Pool> make_pool(cgt::Options options = {}) {
     cgt::cuda::PoolOptions pool_options;
     pool_options.tree = std::move(options);
+    pool_options.device = DeviceIndex;
     pool_options.poison_dead_memory = true;  // a stale read sees NaN, not a plausible old value
     return cgt::cuda::make_pool(std::move(pool_options));
   }
 
   static Value make(const scenario::HostTensor& t) {
-    Value buffer = scenario::must(Value::make(cgt::ElementType::f32, t.sizes));
+    Value buffer = scenario::must(Value::make(cgt::ElementType::f32, t.sizes, DeviceIndex));
     scenario::must(buffer.write(t.data));
     return buffer;
   }
   static Value misaligned(const scenario::HostTensor& t) {
-    Value backing = scenario::must(Value::make(cgt::ElementType::f32, {static_cast<std::int64_t>(t.numel()) + 1}));
+    Value backing =
+        scenario::must(Value::make(cgt::ElementType::f32, {static_cast<std::int64_t>(t.numel()) + 1}, DeviceIndex));
     Value view = backing.with_layout(backing.layout().slice(1, static_cast<std::int64_t>(t.numel()) + 1));
     scenario::must(view.write(t.data));
     return view;
@@ -141,3 +150,5 @@ struct CudaHarness : scenario::HarnessTypes<cgt::cuda::Backend> {
         {.name = spec.name, .static_inputs = spec.static_inputs, .mutated_inputs = spec.mutated_inputs});
   }
 };
+
+using CudaHarness = CudaHarnessOn<0>;

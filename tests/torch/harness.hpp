@@ -21,19 +21,27 @@
 import cgt;
 import cgt.torch;
 
-struct TorchHarness : scenario::HarnessTypes<cgt::torch::Backend> {
+// On CUDA device `DeviceIndex` (the scenario suite runs on device 1 too: tests/multi).
+template <int DeviceIndex = 0>
+struct TorchHarnessOn : scenario::HarnessTypes<cgt::torch::Backend> {
   static constexpr const char* name = "torch";
   /// Steps of the randomized walk (scenario::random_calls_match_eager): fewer than the host's,
   /// every call being real launches.
   static constexpr std::size_t property_steps = 10000;
 
-  static std::string unavailable() { return cgt::torch::is_available() ? std::string{} : "no CUDA device"; }
-
-  static cgt::Result<Pool> make_pool(cgt::Options options = {}) {
-    return cgt::torch::make_pool({.tree = std::move(options), .device = 0});
+  static std::string unavailable() {
+    if (!cgt::torch::is_available()) return "no CUDA device";
+    if (static_cast<int>(torch::cuda::device_count()) <= DeviceIndex)
+      return "no CUDA device " + std::to_string(DeviceIndex) + " (fewer than " + std::to_string(DeviceIndex + 1) +
+             " GPUs)";
+    return {};
   }
 
-  static at::TensorOptions cuda() { return at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0); }
+  static cgt::Result<Pool> make_pool(cgt::Options options = {}) {
+    return cgt::torch::make_pool({.tree = std::move(options), .device = DeviceIndex});
+  }
+
+  static at::TensorOptions cuda() { return at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, DeviceIndex); }
 
   static Value make(const scenario::HostTensor& t) {
     std::vector<float> data(t.data.begin(), t.data.end());
@@ -142,3 +150,5 @@ struct TorchHarness : scenario::HarnessTypes<cgt::torch::Backend> {
         {.name = spec.name, .static_inputs = spec.static_inputs, .mutated_inputs = spec.mutated_inputs});
   }
 };
+
+using TorchHarness = TorchHarnessOn<0>;
