@@ -14,7 +14,7 @@ bench/models/model_bench.cpp):
                                  every method is compared with
   python3 bench/models/models.py measure DIR [bert|resnet ...]
       Serves the same requests with eager PyTorch and torch.compile(mode="reduce-overhead"), and
-      times warm-up + recording of CAPTURE_SIZES with PyTorch's trees alone (cudagraphify_impl
+      times warm-up + recording (to the end of the recording call) of CAPTURE_SIZES with PyTorch's trees alone (cudagraphify_impl
       over the eager model, no Dynamo or Inductor) and with reduce-overhead (compile included).
       Prints CSV lines (bench/models/report.py reads them with model_bench's):
         serve,MODEL,BATCH,METHOD,cpu_us,wall_us,latency_us,max_difference
@@ -221,12 +221,12 @@ def measure(directory, names, calls, second_pass):
                 try:
                     fn = tree_function(model, x)
                     fn([x])
-                    fn([x])  # the first replay
+                    torch.cuda.synchronize()
+                    per_size.append((time.perf_counter_ns() - start) / 1e6)
+                    fn([x])  # the first replay, untimed
                 except Exception as error:  # a model that synchronises cannot be captured
                     print(f"capture,{name},PyTorch trees failed: {str(error)[:300]}", flush=True)
                     break
-                torch.cuda.synchronize()
-                per_size.append((time.perf_counter_ns() - start) / 1e6)
                 del fn
             if per_size and len(per_size) == len(CAPTURE_SIZES):
                 print(f"capture,{name},PyTorch trees (Python; no compile),{sizes},{sum(per_size):.1f},"
@@ -247,10 +247,11 @@ def measure(directory, names, calls, second_pass):
                 x = make_input(name, batch)
                 torch.cuda.synchronize()
                 start = time.perf_counter_ns()
-                for _ in range(3):  # warm-up, recording, the first replay
+                for _ in range(2):  # warm-up (and compile), recording
                     call(x)
                 torch.cuda.synchronize()
                 per_size.append((time.perf_counter_ns() - start) / 1e6)
+                call(x)  # the first replay, untimed
             if not second_pass:
                 print(f"capture,{name},PyTorch reduce-overhead (Python; compile included),{sizes},{sum(per_size):.1f},"
                       f"{' '.join(f'{t:.1f}' for t in per_size)}", flush=True)

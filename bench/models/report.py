@@ -89,8 +89,10 @@ def model_section(model, serve, passes, pools, captures, launches, calls):
                    f"{ours_paused:.1f} | {met} |")
     out.append("")
 
-    out += ["Capture time (item 5): warm-up + recording + the first replay of each batch size in turn, "
-            "on a fresh pool / tree (milliseconds).", ""]
+    out += ["Capture time (item 5): warm-up + recording of each batch size in turn, on a fresh pool / tree, "
+            "to the end of the recording call, synchronised (milliseconds). PyTorch's trees alone wrap the eager "
+            "model (no Dynamo, no Inductor); reduce-overhead includes Dynamo and Inductor compiling at the first "
+            "size and again, with a dynamic batch, at the second.", ""]
     out += ["| method | sizes | total | per size |", "|---|---|---|---|"]
     for (m, method), (sizes, total, per_size) in captures.items():
         if m == model:
