@@ -186,6 +186,12 @@ class Device final : public backend::Device {
   [[nodiscard]] Arena& arena() noexcept { return *arena_; }
   /// Waits for the pool's stream.
   [[nodiscard]] Result<void> synchronize() const;
+  /// Orders this pool's later work after the work issued so far on `producer`'s stream, without
+  /// blocking the host (an event recorded there, waited for here). Every pool has its own stream,
+  /// and two pools' streams are not ordered with each other (a blocking stream waits for the
+  /// legacy stream only): before passing another pool's output (or anything written on its
+  /// stream) into this pool's function, call `consumer.wait_for(producer)`. Either device.
+  [[nodiscard]] Result<void> wait_for(const Device& producer) const;
   [[nodiscard]] const GraphCounts& graph_counts() const noexcept { return counts_; }
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }

@@ -216,6 +216,21 @@ Result<void> Device::synchronize() const {
   return checked(cudaStreamSynchronize(stream_), "waiting for the pool's stream");
 }
 
+Result<void> Device::wait_for(const Device& producer) const {
+  if (&producer == this) return {};
+  CurrentDevice on_producer;  // an event is recorded on a stream of its own device
+  if (auto entered = on_producer.enter(producer.device_); !entered) return entered;
+  cudaEvent_t event = nullptr;
+  if (auto made = checked(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "making an event"); !made) {
+    return made;
+  }
+  // Destroying the event right after the wait is enqueued is allowed: the wait keeps what it needs.
+  auto recorded = checked(cudaEventRecord(event, producer.stream_), "recording an event on the producer's stream");
+  if (recorded) recorded = checked(cudaStreamWaitEvent(stream_, event, 0), "waiting for the producer's stream");
+  (void)cudaEventDestroy(event);
+  return recorded;
+}
+
 Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
   const auto bytes = contiguous_bytes(type, sizes);
   if (!bytes) throw InvalidArgument("Context::allocate: " + bytes.error().message);

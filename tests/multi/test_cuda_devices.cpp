@@ -83,8 +83,11 @@ TEST_CASE("multi/cuda: two pools on one device alternate, feed each other, and k
     const auto x = H0::make(scenario::HostTensor::iota({64}));
     first.mark_step_begin();
     second.mark_step_begin();
-    auto a = must(add_one({x}));                     // first pool: x + 1
-    auto b = must(twice({must(a.get(0)).get()}));    // second pool: (x + 1) * 2, a's output copied in
+    auto a = must(add_one({x}));  // first pool: x + 1
+    // The pools' streams are not ordered with each other: each consumer waits for the producer.
+    must(must(second.device()).get().wait_for(must(first.device()).get()));
+    auto b = must(twice({must(a.get(0)).get()}));  // second pool: (x + 1) * 2, a's output copied in
+    must(must(first.device()).get().wait_for(must(second.device()).get()));
     auto c = must(add_one({must(b.get(0)).get()}));  // first pool again: (x + 1) * 2 + 1
     const auto values = H0::read(must(c.get(0)).get()).data;
     for (std::size_t i = 0; i < values.size(); ++i) REQUIRE(values[i] == (static_cast<double>(i) + 1) * 2 + 1);
