@@ -174,7 +174,7 @@ struct FunctionRecord {
   bool warned_many_keys = false;
   bool warned_pending_backward = false;
   bool warmed_up_once = false;  ///< some shape of it has warmed up (see `warm_up_each_shape`)
-  std::set<Reason> logged;  ///< reasons already printed by the default sink
+  std::set<Reason> logged;      ///< reasons already printed by the default sink
 };
 
 /// Kernels may assume this alignment of their inputs (PyTorch's ALIGNMENT); a static input that
