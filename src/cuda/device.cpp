@@ -393,8 +393,10 @@ void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, 
   // Zero bytes: a zero-element output, which points at no device memory (no_elements_storage).
   if (poison_ && storage.bytes != 0) {
     CurrentDevice current;
-    (void)current.enter(device_);
-    (void)cudaMemsetAsync(backend::pointer_to(storage.address), 0xFF, storage.bytes, stream_);
+    // Poisoning is a debugging aid: without the pool's device current, it is skipped.
+    if (current.enter(device_)) {
+      (void)cudaMemsetAsync(backend::pointer_to(storage.address), 0xFF, storage.bytes, stream_);
+    }
   }
   if (storage.owned_by_allocator) (void)arena_->free(storage.address);  // NOLINT(bugprone-unused-return-value)
 }
@@ -432,8 +434,9 @@ MemoryInfo Device::memory() const {
 void Device::shutdown() {
   if (!arena_) return;
   CurrentDevice current;
-  (void)current.enter(device_);
-  (void)cudaStreamSynchronize(stream_);
+  // Without the pool's device current the wait is skipped: the cudaFree of the segments below
+  // waits for the device anyway.
+  if (current.enter(device_)) (void)cudaStreamSynchronize(stream_);
   arena_.reset();  // gives the segments back (cudaFree)
   (void)cudaStreamDestroy(stream_);
   stream_ = nullptr;
