@@ -300,7 +300,8 @@ class Sequence {
                                                             .mutated_inputs = def.mutated,
                                                             .graph_sizes = def.graph_sizes,
                                                             .buckets = def.buckets,
-                                                            .mode = fn.mode});
+                                                            .mode = fn.mode,
+                                                            .warm_up_each_shape = !chance(0.3)});
     if (shut_down_) {
       expect(!added && added.error().code == Errc::pool_shut_down,
              "add_function after shutdown(): expected pool_shut_down");
