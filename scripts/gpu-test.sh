@@ -116,12 +116,13 @@ cat "$logs/memcheck-training.txt"
 timed "compute-sanitizer decode tests" memcheck-decode.txt memcheck decode cgt_torch_decode_tests "[decode]"
 cat "$logs/memcheck-decode.txt"
 # Several pools on one device, and NCCL collectives inside graphs with one rank per GPU present
-# (the two-device tests skip with one GPU). NCCL keeps its communicators' memory for the process:
-# memory is checked, leaks are not.
+# (the two-device tests skip with one GPU). NCCL keeps its communicators' memory for the process
+# (leaks are not checked), and its initialisation asks cudaFuncGetAttributes about kernels it
+# carries for other architectures, an API error it expects (API errors are not reported).
 if [ -x "$build/tests/cgt_multi_gpu_tests" ]; then
   leak_check=no
   memcheck_timeout=240 timed "compute-sanitizer multi-GPU tests" memcheck-multi.txt \
-    memcheck multi cgt_multi_gpu_tests "*"
+    memcheck multi cgt_multi_gpu_tests "*" --report-api-errors no
   leak_check=full
   cat "$logs/memcheck-multi.txt"
 fi
