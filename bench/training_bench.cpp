@@ -4,7 +4,7 @@
 // bench/training.py, PyTorch's torch.compile(mode="reduce-overhead") on the same model, and
 // bench/training_report.py makes bench/results/training.md).
 //
-//   training_bench [steps] [fp32|tf32]
+//   training_bench [steps] [fp32|tf32]      (CGT_BENCH_METHOD=text: only the methods named with it)
 //
 // Prints CSV lines "training,<precision>,<method>,<cpu us/step>,<wall us/step>,<peak bytes>"
 // (tf32: cuBLAS may use TF32 for float32 matmuls, in every method alike). A method is a
@@ -247,7 +247,10 @@ int main(int argc, char** argv) {
   const torch::Device gpu(torch::kCUDA, 0);
   torch::manual_seed(0);
   const Data data{torch::randn({batch, seq, hidden}, gpu), torch::randn({batch, seq, hidden}, gpu)};
+  // CGT_BENCH_METHOD: only the methods whose name contains it (to profile one, say).
+  const char* only = std::getenv("CGT_BENCH_METHOD");
   for (const Method& method : methods()) {
+    if (only != nullptr && method.name.find(only) == std::string::npos) continue;
     if (!method.make) {
       std::printf("training,%s,%s,nan,nan,nan\n", precision.c_str(), method.name.c_str());
       continue;
