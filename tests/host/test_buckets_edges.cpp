@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -106,6 +107,33 @@ TEST_CASE("an output that is its padded input is handed out sliced, and a later 
     CHECK(values_of(must(second.get(0))) == values_of(b));
   }
   CHECK(kinds.back() == K::replay);
+  must(pool.check_memory());
+}
+
+TEST_CASE("at a bucket's own size, an identity fed pool outputs hands out copies that later calls leave alone",
+          "[buckets][host]") {
+  // A batch input at a bucket's size is copied into the graph's slot even when it is pool memory
+  // (a padded call must find the same graph): the output is that slot, and a held one must not be
+  // overwritten by the next replay.
+  auto pool = make_pool();
+  auto source = must(pool.add_function(doubled_and_total, {.name = "source", .buckets = buckets_of({2, 4})}));
+  auto identity = must(pool.add_function([](Context&, Inputs in) { return Values{in[0]}; },
+                                         {.name = "identity", .buckets = buckets_of({2, 4})}));
+  for (int round = 0; round < 4; ++round) {
+    for (const std::int64_t n : {4, 3}) {
+      pool.mark_step_begin();
+      const Buffer a = rows_of(n, round);
+      const Buffer b = rows_of(n, round + 50);
+      auto made_a = must(source({a}));
+      auto made_b = must(source({b}));
+      auto first = must(identity({must(made_a.get(0)).get()}));
+      auto second = must(identity({must(made_b.get(0)).get()}));
+      INFO("size " << n << ", round " << round);
+      CHECK(values_of(must(first.get(0))) == times(values_of(a), 2));
+      CHECK(values_of(must(second.get(0))) == times(values_of(b), 2));
+      if (round == 3) CHECK(second.kind() == K::replay);
+    }
+  }
   must(pool.check_memory());
 }
 
@@ -389,4 +417,35 @@ TEST_CASE("a bucketed forward and backward train: padded rows, sliced gradients,
   CHECK(kinds ==
         std::vector{K::warmup, K::warmup, K::recording, K::recording, K::replay, K::replay, K::replay, K::replay});
   must(pool.check_memory());
+}
+
+TEST_CASE("a sliced output outlives its pool handle, and after shutdown() says pool_shut_down", "[buckets][host]") {
+  std::optional<cgt::host::Outputs> held;
+  std::optional<cgt::host::Function> f;
+  const Buffer x = rows_of(3, 4);
+  {
+    auto pool = make_pool();
+    f = must(pool.add_function(doubled_and_total, {.name = "outlives", .buckets = buckets_of({4})}));
+    for (int round = 0; round < 3; ++round) {
+      pool.mark_step_begin();
+      held = must((*f)({x}));
+    }
+    CHECK(held->kind() == K::replay);
+  }  // the Pool handle goes; the function and the leases keep the pool
+  CHECK(values_of(must(held->get(0))) == times(values_of(x), 2));
+  auto taken = must(held->take(0));
+  CHECK(sizes_of(taken) == std::vector<std::int64_t>{3, 2});
+  auto again = must((*f)({rows_of(2, 0)}));
+  CHECK(values_of(must(again.get(0))) == times(values_of(rows_of(2, 0)), 2));
+  auto lease = must(held->release(0));
+
+  auto pool = make_pool();
+  auto g = must(pool.add_function(doubled_and_total, {.name = "shut", .buckets = buckets_of({4})}));
+  auto out = must(g({x}));
+  auto kept = must(out.release(0));
+  must(pool.shutdown());
+  CHECK(kept.get().error().code == cgt::Errc::pool_shut_down);
+  CHECK(out.take(1).error().code == cgt::Errc::pool_shut_down);
+  CHECK(values_of(taken) == times(values_of(x), 2));              // a copy taken before is the caller's
+  CHECK(values_of(must(lease.get())) == times(values_of(x), 2));  // the other pool lives on
 }
