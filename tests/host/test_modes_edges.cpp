@@ -311,3 +311,32 @@ TEST_CASE("warm_up_each_shape = false with a moved static input, shape_key_limit
     must(pool.check_memory());
   }
 }
+
+TEST_CASE("a forward call refused for its arguments begins no step: held outputs stay valid", "[training][host]") {
+  auto pool = make_pool();
+  auto layer = forward(pool, "forward");
+  auto grad = backward(pool, "backward");
+  const Buffer w = filled({4}, 2);
+  for (int step = 0; step < 3; ++step) {
+    auto out = must(layer({filled({4}, step), w}));
+    auto grads = must(grad({filled({4}, 1), must(out.release(1)), w}));
+    // No backward is pending: a forward would begin a new step. These calls are refused instead.
+    const auto steps = pool.stats().steps_begun_by_forward;
+    CHECK(layer({filled({4}, 1)}).error().code == cgt::Errc::wrong_input_count);
+    CHECK(layer({filled({4, 1}, 1), w}).error().code == cgt::Errc::wrong_shape);
+    cgt::host::OutputLease empty;
+    CHECK(layer({empty, w}).error().code == cgt::Errc::invalid_argument);
+    INFO("step " << step);
+    CHECK(pool.stats().steps_begun_by_forward == steps);
+    CHECK(output_values(out, 0) == repeat(2.0 * step));
+    CHECK(output_values(grads, 1) == repeat(step));
+    // A call that is not refused begins the step, and the error names what began it.
+    auto next = must(layer({filled({4}, 1), w}));
+    auto stale = out.get(0);
+    REQUIRE_FALSE(stale.has_value());
+    CHECK(stale.error().code == cgt::Errc::output_overwritten);
+    CHECK(stale.error().message.find("a forward function was called") != std::string::npos);
+    CHECK(stale.error().message.find("mark_step_begin was called") == std::string::npos);
+  }
+  must(pool.check_memory());
+}
