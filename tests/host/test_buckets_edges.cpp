@@ -449,3 +449,30 @@ TEST_CASE("a sliced output outlives its pool handle, and after shutdown() says p
   CHECK(values_of(taken) == times(values_of(x), 2));              // a copy taken before is the caller's
   CHECK(values_of(must(lease.get())) == times(values_of(x), 2));  // the other pool lives on
 }
+
+TEST_CASE("replicate pads along a dimension that is not the first: the last column again", "[buckets][host]") {
+  auto pool = make_pool();
+  std::vector<double> seen;
+  auto f = must(pool.add_function(
+      [&seen](Context& ctx, Inputs in) {
+        Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y, &seen] {
+          seen = values_of(x);
+          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) + 1);
+        });
+        return Values{y};
+      },
+      {.name = "columns", .buckets = buckets_of({4}, cgt::Pad::replicate()), .size_source = {.input = 0, .dim = 1}}));
+  for (int round = 0; round < 3; ++round) {
+    pool.mark_step_begin();
+    const Buffer x = rows_of(2, 10 * round, 3);  // [[a b c] [d e f]] -> [[a b c c] [d e f f]]
+    auto out = must(f({x}));
+    const std::vector<double> v = values_of(x);
+    CHECK(seen == std::vector<double>{v[0], v[1], v[2], v[2], v[3], v[4], v[5], v[5]});
+    CHECK(sizes_of(must(out.get(0))) == std::vector<std::int64_t>{2, 3});
+    std::vector<double> expected = v;
+    for (double& e : expected) e += 1;
+    CHECK(values_of(must(out.get(0))) == expected);
+  }
+  CHECK(pool.stats().recordings == 1);
+}

@@ -6,6 +6,7 @@
 // The model is the one of test_training.cpp: forward(x, w) -> (y = x * w, saved = x),
 // backward(gy, saved, w) -> (gx = gy * w, gw = gy * saved), w static.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -67,7 +68,8 @@ cgt::host::Function forward(cgt::host::Pool& pool, const std::string& name, cgt:
         if (fail != nullptr && fail->body) throw std::runtime_error("forward body");
         const Buffer y = ctx.allocate_like(in[0]);
         const Buffer saved = ctx.allocate_like(in[0]);
-        ctx.launch([x = in[0], w = in[1], y, saved] {
+        ctx.launch([x = in[0], w = in[1], y, saved, fail] {
+          if (fail != nullptr && fail->kernel) throw std::runtime_error("forward kernel");
           for (std::size_t i = 0; i < x.numel(); ++i) {
             y.set(i, x.get(i) * w.get(i % w.numel()));
             saved.set(i, x.get(i));
@@ -239,13 +241,16 @@ TEST_CASE("a backward that throws fails its call; the next steps train and repla
 }
 
 TEST_CASE("warm_up_each_shape = false: a first call that throws leaves the next call to warm up", "[options][host]") {
+  const bool in_kernel = GENERATE(false, true);
+  INFO("in_kernel " << in_kernel);
   auto pool = make_pool();
-  Switch fail{.body = true, .kernel = false};
+  Switch fail{.body = !in_kernel, .kernel = in_kernel};
   auto layer = forward(pool, "forward", {.mode = FunctionMode::inference, .warm_up_each_shape = false}, &fail);
   const Buffer w = filled({1}, 2);
   auto thrown = layer({filled({4}, 1), w});
   REQUIRE_FALSE(thrown.has_value());
   CHECK(thrown.error().code == cgt::Errc::function_failed);
+  CHECK(pool.live_blocks().empty());  // what the failed warm-up allocated went back
   fail = {};
   std::vector<K> kinds;
   for (const std::int64_t size : {4, 4, 4, 8, 8}) {
