@@ -201,8 +201,11 @@ struct FunctionOptions {
   /// Warm up every new shape key before recording it, as PyTorch's trees do (each shape is a new
   /// function there). False: only the function's first shape warms up; a later shape records at
   /// its first call, one eager run fewer per size (capture time for many batch sizes). For code
-  /// whose lazy set-up does not depend on the shape (an AOTInductor package, raw kernels): a
-  /// shape whose capture fails (set-up inside it) runs eagerly from then on (`Reason::capture_failed`).
+  /// whose lazy set-up does not depend on the shape (an AOTInductor package, raw kernels). A
+  /// shape whose capture fails without a warm-up of its own (set-up that it needs and the first
+  /// shape did not, done inside the capture) warms up instead, with a warning
+  /// (`Reason::capture_failed`), and records at its next call; only a second failure makes it run
+  /// eagerly for good.
   bool warm_up_each_shape = true;
 };
 

@@ -48,10 +48,16 @@ class Stream {
   [[nodiscard]] Graph end_capture();
   void discard_capture() noexcept;
   [[nodiscard]] bool is_capturing() const noexcept { return capturing_; }
+  /// Waits for the kernels launched so far (here they have all run). During a capture it breaks
+  /// the capture, as synchronising a CUDA stream that is capturing does.
+  void synchronize() noexcept;
+  /// Whether the capture in progress was broken by a synchronisation.
+  [[nodiscard]] bool capture_broken() const noexcept { return broken_; }
 
  private:
   Graph capture_;
   bool capturing_ = false;
+  bool broken_ = false;
 };
 
 /// Thrown by `Context::allocate` when the pool is exhausted; the call fails with `out_of_memory`.
@@ -80,6 +86,12 @@ class Context {
   void launch(Kernel kernel);
   /// True while recording: kernels do not run now, so their results cannot be read yet.
   [[nodiscard]] bool is_capturing() const noexcept;
+  /// Waits for the kernels launched so far, as code that reads a result on the host does (a
+  /// `.item()`). Outside a recording it costs nothing here. In a recording it breaks the capture,
+  /// as a synchronisation breaks a CUDA stream capture: the recording fails and that shape runs
+  /// eagerly from then on (`Reason::capture_failed`), or, if it recorded without a warm-up of its
+  /// own (`FunctionOptions::warm_up_each_shape = false`), it warms up and records again.
+  void synchronize() noexcept;
 
  private:
   friend class Device;

@@ -35,6 +35,7 @@ module;
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -82,10 +83,12 @@ struct ModelOptions {
   /// profiling runs inside the capture: leave `skip_warmup` off for TorchScript).
   std::uint32_t priming_runs = 2;
   /// `FunctionOptions::warm_up_each_shape`: false records a new batch size at its first call (no
-  /// eager warm-up after the model's first shape): faster capture of many sizes. Safe for an
-  /// AOTInductor package (its kernels serve every shape); keep it for TorchScript (a recording
-  /// without warm-up is not primed: the executor would profile a new signature inside the capture).
-  bool warm_up_each_shape = true;
+  /// eager warm-up after the model's first shape): faster capture of many sizes. Unset: false
+  /// for an AOTInductor package (its kernels, loaded at its first run, serve every shape; a shape
+  /// whose capture still fails warms up and records at its next call), true for TorchScript (a
+  /// recording without a warm-up is not primed: the executor would profile a new signature
+  /// inside the capture and the graph would keep its unoptimised kernels).
+  std::optional<bool> warm_up_each_shape;
 };
 
 /// What a model's output looks like: tensors (index `i` is flattened output `i`), None, and

@@ -9,16 +9,18 @@
 // package exported for batch 1, at batch 1):
 //   * capture (after serving): a fresh pool, the model registered, then warm-up + recording + the
 //     first replay of each CAPTURE_SIZES batch in turn (priming runs included), timed per size;
-//     AOTI also with `warm_up_each_shape = false`;
+//     the format's default, and AOTI also with `warm_up_each_shape = true` (as PyTorch's trees);
 //   * serve, per batch of SIZES: eager libtorch and cgt.torch, CPU per call with the GPU idle,
 //     wall per call back to back, latency of one request (call + synchronise), max |difference|
 //     from eager PyTorch; the methods interleaved in rounds, each cell the median round;
 //   * launch: the model captured by libtorch's CUDAGraph (as captured: no node rewrite), its node
 //     types, and the CPU of a raw cudaGraphLaunch of it and of cgt's call in turn, with the GPU
-//     idle (right after a synchronisation, and 1 ms after one);
+//     idle (right after a synchronisation, and 1 ms after one), then each alone, call after call,
+//     and each right after a small kernel;
 //   * pool: the cgt pool's reserved bytes after serving every size.
 // Prints the CSV lines bench/models/report.py reads (the same as models.py's), plus
-//   launch,MODEL,BATCH,METHOD,nodes,memsets,raw_us,cgt_us,raw_us_after_1ms,cgt_us_after_1ms
+//   launch,MODEL,BATCH,METHOD,nodes,memsets,raw_us,cgt_us,raw_us_after_1ms,cgt_us_after_1ms,
+//          raw_us_alone,cgt_us_alone,raw_us_after_small_kernel,cgt_us_after_small_kernel
 //   calls,MODEL,METHOD,replays,eager calls
 // With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass, against drift).
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
@@ -171,7 +173,7 @@ struct Format {
   std::string label;  // "TorchScript" or "AOTI"
   std::function<std::vector<at::Tensor>(const at::Tensor&)> run_eager;
   // Registers the model with `pool` (a fresh registration per call).
-  std::function<cgt::torch::Model(cgt::torch::Pool&, bool warm_up_each_shape)> add_to;
+  std::function<cgt::torch::Model(cgt::torch::Pool&, std::optional<bool> warm_up_each_shape)> add_to;
   // The batch sizes it serves (a package exported for one batch size serves that one only).
   std::vector<std::int64_t> sizes{std::begin(::sizes), std::end(::sizes)};
   bool time_capture = true;
@@ -194,7 +196,8 @@ void print_capture(const std::string& model, const std::string& method, const st
 
 // Warm-up + recording of every capture size in turn on a fresh pool, timed per size up to the end
 // of the recording call (synchronised); the first replay follows, untimed.
-void time_capture(const std::string& model, const Format& format, bool warm_up_each_shape, const char* suffix) {
+void time_capture(const std::string& model, const Format& format, std::optional<bool> warm_up_each_shape,
+                  const char* suffix) {
   cgt::torch::Pool pool = must(cgt::torch::make_pool({.device = 0}), "making a pool");
   std::vector<double> per_size;
   {
@@ -280,10 +283,24 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
     one(launch, true, raw_paused, i >= 10);
     one(cgt_call, true, ours_paused, i >= 10);
   }
+  // Each alone, call after call (what serving does), and each right after a small kernel ran
+  // alone on the GPU: whether a launch costs more after the other graph ran, or after long GPU work.
+  std::vector<double> raw_alone, ours_alone, raw_after_small, ours_after_small;
+  for (int i = 0; i < calls + 10; ++i) one(launch, false, raw_alone, i >= 10);
+  for (int i = 0; i < calls + 10; ++i) one(cgt_call, false, ours_alone, i >= 10);
+  at::Tensor small = at::zeros({256}, x.options().dtype(at::kFloat));
+  const std::function<void()> small_kernel = [&] { small.add_(1); };
+  for (int i = 0; i < calls + 10; ++i) {
+    one(small_kernel, false, raw_after_small, false);
+    one(launch, false, raw_after_small, i >= 10);
+    one(small_kernel, false, ours_after_small, false);
+    one(cgt_call, false, ours_after_small, i >= 10);
+  }
   synchronize();
-  std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),%zu,%zu,%.2f,%.2f,%.2f,%.2f\n", model.c_str(),
-              static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets, median(raw),
-              median(ours), median(raw_paused), median(ours_paused));
+  std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),%zu,%zu,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n",
+              model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
+              median(raw), median(ours), median(raw_paused), median(ours_paused), median(raw_alone), median(ours_alone),
+              median(raw_after_small), median(ours_after_small));
   std::fflush(stdout);
 }
 
@@ -292,7 +309,7 @@ void bench_format(const std::string& dir, const std::string& model, const Format
   // The pool that serves: every size recorded once, then timed against eager.
   cgt::torch::Pool pool =
       must(cgt::torch::make_pool({.device = 0, .rewrite_memset_nodes = rewrite_memsets}), "making a pool");
-  const cgt::torch::Model fn = format.add_to(pool, true);
+  const cgt::torch::Model fn = format.add_to(pool, std::nullopt);
   const std::vector<Method> methods{
       {"eager libtorch (" + format.label + ")", [&](const at::Tensor& x) { (void)format.run_eager(x); },
        [&](const at::Tensor& x) { return format.run_eager(x).at(0); }},
@@ -336,8 +353,10 @@ void bench_format(const std::string& dir, const std::string& model, const Format
   std::fflush(stdout);
   // After the serving runs, as models.py times PyTorch's trees after its eager runs.
   if (first_pass && format.time_capture) {
-    time_capture(model, format, true, "");
-    if (format.label == "AOTI") time_capture(model, format, false, " warm_up_each_shape false");
+    // The format's default (AOTI: only the first shape warms up; TorchScript: every shape does),
+    // and AOTI with a warm-up per shape, as PyTorch's trees do.
+    time_capture(model, format, std::nullopt, "");
+    if (format.label == "AOTI") time_capture(model, format, true, " warm_up_each_shape true");
   }
 }
 
@@ -385,7 +404,7 @@ int main(int argc, char* argv[]) {
         .label = "TorchScript",
         .run_eager = [&](const at::Tensor& x) { return tensors_of(module.forward({x})); },
         .add_to =
-            [&](cgt::torch::Pool& pool, bool warm_up_each_shape) {
+            [&](cgt::torch::Pool& pool, std::optional<bool> warm_up_each_shape) {
               return must(
                   cgt::torch::add_jit_module(pool, module, {.name = model, .warm_up_each_shape = warm_up_each_shape}),
                   "add_jit_module");
@@ -410,7 +429,7 @@ int main(int argc, char* argv[]) {
           .label = label,
           .run_eager = [&](const at::Tensor& x) { return eager_loader.run({x}); },
           .add_to =
-              [&](cgt::torch::Pool& pool, bool warm_up_each_shape) {
+              [&](cgt::torch::Pool& pool, std::optional<bool> warm_up_each_shape) {
                 return must(
                     cgt::torch::add_aoti_package(pool, path, {.name = model, .warm_up_each_shape = warm_up_each_shape}),
                     "add_aoti_package");

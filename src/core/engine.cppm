@@ -527,8 +527,9 @@ class Engine {
   void count_recording(NodeReason reason, FunctionRecord& function);
   /// Adds a recorded node under the current node (or as a root); returns it.
   TreeNode& add_to_tree(std::unique_ptr<TreeNode> node);
-  /// After a capture failure that will not go away: the shape runs eagerly from now on.
-  Result<CallOutputs> give_up_capture(CallFrame& frame, const Error& error);
+  /// After a failed capture: a shape that recorded without its own warm-up warms up (and records
+  /// at its next call); otherwise the failure will not go away and the shape runs eagerly from now on.
+  Result<CallOutputs> after_failed_capture(CallFrame& frame, const Error& error);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
   /// When the engine asks whether the current path is over.

@@ -25,10 +25,22 @@ std::string moved_message(NodeReason reason, const FunctionRecord& function) {
 
 }  // namespace
 
-Result<CallOutputs> Engine::give_up_capture(CallFrame& frame, const Error& error) {
+Result<CallOutputs> Engine::after_failed_capture(CallFrame& frame, const Error& error) {
+  FunctionRecord& function = *frame.function;
+  if (!frame.variant->warmed_up && !options.skip_warmup) {
+    // The shape recorded without a warm-up of its own (warm_up_each_shape = false): the failure
+    // may be lazy set-up that this shape needs and the function's first shape did not (a new
+    // kernel loaded, a workspace grown). Warm it up now, as the default would have; it records
+    // at its next call, and a second failure is final.
+    log(EventKind::warning, Reason::capture_failed, function,
+        "the capture of '" + function.name +
+            "' failed at input shapes that had not warmed up (warm_up_each_shape "
+            "= false): warming them up, then recording again; " +
+            error.message);
+    return warm_up(frame);
+  }
   // A capture that fails for a reason that will not change (the function synchronises with the
   // host, say) would fail on every call: run this shape eagerly from now on, and say why once.
-  FunctionRecord& function = *frame.function;
   frame.variant->capture_failure = error.message;
   log(EventKind::eager_fallback, Reason::capture_failed, function,
       "skipping graphs for '" + function.name + "' at these input shapes: " + error.message);
@@ -100,7 +112,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
 
   auto recorded = capture(frame, uses);
   if (!recorded) {
-    if (backend::is_capture_failure(recorded.error())) return give_up_capture(frame, recorded.error());
+    if (backend::is_capture_failure(recorded.error())) return after_failed_capture(frame, recorded.error());
     return std::unexpected(std::move(recorded.error()));
   }
   node->keep_recording(std::move(recorded->recording));

@@ -112,6 +112,10 @@ bool Context::is_capturing() const noexcept {
   return device_.stream_.is_capturing();
 }
 
+void Context::synchronize() noexcept {
+  device_.stream_.synchronize();
+}
+
 Device::Device(ArenaOptions arena, bool poison_dead_memory)
     : arena_(std::make_unique<Arena>(std::move(arena))), poison_(poison_dead_memory) {}
 
@@ -175,10 +179,14 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
 
   stream_.begin_capture();
   auto outputs = backend::call_function(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
-  if (!outputs) {
+  const bool broken = stream_.capture_broken();
+  if (!outputs || broken) {
     stream_.discard_capture();
     backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(std::move(outputs.error()));
+    if (!outputs) return std::unexpected(std::move(outputs.error()));
+    return fail(Errc::function_failed, std::string(backend::capture_failed_prefix) +
+                                           "the function synchronised with the host during its capture "
+                                           "(Context::synchronize)");
   }
   Graph graph = stream_.end_capture();
   // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_.

@@ -17,15 +17,22 @@ void Stream::launch(Kernel kernel) {
 void Stream::begin_capture() {
   capture_ = Graph{};
   capturing_ = true;
+  broken_ = false;
+}
+
+void Stream::synchronize() noexcept {
+  if (capturing_) broken_ = true;
 }
 
 Graph Stream::end_capture() {
   capturing_ = false;
+  broken_ = false;
   return std::exchange(capture_, Graph{});
 }
 
 void Stream::discard_capture() noexcept {
   capturing_ = false;
+  broken_ = false;
   capture_ = Graph{};
 }
 

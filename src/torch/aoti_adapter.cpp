@@ -70,7 +70,8 @@ Result<Model> add_aoti_package(Pool& pool, std::shared_ptr<Loader> loader, Model
   const std::uint32_t priming = options.mutated_inputs.empty() ? options.priming_runs : 0;
   auto runner =
       std::make_shared<AotiRunner>(std::move(loader), static_cast<c10::DeviceIndex>(device->get().index()), priming);
-  auto function = register_model(pool, runner, options);
+  // Its kernels are loaded by the priming run and serve every shape: later shapes need no warm-up.
+  auto function = register_model(pool, runner, options, /*warm_up_each_shape_by_default=*/false);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));
 }

@@ -72,7 +72,8 @@ Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, Mod
   // A model that writes its inputs is not primed: the extra runs would repeat the writes.
   const std::uint32_t priming = options.mutated_inputs.empty() ? options.priming_runs : 0;
   auto runner = std::make_shared<JitRunner>(module, index, priming);
-  auto function = register_model(pool, runner, options);
+  // Its executor profiles and optimises each new signature in the warm-up's priming runs.
+  auto function = register_model(pool, runner, options, /*warm_up_each_shape_by_default=*/true);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));
 }

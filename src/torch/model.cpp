@@ -378,14 +378,15 @@ void Model::Runner::prime(const std::vector<c10::IValue>& arguments) {
   primed_done.block(pool_stream);
 }
 
-Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner, const ModelOptions& options) {
+Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner, const ModelOptions& options,
+                                bool warm_up_each_shape_by_default) {
   return pool.add_function([runner = std::move(runner)](Inputs in) { return (*runner)(in); },
                            {.name = options.name,
                             .static_inputs = options.static_inputs,
                             .mutated_inputs = options.mutated_inputs,
                             .graph_sizes = options.graph_sizes,
                             .size_source = options.size_source,
-                            .warm_up_each_shape = options.warm_up_each_shape});
+                            .warm_up_each_shape = options.warm_up_each_shape.value_or(warm_up_each_shape_by_default)});
 }
 
 // ---- the handles --------------------------------------------------------------------------------

@@ -88,9 +88,10 @@ struct Model::Runner {
   std::unordered_set<std::uint64_t> primed;
 };
 
-/// Registers `runner` with `pool` as a pool function made with `options`.
+/// Registers `runner` with `pool` as a pool function made with `options`; an unset
+/// `warm_up_each_shape` is `warm_up_each_shape_by_default` (the format's default).
 [[nodiscard]] Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner,
-                                              const ModelOptions& options);
+                                              const ModelOptions& options, bool warm_up_each_shape_by_default);
 
 /// The message of an exception, without libtorch's backtrace.
 [[nodiscard]] std::string message_of(const std::exception& error);

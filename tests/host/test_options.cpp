@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <ostream>
 #include <iostream>
+#include <memory>
 #include <set>
 #include <span>
 #include <sstream>
@@ -383,6 +384,55 @@ TEST_CASE("warm_up_each_shape = false: only the first shape warms up, later shap
       CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::recording, K::replay, K::replay, K::recording,
                                  K::replay, K::replay});
       CHECK(pool.stats().warmups - warmups_before == 1);
+    }
+  }
+}
+
+// A function whose lazy set-up depends on the shape: the first call at each size "grows a
+// workspace", which synchronises with the host (as a CUDA allocation or a first kernel load
+// would); a capture at a size that has not set up breaks. `sizes_set_up` is that host state.
+TEST_CASE("warm_up_each_shape = false: a shape whose capture fails warms up and records at its next call",
+          "[options][host]") {
+  using K = cgt::CallKind;
+  for (const bool synchronises_every_call : {false, true}) {
+    EventLog log;
+    auto pool = must(H::make_pool({.log_sink = log.sink()}));
+    auto sizes_set_up = std::make_shared<std::set<std::int64_t>>();
+    auto body = [sizes_set_up, synchronises_every_call](cgt::host::Context& ctx, cgt::host::Inputs in) {
+      if (synchronises_every_call || sizes_set_up->insert(in[0].numel()).second) ctx.synchronize();
+      cgt::host::Buffer out = ctx.allocate(cgt::host::ElementType::f32, in[0].sizes());
+      const cgt::host::Buffer x = in[0];
+      ctx.launch([x, out] {
+        for (std::size_t i = 0; i < static_cast<std::size_t>(x.numel()); ++i) out.set(i, x.get(i) + 1);
+      });
+      return cgt::host::Values{out};
+    };
+    auto f = must(pool.add_function(body, {.name = "lazy", .warm_up_each_shape = false}));
+    std::vector<K> kinds;
+    for (const std::int64_t size : {4, 8}) {
+      for (int call = 0; call < 4; ++call) {
+        pool.mark_step_begin();
+        auto out = must(f({H::make(HostTensor::full({size}, call))}));
+        kinds.push_back(out.kind());
+        CHECK(scenario::value_of<H>(out, 0).data == std::vector<double>(static_cast<std::size_t>(size), call + 1));
+      }
+    }
+    if (!synchronises_every_call) {
+      // Size 4 warms up (the first shape) and records; size 8 records without a warm-up, its
+      // capture fails, it warms up instead, then records and replays.
+      CHECK(kinds ==
+            std::vector{K::warmup, K::recording, K::replay, K::replay, K::warmup, K::recording, K::replay, K::replay});
+      CHECK(pool.stats().warmups == 2);
+      CHECK(pool.stats().recordings == 2);
+      CHECK(pool.stats().eager_calls == 0);
+      CHECK(log.count(cgt::Reason::capture_failed) == 1);
+    } else {
+      // A function that cannot be captured at all: size 4 fails after its warm-up (final); size
+      // 8 fails without one, warms up, fails again (final): each shape gives up after one retry.
+      CHECK(kinds == std::vector{K::warmup, K::eager, K::eager, K::eager, K::warmup, K::eager, K::eager, K::eager});
+      CHECK(pool.stats().recordings == 0);
+      CHECK(pool.stats().count(cgt::Reason::capture_failed) == 6);
+      CHECK(log.count(cgt::Reason::capture_failed) == 3);
     }
   }
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -109,6 +110,21 @@ inline std::vector<FnDef> catalog() {
                   .make = body([](auto) {
                     return [](Context& ctx, Inputs in) {
                       return Values{map_kernel(ctx, in[0], [](double v) { return 2 * v + 1; })};
+                    };
+                  })});
+  // Lazy set-up that depends on the shape (a workspace grown for a new size): the first run at
+  // each length synchronises, which breaks a capture. With warm_up_each_shape = false a new
+  // length records without a warm-up, fails, and must warm up and record again.
+  defs.push_back({.name = "lazy_setup",
+                  .inputs = {In::vec},
+                  .outs = {{.temp = 0}},
+                  .model = [](const auto& x,
+                              const auto&) { return Expected{{map(x[0], [](double v) { return 3 * v - 1; })}, {}}; },
+                  .make = body([](auto) {
+                    auto lengths_set_up = std::make_shared<std::set<std::int64_t>>();
+                    return [lengths_set_up](Context& ctx, Inputs in) {
+                      if (lengths_set_up->insert(in[0].numel()).second) ctx.synchronize();
+                      return Values{map_kernel(ctx, in[0], [](double v) { return 3 * v - 1; })};
                     };
                   })});
   defs.push_back({.name = "square_and_head",

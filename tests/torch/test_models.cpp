@@ -308,9 +308,30 @@ TEST_CASE("torch/models: an exported AOTInductor package serves two batch sizes,
       }
     }
   }
-  CHECK(pool.stats().replays == 4);
+  // By default a package warms up at its first shape only: batch 8 records at its first call.
+  CHECK(pool.stats().warmups == 1);
+  CHECK(pool.stats().recordings == 2);
+  CHECK(pool.stats().replays == 5);
   CHECK(pool.stats().eager_calls == 0);
   CHECK(torch::equal(kept, kept_expected));
+
+  SECTION("warm_up_each_shape = true warms up every batch size, as PyTorch's trees do") {
+    auto each = must(cgt::torch::make_pool());
+    auto warmed = must(cgt::torch::add_aoti_package(each, loader, {.name = "block.each", .warm_up_each_shape = true}));
+    for (int round = 0; round < 3; ++round) {
+      for (const std::int64_t batch : {2, 8}) {
+        const at::Tensor x = at::randn({batch, 16, 64}, cuda());
+        each.mark_step_begin();
+        auto out = warmed({x});
+        REQUIRE(out);
+        CHECK(out->kind() == (round == 0   ? cgt::CallKind::warmup
+                              : round == 1 ? cgt::CallKind::recording
+                                           : cgt::CallKind::replay));
+        CHECK(torch::equal(must(out->get(0)).get(), loader->run({x})[0]));
+      }
+    }
+    CHECK(each.stats().warmups == 2);
+  }
 
   SECTION("inputs other than tensors are refused") {
     auto out = model({at::randn({2, 16, 64}, cuda()), 3});
