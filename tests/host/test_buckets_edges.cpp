@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -475,4 +476,44 @@ TEST_CASE("replicate pads along a dimension that is not the first: the last colu
     CHECK(values_of(must(out.get(0))) == expected);
   }
   CHECK(pool.stats().recordings == 1);
+}
+
+// Lazy set-up per padded size (a workspace grown at the first call of each size synchronises, as
+// test_options.cpp's "lazy" function does): a bucket whose capture fails warms up on the padded
+// inputs, or, when every capture fails, runs eagerly on them; either way the outputs are sliced.
+TEST_CASE("a bucket whose capture fails warms up or runs eagerly on the padded inputs, and slices", "[buckets][host]") {
+  for (const bool synchronises_every_call : {false, true}) {
+    auto pool = make_pool();
+    std::set<std::size_t> sizes_set_up;
+    auto f = must(pool.add_function(
+        [&sizes_set_up, synchronises_every_call](Context& ctx, Inputs in) {
+          if (synchronises_every_call || sizes_set_up.insert(in[0].numel()).second) ctx.synchronize();
+          Buffer y = ctx.allocate_like(in[0]);
+          ctx.launch([x = in[0], y] {
+            for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) + 1);
+          });
+          return Values{y};
+        },
+        {.name = "lazy", .buckets = buckets_of({4, 8}), .warm_up_each_shape = false}));
+    std::vector<K> kinds;
+    for (const std::int64_t n : {3, 3, 3, 6, 6, 6, 8}) {
+      pool.mark_step_begin();
+      const Buffer x = rows_of(n, static_cast<double>(kinds.size()));
+      auto out = must(f({x}));
+      kinds.push_back(out.kind());
+      std::vector<double> expected = values_of(x);
+      for (double& v : expected) v += 1;
+      INFO("size " << n << ", synchronises_every_call " << synchronises_every_call);
+      CHECK(sizes_of(must(out.get(0))) == std::vector<std::int64_t>{n, 2});
+      CHECK(values_of(must(out.get(0))) == expected);
+    }
+    if (!synchronises_every_call) {
+      CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::warmup, K::recording, K::replay, K::replay});
+    } else {
+      CHECK(kinds == std::vector{K::warmup, K::eager, K::eager, K::warmup, K::eager, K::eager, K::eager});
+      CHECK(pool.stats().count(cgt::Reason::capture_failed) == 5);
+    }
+    CHECK(pool.stats().padded_calls == 6);
+    must(pool.check_memory());
+  }
 }
