@@ -33,8 +33,13 @@ enum class ElementType : std::uint8_t { f32 = 1, f64, i32, i64, u8 };
 
 /// The element of `type` at `at` (host memory), as a double.
 [[nodiscard]] double load_element(ElementType type, const std::byte* at) noexcept;
-/// Stores `value` at `at` (host memory) as an element of `type` (converted as static_cast does).
+/// Stores `value` at `at` (host memory) as an element of `type`: converted as static_cast does
+/// where the type holds the value (toward zero for an integer type), else saturated to the
+/// integer type's range, NaN as 0 (static_cast of such a value is undefined behaviour).
 void store_element(ElementType type, std::byte* at, double value) noexcept;
+/// Whether an element of `type` holds `value` exactly: any value for a floating type (rounded for
+/// f32), a whole number in range for an integer type.
+[[nodiscard]] bool holds_exactly(ElementType type, double value) noexcept;
 
 /// Most dimensions a buffer can have.
 inline constexpr std::size_t max_rank = 6;

@@ -109,7 +109,9 @@ enum class FunctionMode : std::uint8_t {
 /// The name of a mode, e.g. "forward".
 [[nodiscard]] std::string_view to_string(FunctionMode mode) noexcept;
 
-/// Which input dimension a function's `graph_sizes` allow-list or `buckets` is compared with.
+/// Which input dimension a function's `graph_sizes` allow-list or `buckets` is compared with. For
+/// buckets, the input is one they pad: neither static nor in `unpadded_inputs` (else `add_function`
+/// fails with `invalid_argument`).
 struct SizeSource {
   std::size_t input = 0;
   std::size_t dim = 0;
@@ -117,7 +119,8 @@ struct SizeSource {
 
 /// How the rows a bucketed call adds to an input are filled (`Buckets`).
 enum class PadMode : std::uint8_t {
-  constant,   ///< every added element is `Pad::value` (cast to the input's element type)
+  constant,   ///< every added element is `Pad::value`, which the input's element type must hold (a
+              ///< whole number in range for an integer type), else the call fails with `invalid_argument`
   replicate,  ///< every added row repeats the call's last row (its finite values stay finite)
 };
 

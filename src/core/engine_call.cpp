@@ -78,6 +78,21 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
   return at == key.size();
 }
 
+// Reads every argument's description into `slots` and `descs`; an error names the input.
+Result<void> describe_arguments(const ArgSource& source, const std::string& function, std::span<backend::ArgSlot> slots,
+                                std::span<backend::ArgDesc> descs) {
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (auto described = source.describe(i, slots[i], descs[i]); !described) {
+      Error error = std::move(described.error());
+      error.message = "input " + std::to_string(i) + " of " + quoted(function) + ": " + error.message;
+      error.function = function;
+      error.input = static_cast<std::int32_t>(i);
+      return std::unexpected(std::move(error));
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource& args) {
@@ -104,6 +119,19 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
                 "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
   }
   ++stats.calls;
+  const std::size_t count = source.size();
+  SmallArray<backend::ArgSlot, 8> slot_array(count);
+  SmallArray<backend::ArgDesc, 8> desc_array(count);
+  const std::span<backend::ArgSlot> slots = slot_array.span();
+  const std::span<backend::ArgDesc> descs = desc_array.span();
+  if (forward_begins_step(function)) {
+    // A new step reclaims the last one's outputs: a call refused for its arguments must not have
+    // begun one. They are checked first (once a step, not on every call), and read again below.
+    if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
+      return std::unexpected(std::move(described.error()));
+    }
+    if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
+  }
   begin_step_for_forward(function);
   const std::uint64_t step_now = step.load();
 
@@ -111,19 +139,8 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   // be passing in, and the arguments must be read after that.
   end_path_if_over(step_now, PathCheck::call_start);
 
-  const std::size_t count = source.size();
-  SmallArray<backend::ArgSlot, 8> slot_array(count);
-  SmallArray<backend::ArgDesc, 8> desc_array(count);
-  const std::span<backend::ArgSlot> slots = slot_array.span();
-  const std::span<backend::ArgDesc> descs = desc_array.span();
-  for (std::size_t i = 0; i < count; ++i) {
-    if (auto described = source.describe(i, slots[i], descs[i]); !described) {
-      Error error = std::move(described.error());
-      error.message = "input " + std::to_string(i) + " of " + quoted(function.name) + ": " + error.message;
-      error.function = function.name;
-      error.input = static_cast<std::int32_t>(i);
-      return std::unexpected(std::move(error));
-    }
+  if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
+    return std::unexpected(std::move(described.error()));
   }
   if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
 

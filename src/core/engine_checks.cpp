@@ -79,12 +79,15 @@ void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const 
 }
 
 std::string Engine::overwritten_message(const Cell& cell, std::uint32_t output) const {
+  // Until the program marks steps, only a forward's call begins them (`FunctionMode::forward`).
+  const bool by_forward = !user_marks_steps.load();
   return "output " + std::to_string(output) + " of '" + functions[cell.function]->name +
-         "' was reclaimed when a new step began (mark_step_begin was called after it was produced in step " +
-         std::to_string(cell.step()) +
+         "' was reclaimed when a new step began (" +
+         (by_forward ? "a forward function was called, with no backward pending," : "mark_step_begin was called") +
+         " after it was produced in step " + std::to_string(cell.step()) +
          "); to keep a value across steps, take() it before the next step, set Options::copy_out_on_new_step "
-         "(a new step then copies held outputs out of the pool), or call mark_step_begin() only after you are done "
-         "with it";
+         "(a new step then copies held outputs out of the pool), or " +
+         (by_forward ? "call the next step's forward" : "call mark_step_begin()") + " only after you are done with it";
 }
 
 }  // namespace cgt::detail

@@ -2,6 +2,7 @@
 module;
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +11,7 @@ module;
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 module cgt.backend;
@@ -24,10 +26,36 @@ double load(const std::byte* at) noexcept {
   return static_cast<double>(value);
 }
 
+// The double -> integer conversion without undefined behaviour: NaN becomes 0, and values past
+// the type's range its nearest end. (Both bounds as doubles: the lowest is a power of two, exact;
+// the highest rounds up to one, so a value at or past it is out of range.)
+template <class T>
+T saturated(double value) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    return static_cast<T>(value);
+  } else {
+    if (std::isnan(value)) return T{0};
+    if (value <= static_cast<double>(std::numeric_limits<T>::lowest())) return std::numeric_limits<T>::lowest();
+    if (value >= static_cast<double>(std::numeric_limits<T>::max())) return std::numeric_limits<T>::max();
+    return static_cast<T>(value);
+  }
+}
+
 template <class T>
 void store(std::byte* at, double value) noexcept {
-  const T typed = static_cast<T>(value);
+  const T typed = saturated<T>(value);
   std::memcpy(at, &typed, sizeof(T));
+}
+
+template <class T>
+bool holds(double value) noexcept {
+  if constexpr (std::is_floating_point_v<T>) {
+    return true;
+  } else {
+    // In range (the highest bound as a double may round up past the type's max: excluded), and whole.
+    return value >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
+           value < static_cast<double>(std::numeric_limits<T>::max()) + 1.0 && std::trunc(value) == value;
+  }
 }
 
 // Checked int64 arithmetic: false on overflow (signed overflow is undefined behaviour).
@@ -59,6 +87,17 @@ void store_element(ElementType type, std::byte* at, double value) noexcept {
     case ElementType::i64: store<std::int64_t>(at, value); break;
     case ElementType::u8: store<std::uint8_t>(at, value); break;
   }
+}
+
+bool holds_exactly(ElementType type, double value) noexcept {
+  switch (type) {
+    case ElementType::f32: return holds<float>(value);
+    case ElementType::f64: return holds<double>(value);
+    case ElementType::i32: return holds<std::int32_t>(value);
+    case ElementType::i64: return holds<std::int64_t>(value);
+    case ElementType::u8: return holds<std::uint8_t>(value);
+  }
+  return false;
 }
 
 std::string_view to_string(ElementType type) noexcept {

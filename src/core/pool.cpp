@@ -1,7 +1,9 @@
 // Making engines and pools, registering functions, shutting down, and the names of enums.
 module;
 #include <expected>
+#include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -71,6 +73,17 @@ Result<void> check_buckets(const backend::Device& device, const FunctionOptions&
       return bad("sizes must be strictly increasing (sorted, without repeats), but " + std::to_string(sizes[i]) +
                  " follows " + std::to_string(sizes[i - 1]));
     }
+  }
+  // The size source is padded like every batch input: one that never is would reach the function
+  // at the call's size beside inputs padded to the bucket's.
+  const std::size_t source = options.size_source.input;
+  if (std::ranges::find(options.static_inputs, source) != options.static_inputs.end()) {
+    return bad("size_source names input " + std::to_string(source) +
+               ", which is static: static inputs are never padded; read the size from a batch input");
+  }
+  if (std::ranges::find(options.buckets.unpadded_inputs, source) != options.buckets.unpadded_inputs.end()) {
+    return bad("size_source names input " + std::to_string(source) +
+               ", which unpadded_inputs lists: the input that gives the call's size is the one padded to the bucket");
   }
   if (const std::string why = device.why_no_buckets(); !why.empty()) return bad(why);
   return {};

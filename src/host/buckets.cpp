@@ -4,6 +4,7 @@ module;
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <string>
 #include <vector>
 
 module cgt.host;
@@ -24,6 +25,12 @@ Buffer narrow(const Buffer& buffer, std::size_t dim, std::int64_t start, std::in
 Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /*desc*/, std::size_t dim,
                                     std::int64_t size, Pad pad) {
   const Buffer& source = *static_cast<const Buffer*>(value);
+  if (pad.mode == PadMode::constant && !holds_exactly(source.type(), pad.value)) {
+    // Converting it would be undefined (NaN, out of range) or silently another value (0.5 as 0).
+    return fail(Errc::invalid_argument, "the pad value " + std::to_string(pad.value) + " is not a value of its " +
+                                            std::string(to_string(source.type())) +
+                                            " elements; choose one the type holds (Buckets::per_input)");
+  }
   const std::int64_t rows = source.sizes()[dim];
   std::vector<std::int64_t> sizes(source.sizes().begin(), source.sizes().end());
   sizes[dim] = size;

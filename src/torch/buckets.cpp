@@ -7,6 +7,7 @@ module;
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -59,6 +60,15 @@ Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /
     if (pad.mode == PadMode::replicate) {
       added.copy_(source.narrow(d, rows - 1, 1).expand_as(added));
     } else {
+      // Converting a NaN, an infinity or a value past int64 to an integer is undefined: refused
+      // here (libtorch refuses one past a smaller integer type itself, with an exception).
+      if (at::isIntegralType(source.scalar_type(), /*includeBool=*/true) &&
+          !cgt::holds_exactly(cgt::ElementType::i64, pad.value)) {
+        return fail(Errc::invalid_argument, "the pad value " + std::to_string(pad.value) +
+                                                " is not a value of the input's integer elements (" +
+                                                std::string(c10::toString(source.scalar_type())) +
+                                                "); choose one the type holds (Buckets::per_input)");
+      }
       added.fill_(fill_value(source, pad.value));
     }
     backend::Padded result{.owner = padded, .value = padded.get(), .desc = {}};

@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -149,4 +151,41 @@ TEST_CASE("a sliced output keeps its bucket live; a new step reclaims it and poi
   (void)must(f({at::ones({2, 4}, H::cuda())}));
   CHECK(held.get(0).error().code == cgt::Errc::output_overwritten);
   CHECK_THROWS_AS(escaped.sum().item<float>(), c10::Error);
+}
+
+TEST_CASE("a constant pad an integer input cannot hold fails the call instead of being converted", "[gpu][buckets]") {
+  REQUIRE_GPU();
+  const torch::NoGradGuard no_grad;
+  auto pool = must(H::make_pool());
+  const auto sum_of = [](Inputs in) { return Values{in[0].to(at::kDouble).sum().reshape({1})}; };
+  struct Case {
+    at::ScalarType type;
+    double pad;
+    bool fits;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<Case> cases{{at::kLong, nan, false},
+                                {at::kLong, 0.5, false},
+                                {at::kLong, 1e300, false},
+                                {at::kByte, 300, false},
+                                {at::kByte, 255, true},
+                                {at::kLong, -3, true},
+                                {at::kFloat, -std::numeric_limits<double>::infinity(), true}};
+  int index = 0;
+  for (const Case& c : cases) {
+    auto f = must(pool.add_function(sum_of, {.name = "pad" + std::to_string(index++),
+                                             .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(c.pad)}}));
+    const at::Tensor x = at::arange(1, 4, at::TensorOptions().dtype(c.type).device(at::kCUDA, 0));  // 1 2 3
+    INFO("type " << c10::toString(c.type) << ", pad " << c.pad);
+    pool.mark_step_begin();
+    auto out = f({x});
+    if (!c.fits) {
+      REQUIRE_FALSE(out.has_value());
+      if (c.type == at::kLong) CHECK(out.error().code == cgt::Errc::invalid_argument);  // refused before libtorch
+      CHECK(out.error().input == 0);
+      continue;
+    }
+    REQUIRE(out.has_value());
+    CHECK(must(out->get(0)).get().item<double>() == 6 + c.pad);
+  }
 }
