@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Focused GPU run for session 14's attack on buckets and training modes: builds cgt_torch_tests,
+# Focused GPU run for batch buckets and training modes: builds cgt_torch_tests,
 # cgt_torch_training_tests and cgt_host_tests (RelWithDebInfo, Torch + CUDA), runs the [buckets]
 # and [training] tests of cgt.torch (among them the pad values an integer input cannot hold) and
 # the host tests of the same tags, and prints a summary last. Logs in $OUT (default
