@@ -38,12 +38,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <cstring>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -80,6 +82,13 @@ using Clock = std::chrono::steady_clock;
 double micros(Clock::duration d) {
   return std::chrono::duration<double, std::micro>(d).count();
 }
+// The calling thread's CPU time so far, in microseconds.
+double thread_cpu_micros() {
+  timespec now{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) * 1e6 + static_cast<double>(now.tv_nsec) / 1e3;
+}
+
 void synchronize() {
   check(cudaDeviceSynchronize(), "synchronising");
 }
@@ -298,6 +307,9 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
   // synchronisation, and after the host waited 1 ms more (whether the launch's cost depends on
   // how recently the GPU finished).
   std::vector<double> raw, ours, raw_paused, ours_paused;
+  // Beside the elapsed time, the thread's own CPU time: where they part, the call waited (off the
+  // CPU: descheduled, or asleep in the driver) rather than worked.
+  std::map<const std::vector<double>*, std::vector<double>> thread_cpu;
   const auto one = [&](const std::function<void()>& call, bool pause, std::vector<double>& into, bool keep) {
     synchronize();
     if (pause) {
@@ -305,9 +317,15 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
       while (Clock::now() < until) {
       }
     }
+    const double cpu_start = thread_cpu_micros();
     const auto start = Clock::now();
     call();
-    if (keep) into.push_back(micros(Clock::now() - start));
+    const auto end = Clock::now();
+    const double cpu_end = thread_cpu_micros();
+    if (keep) {
+      into.push_back(micros(end - start));
+      thread_cpu[&into].push_back(cpu_end - cpu_start);
+    }
   };
   const std::function<void()> launch = [&] { check(cudaGraphLaunch(exec, side.stream()), "launch"); };
   for (int i = 0; i < calls + 10; ++i) {
@@ -334,6 +352,12 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
               model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
               median(raw), median(ours), median(raw_paused), median(ours_paused), median(raw_alone), median(ours_alone),
               median(raw_after_small), median(ours_after_small));
+  std::printf("launchcpu,%s,%lld,%s,thread CPU us (medians; in turn raw cgt, 1 ms after raw cgt, alone raw cgt, "
+              "after a small kernel raw cgt): %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n",
+              model.c_str(), static_cast<long long>(batch), format.label.c_str(), median(thread_cpu[&raw]),
+              median(thread_cpu[&ours]), median(thread_cpu[&raw_paused]), median(thread_cpu[&ours_paused]),
+              median(thread_cpu[&raw_alone]), median(thread_cpu[&ours_alone]), median(thread_cpu[&raw_after_small]),
+              median(thread_cpu[&ours_after_small]));
   std::printf("nodes,%s,%lld,%s,%zu nodes: %zu memsets; %zu kernels with a cluster; %zu programmatic edges; "
               "%zu other nodes; %zu distinct kernels\n",
               model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
