@@ -174,6 +174,7 @@ class Arg {
       if (!got) return std::unexpected(std::move(got.error()));
       value = &got->get();
       if (consume) slot.consumed = &lease_->core_;
+      if (lease_->core_.owner) slot.owner = lease_->core_.owner;  // the value outlives a drop mid-call
     }
     slot.value = value;
     return B::describe(*value, desc);

@@ -259,3 +259,46 @@ TEST_CASE("a log sink reading the tree while a capture fails", "[reentrancy][hos
   REQUIRE(dots.size() == 1);
   CHECK(roots_seen == std::vector<std::size_t>{0});
 }
+
+TEST_CASE("a function that drops its lease argument, then fails its capture, runs again on that argument",
+          "[reentrancy][host]") {
+  auto pool = make_pool({.debug_checks = true});
+  auto make = plus_one(pool, "make", {99});  // eager: its outputs are owned by their leases alone
+  std::optional<cgt::host::OutputLease> held;
+  int runs = 0;
+  auto g = must(pool.add_function(
+      [&](Context& ctx, Inputs in) {
+        ++runs;
+        Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y] { y.set(0, x.get(0) * 10); });
+        if (ctx.is_capturing()) {
+          held->reset();      // the caller's lease goes mid-call...
+          ctx.synchronize();  // ...and the capture fails: the call runs the function again
+        }
+        return Values{y};
+      },
+      {.name = "g"}));
+  (void)must(g({filled({1}, 1)}));  // the warm-up
+  pool.mark_step_begin();
+  auto made = must(make({filled({1}, 2)}));
+  held = must(made.release(0));
+  auto out = must(g({*held}));
+  CHECK(out.kind() == cgt::CallKind::eager);
+  CHECK(first_of(out) == 30);
+  CHECK(runs == 3);
+}
+
+TEST_CASE("a log sink that drops a lease the call borrows, before the function runs", "[reentrancy][host]") {
+  std::optional<cgt::host::OutputLease> held;
+  auto pool = make_pool({.log_sink = [&held](const cgt::Event&) {
+    if (held) held->reset();  // the argument's claim goes before the eager run reads it
+  }});
+  auto make = plus_one(pool, "make", {99});  // eager: its outputs are owned by their leases alone
+  auto g = plus_one(pool, "g", {99});
+  auto made = must(make({filled({1}, 2)}));
+  held = must(made.release(0));
+  auto out = must(g({*held}));
+  CHECK(out.kind() == cgt::CallKind::eager);
+  CHECK(first_of(out) == 4);
+  CHECK(!held->is_valid());
+}
