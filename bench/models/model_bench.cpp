@@ -222,6 +222,10 @@ void time_capture(const std::string& model, const Format& format, std::optional<
 
 struct NodeTypes {
   std::size_t total = 0, memsets = 0;
+  // What else may make a launch costly (issue 12, item 4): kernels launched with a thread-block
+  // cluster, programmatic (PDL) dependencies, node types other than kernels and memsets, and how
+  // many distinct kernels the graph runs.
+  std::size_t cluster_kernels = 0, programmatic_edges = 0, other_nodes = 0, distinct_kernels = 0;
 };
 
 NodeTypes node_types(cudaGraph_t graph) {
@@ -230,11 +234,40 @@ NodeTypes node_types(cudaGraph_t graph) {
   std::vector<cudaGraphNode_t> nodes(count);
   check(cudaGraphGetNodes(graph, nodes.data(), &count), "listing nodes");
   NodeTypes types{.total = count};
+  std::vector<void*> kernels;
   for (cudaGraphNode_t node : nodes) {
     cudaGraphNodeType type{};
     check(cudaGraphNodeGetType(node, &type), "node type");
-    if (type == cudaGraphNodeTypeMemset) ++types.memsets;
+    if (type == cudaGraphNodeTypeMemset) {
+      ++types.memsets;
+    } else if (type == cudaGraphNodeTypeKernel) {
+      cudaKernelNodeParams params{};
+      if (cudaGraphKernelNodeGetParams(node, &params) == cudaSuccess &&
+          std::ranges::find(kernels, params.func) == kernels.end()) {
+        kernels.push_back(params.func);
+      }
+      cudaLaunchAttributeValue cluster{};
+      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributeClusterDimension, &cluster) == cudaSuccess &&
+          cluster.clusterDim.x * cluster.clusterDim.y * cluster.clusterDim.z > 1) {
+        ++types.cluster_kernels;
+      }
+    } else {
+      ++types.other_nodes;
+    }
   }
+  (void)cudaGetLastError();  // an attribute a node does not have
+  types.distinct_kernels = kernels.size();
+  std::size_t edges = 0;
+  if (cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges) == cudaSuccess && edges > 0) {
+    std::vector<cudaGraphNode_t> from(edges), to(edges);
+    std::vector<cudaGraphEdgeData> data(edges);
+    if (cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges) == cudaSuccess) {
+      for (std::size_t e = 0; e < edges; ++e) {
+        if (data[e].type == cudaGraphDependencyTypeProgrammatic) ++types.programmatic_edges;
+      }
+    }
+  }
+  (void)cudaGetLastError();
   return types;
 }
 
@@ -301,6 +334,10 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
               model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
               median(raw), median(ours), median(raw_paused), median(ours_paused), median(raw_alone), median(ours_alone),
               median(raw_after_small), median(ours_after_small));
+  std::printf("nodes,%s,%lld,%s,%zu nodes: %zu memsets; %zu kernels with a cluster; %zu programmatic edges; "
+              "%zu other nodes; %zu distinct kernels\n",
+              model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
+              types.cluster_kernels, types.programmatic_edges, types.other_nodes, types.distinct_kernels);
   std::fflush(stdout);
 }
 
