@@ -174,6 +174,7 @@ class Arg {
       if (!got) return std::unexpected(std::move(got.error()));
       value = &got->get();
       if (consume) slot.consumed = &lease_->core_;
+      if (lease_->core_.owner) slot.owner = lease_->core_.owner;  // the value outlives a drop mid-call
     }
     slot.value = value;
     return B::describe(*value, desc);
@@ -485,7 +486,8 @@ class PoolBase {
   [[nodiscard]] std::string to_dot() const;
   /// Checks now that the pool's live blocks are exactly the memory of live leases; the check
   /// `Options::debug_checks` runs after every call. Fails with `invariant_violation`,
-  /// `pool_shut_down`, `invalid_argument` on a moved-from pool.
+  /// `pool_shut_down`, `concurrent_use` from inside a call of the pool (its function, a kernel,
+  /// the log sink: the call is halfway done), `invalid_argument` on a moved-from pool.
   [[nodiscard]] Result<void> check_memory() const;
 
  protected:

@@ -9,6 +9,7 @@ module;
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -201,8 +202,17 @@ std::vector<Block> PoolBase::live_blocks() const {
 
 Result<void> PoolBase::check_memory() const {
   if (!engine_) return fail(Errc::invalid_argument, "check_memory of a moved-from pool handle");
-  const detail::StateLock lock(*engine_);
   const detail::Engine& engine = *engine_;
+  // From inside a call (its function, a kernel, the log sink) the pool is halfway through it:
+  // blocks are allocated that no lease holds yet, and the check would report a bug that is not
+  // one. Only this thread can have stored its own id as the holder.
+  if (engine.busy.load(std::memory_order_acquire) &&
+      engine.holder.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+    return fail(Errc::concurrent_use,
+                "check_memory from inside a call of the same pool (its function, a kernel or the log sink): the "
+                "pool is halfway through the call; check it after the call returns");
+  }
+  const detail::StateLock lock(*engine_);
   if (engine.shut_down) return fail(Errc::pool_shut_down, "check_memory after the pool was shut down");
   return engine.check_memory();
 }
