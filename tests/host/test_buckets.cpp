@@ -14,11 +14,13 @@ import cgt;
 import cgt.host;
 
 #include "scenario/scenarios.hpp"
+#include "host/values.hpp"
 
 using cgt::host::Buffer;
 using cgt::host::Context;
 using cgt::host::Inputs;
 using cgt::host::Values;
+using host_test::values_of;
 using scenario::must;
 
 namespace {
@@ -37,12 +39,6 @@ Buffer vector_of(std::vector<double> values) {
   Buffer v = must(Buffer::make(cgt::ElementType::f32, {static_cast<std::int64_t>(values.size())}));
   for (std::size_t i = 0; i < values.size(); ++i) v.set(i, values[i]);
   return v;
-}
-
-std::vector<double> values_of(const Buffer& buffer) {
-  std::vector<double> values(buffer.numel());
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer.get(i);
-  return values;
 }
 
 std::vector<std::int64_t> sizes_of(const Buffer& buffer) {
@@ -106,7 +102,7 @@ struct EventLog {
 
 cgt::host::Pool make_pool(cgt::Options options = {}) {
   options.debug_checks = true;
-  return must(cgt::host::make_pool({.tree = std::move(options), .arena = {}, .poison_dead_memory = true}));
+  return host_test::poisoned_pool(std::move(options));
 }
 
 cgt::FunctionOptions bucketed(std::vector<std::int64_t> sizes, cgt::Pad pad = {}) {

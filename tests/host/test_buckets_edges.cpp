@@ -22,11 +22,13 @@ import cgt;
 import cgt.host;
 
 #include "scenario/scenarios.hpp"
+#include "host/values.hpp"
 
 using cgt::host::Buffer;
 using cgt::host::Context;
 using cgt::host::Inputs;
 using cgt::host::Values;
+using host_test::values_of;
 using scenario::must;
 using K = cgt::CallKind;
 
@@ -36,12 +38,6 @@ Buffer rows_of(std::int64_t rows, double seed, std::int64_t cols = 2, cgt::Eleme
   Buffer x = must(Buffer::make(type, {rows, cols}));
   for (std::size_t i = 0; i < x.numel(); ++i) x.set(i, seed + static_cast<double>(i));
   return x;
-}
-
-std::vector<double> values_of(const Buffer& buffer) {
-  std::vector<double> values(buffer.numel());
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer.get(i);
-  return values;
 }
 
 std::vector<std::int64_t> sizes_of(const Buffer& buffer) {
@@ -55,7 +51,7 @@ std::vector<double> times(std::vector<double> values, double factor) {
 
 cgt::host::Pool make_pool(cgt::Options options = {}) {
   options.debug_checks = true;
-  return must(cgt::host::make_pool({.tree = std::move(options), .arena = {}, .poison_dead_memory = true}));
+  return host_test::poisoned_pool(std::move(options));
 }
 
 cgt::Buckets buckets_of(std::vector<std::int64_t> sizes, cgt::Pad pad = {}) {

@@ -19,21 +19,16 @@ import cgt.host;
 
 #include "scenario/scenarios.hpp"
 #include "host/harness.hpp"
+#include "host/values.hpp"
 
 using cgt::host::Buffer;
 using cgt::host::Context;
 using cgt::host::Inputs;
 using cgt::host::Values;
+using host_test::poisoned_pool;
 using scenario::must;
 
 namespace {
-
-cgt::host::Pool make_pool(cgt::Options options = {}) {
-  cgt::host::PoolOptions pool_options;
-  pool_options.tree = std::move(options);
-  pool_options.poison_dead_memory = true;  // a read of dead memory sees NaN
-  return must(cgt::host::make_pool(std::move(pool_options)));
-}
 
 // y = x * 2 (in the pool); when `syncs`, it synchronises with the host, which breaks a capture.
 cgt::host::Function twice(cgt::host::Pool& pool, bool syncs = false) {
@@ -66,7 +61,7 @@ TEST_CASE("pool, function, outputs and a released lease destroyed in every order
   std::array<int, 4> order{0, 1, 2, 3};
   int orders = 0;
   do {
-    std::optional<cgt::host::Pool> pool = make_pool({.debug_checks = true});
+    std::optional<cgt::host::Pool> pool = poisoned_pool({.debug_checks = true});
     std::optional<cgt::host::Function> f = twice(*pool);
     std::optional<cgt::host::Outputs> out = must((*f)({filled({4}, 1)}));  // a warm-up: pool memory
     pool->mark_step_begin();
@@ -90,7 +85,7 @@ TEST_CASE("pool, function, outputs and a released lease destroyed in every order
 }
 
 TEST_CASE("every handle moved into itself keeps working", "[lifetimes][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto f = twice(pool);
   auto out = must(f({filled({4}, 1)}));
   auto lease = must(out.release(0));
@@ -112,7 +107,7 @@ TEST_CASE("every handle moved into itself keeps working", "[lifetimes][host]") {
 }
 
 TEST_CASE("copy_out_on_new_step with leases in every state", "[lifetimes][host]") {
-  auto pool = make_pool({.debug_checks = true, .copy_out_on_new_step = true});
+  auto pool = poisoned_pool({.debug_checks = true, .copy_out_on_new_step = true});
   auto f = twice(pool);
   auto sum = must(pool.add_function(  // consumes its input: y = x + 1
       [](Context& ctx, Inputs in) {
@@ -159,7 +154,7 @@ TEST_CASE("copy_out_on_new_step with leases in every state", "[lifetimes][host]"
 }
 
 TEST_CASE("introspection after a failed capture, then after shutdown()", "[lifetimes][host]") {
-  auto pool = make_pool({.debug_checks = true, .log_sink = [](const cgt::Event&) {}});
+  auto pool = poisoned_pool({.debug_checks = true, .log_sink = [](const cgt::Event&) {}});
   auto f = twice(pool, /*syncs=*/true);
   auto warm = must(f({filled({2}, 1)}));
   CHECK(warm.kind() == cgt::CallKind::warmup);

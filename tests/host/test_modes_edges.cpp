@@ -22,34 +22,24 @@ import cgt.host;
 
 #include "scenario/scenarios.hpp"
 #include "host/harness.hpp"
+#include "host/values.hpp"
 
 using cgt::FunctionMode;
 using cgt::host::Buffer;
 using cgt::host::Context;
 using cgt::host::Inputs;
 using cgt::host::Values;
+using host_test::output_values;
+using host_test::repeat;
+using host_test::values_of;
 using scenario::must;
 using K = cgt::CallKind;
 
 namespace {
 
-std::vector<double> values_of(const Buffer& buffer) {
-  std::vector<double> values(buffer.numel());
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer.get(i);
-  return values;
-}
-
-std::vector<double> output_values(const cgt::host::Outputs& out, std::size_t i) {
-  return values_of(must(out.get(i)).get());
-}
-
-std::vector<double> repeat(double value, std::size_t count = 4) {
-  return std::vector<double>(count, value);
-}
-
 cgt::host::Pool make_pool(cgt::Options options = {}) {
   options.debug_checks = true;
-  return must(cgt::host::make_pool({.tree = std::move(options), .arena = {}, .poison_dead_memory = true}));
+  return host_test::poisoned_pool(std::move(options));
 }
 
 // Set `*fail` to throw from the function's body at its next run.

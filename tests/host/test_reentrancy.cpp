@@ -19,21 +19,16 @@ import cgt.host;
 
 #include "scenario/scenarios.hpp"
 #include "host/harness.hpp"
+#include "host/values.hpp"
 
 using cgt::host::Buffer;
 using cgt::host::Context;
 using cgt::host::Inputs;
 using cgt::host::Values;
+using host_test::poisoned_pool;
 using scenario::must;
 
 namespace {
-
-cgt::host::Pool make_pool(cgt::Options options = {}) {
-  cgt::host::PoolOptions pool_options;
-  pool_options.tree = std::move(options);
-  pool_options.poison_dead_memory = true;  // a read of dead memory sees NaN
-  return must(cgt::host::make_pool(std::move(pool_options)));
-}
 
 double first_of(const cgt::host::Outputs& out) {
   return must(out.get(0)).get().get(0);
@@ -102,7 +97,7 @@ cgt::host::Function plus_one(cgt::host::Pool& pool, std::string name, std::vecto
 }  // namespace
 
 TEST_CASE("a pool function calling into its own pool: changes are concurrent_use, reads answer", "[reentrancy][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto other = plus_one(pool, "other");
   Probe probe;
   std::optional<cgt::host::Function> self;
@@ -132,7 +127,7 @@ TEST_CASE("a pool function calling into its own pool: changes are concurrent_use
 }
 
 TEST_CASE("an eager call's function calling into its own pool", "[reentrancy][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   Probe probe;
   std::optional<cgt::host::Function> self;
   self = must(pool.add_function(
@@ -152,7 +147,7 @@ TEST_CASE("an eager call's function calling into its own pool", "[reentrancy][ho
 }
 
 TEST_CASE("a kernel calling into its own pool during a replay", "[reentrancy][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto other = plus_one(pool, "other");
   auto probe = std::make_shared<Probe>();
   cgt::host::Pool* pool_ptr = &pool;
@@ -185,13 +180,13 @@ TEST_CASE("a log sink calling into the pool", "[reentrancy][host]") {
   };
   auto shared = std::make_shared<Shared>();
   const std::weak_ptr<Shared> weak = shared;
-  shared->pool = make_pool({.debug_checks = true, .log_sink = [weak](const cgt::Event& event) {
-                              auto s = weak.lock();
-                              if (!s || !s->pool) return;
-                              s->reasons.push_back(event.reason);
-                              s->probe.poke(*s->pool, s->f ? &*s->f : nullptr, nullptr);
-                              s->pool->mark_step_begin();
-                            }});
+  shared->pool = poisoned_pool({.debug_checks = true, .log_sink = [weak](const cgt::Event& event) {
+                                  auto s = weak.lock();
+                                  if (!s || !s->pool) return;
+                                  s->reasons.push_back(event.reason);
+                                  s->probe.poke(*s->pool, s->f ? &*s->f : nullptr, nullptr);
+                                  s->pool->mark_step_begin();
+                                }});
   shared->f = plus_one(*shared->pool, "f", {2});
   auto out = must((*shared->f)({filled({3}, 1)}));  // size 3 is not graphed: logged, eager
   CHECK(out.kind() == cgt::CallKind::eager);
@@ -215,7 +210,7 @@ TEST_CASE("a log sink that drops the pool's last handles while the pool logs", "
   };
   auto shared = std::make_shared<Shared>();
   const std::weak_ptr<Shared> weak = shared;
-  shared->pool = make_pool({.log_sink = [weak](const cgt::Event&) {
+  shared->pool = poisoned_pool({.log_sink = [weak](const cgt::Event&) {
     if (auto s = weak.lock()) {
       s->pool.reset();
       s->f.reset();
@@ -236,12 +231,12 @@ TEST_CASE("a log sink reading the tree while a capture fails", "[reentrancy][hos
   std::vector<std::string> dots;
   std::vector<std::size_t> roots_seen;
   cgt::host::Pool* self = nullptr;
-  auto pool = make_pool({.debug_checks = true, .log_sink = [&](const cgt::Event& event) {
-                           if (event.reason != cgt::Reason::capture_failed || self == nullptr) return;
-                           dots.push_back(self->to_dot());
-                           roots_seen.push_back(self->roots().size());
-                           for (const cgt::Node& root : self->roots()) (void)root.children();
-                         }});
+  auto pool = poisoned_pool({.debug_checks = true, .log_sink = [&](const cgt::Event& event) {
+                               if (event.reason != cgt::Reason::capture_failed || self == nullptr) return;
+                               dots.push_back(self->to_dot());
+                               roots_seen.push_back(self->roots().size());
+                               for (const cgt::Node& root : self->roots()) (void)root.children();
+                             }});
   self = &pool;
   auto f = must(pool.add_function(
       [](Context& ctx, Inputs in) {
@@ -262,7 +257,7 @@ TEST_CASE("a log sink reading the tree while a capture fails", "[reentrancy][hos
 
 TEST_CASE("a function that drops its lease argument, then fails its capture, runs again on that argument",
           "[reentrancy][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto make = plus_one(pool, "make", {99});  // eager: its outputs are owned by their leases alone
   std::optional<cgt::host::OutputLease> held;
   int runs = 0;
@@ -290,7 +285,7 @@ TEST_CASE("a function that drops its lease argument, then fails its capture, run
 
 TEST_CASE("a log sink that drops a lease the call borrows, before the function runs", "[reentrancy][host]") {
   std::optional<cgt::host::OutputLease> held;
-  auto pool = make_pool({.log_sink = [&held](const cgt::Event&) {
+  auto pool = poisoned_pool({.log_sink = [&held](const cgt::Event&) {
     if (held) held->reset();  // the argument's claim goes before the eager run reads it
   }});
   auto make = plus_one(pool, "make", {99});  // eager: its outputs are owned by their leases alone

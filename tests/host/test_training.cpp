@@ -23,36 +23,20 @@ import cgt.host;
 
 #include "scenario/scenarios.hpp"
 #include "host/harness.hpp"
+#include "host/values.hpp"
 
 using cgt::FunctionMode;
 using cgt::host::Buffer;
 using cgt::host::Context;
 using cgt::host::Inputs;
 using cgt::host::Values;
+using host_test::output_values;
+using host_test::poisoned_pool;
+using host_test::repeat;
+using host_test::values_of;
 using scenario::must;
 
 namespace {
-
-std::vector<double> values_of(const Buffer& buffer) {
-  std::vector<double> values(buffer.numel());
-  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer.get(i);
-  return values;
-}
-
-std::vector<double> output_values(const cgt::host::Outputs& out, std::size_t i) {
-  return values_of(must(out.get(i)).get());
-}
-
-std::vector<double> repeat(double value, std::size_t count = 4) {
-  return std::vector<double>(count, value);
-}
-
-cgt::host::Pool make_pool(cgt::Options options = {}) {
-  cgt::host::PoolOptions pool_options;
-  pool_options.tree = std::move(options);
-  pool_options.poison_dead_memory = true;  // a read of reclaimed memory sees NaN
-  return must(cgt::host::make_pool(std::move(pool_options)));
-}
 
 // y = x * w and the saved copy of x; `w` (input 1) is static, like a parameter.
 cgt::host::Function forward(cgt::host::Pool& pool, const std::string& name) {
@@ -116,7 +100,7 @@ struct EventLog {
 }  // namespace
 
 TEST_CASE("two layers' forwards and backwards form one path, replayed whole on later steps", "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto forward1 = forward(pool, "forward1");
   auto forward2 = forward(pool, "forward2");
   auto backward1 = backward(pool, "backward1");
@@ -154,7 +138,7 @@ TEST_CASE("two layers' forwards and backwards form one path, replayed whole on l
 }
 
 TEST_CASE("the saved values a backward consumes are the ones expected dead after its graph", "[training][host]") {
-  auto pool = make_pool({.skip_warmup = true, .debug_checks = true});
+  auto pool = poisoned_pool({.skip_warmup = true, .debug_checks = true});
   auto layer = forward(pool, "forward");
   auto grad = backward(pool, "backward");
   const Buffer w = filled({4}, 2);
@@ -171,7 +155,7 @@ TEST_CASE("the saved values a backward consumes are the ones expected dead after
 
 TEST_CASE("after a backward, the next forward begins a new step and reclaims the last one's outputs",
           "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto layer = forward(pool, "forward");
   auto grad = backward(pool, "backward");
   const Buffer w = filled({4}, 2);
@@ -195,7 +179,7 @@ TEST_CASE("after a backward, the next forward begins a new step and reclaims the
 TEST_CASE("pending backwards hold off a new step: the forward goes down the path, and a warning says so once",
           "[training][host]") {
   EventLog log;
-  auto pool = make_pool({.debug_checks = true, .log_sink = log.sink()});
+  auto pool = poisoned_pool({.debug_checks = true, .log_sink = log.sink()});
   auto layer = forward(pool, "forward");
   const Buffer w = filled({4}, 2);
   std::vector<cgt::host::Outputs> held;  // the autograd graphs nobody ran backward on
@@ -218,7 +202,7 @@ TEST_CASE("pending backwards hold off a new step: the forward goes down the path
 
 TEST_CASE("mark_step_begin overrides pending backwards: each step reclaims the last, and replays", "[training][host]") {
   EventLog log;
-  auto pool = make_pool({.debug_checks = true, .log_sink = log.sink()});
+  auto pool = poisoned_pool({.debug_checks = true, .log_sink = log.sink()});
   auto layer = forward(pool, "forward");
   const Buffer w = filled({4}, 2);
   std::vector<cgt::host::Outputs> held;
@@ -238,7 +222,7 @@ TEST_CASE("mark_step_begin overrides pending backwards: each step reclaims the l
 }
 
 TEST_CASE("once the program marked a step, forwards begin none by themselves", "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto layer = forward(pool, "forward");
   auto grad = backward(pool, "backward");
   const Buffer w = filled({4}, 2);
@@ -253,7 +237,7 @@ TEST_CASE("once the program marked a step, forwards begin none by themselves", "
 }
 
 TEST_CASE("a backward never called frees what its forward saved once the caller drops it", "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto layer = forward(pool, "forward");
   const Buffer w = filled({4}, 2);
   for (int step = 0; step < 3; ++step) {
@@ -269,7 +253,7 @@ TEST_CASE("a backward never called frees what its forward saved once the caller 
 }
 
 TEST_CASE("a backward that runs eagerly still ends the pending backward", "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto layer = forward(pool, "forward");
   // Its size is never in the allow-list: it runs eagerly, as a backward PyTorch would not graph.
   auto grad = backward(pool, "backward", {.graph_sizes = {99}});
@@ -286,7 +270,7 @@ TEST_CASE("a backward that runs eagerly still ends the pending backward", "[trai
 }
 
 TEST_CASE("a backward run twice on the same saved values (retain_graph) accumulates twice", "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto layer = forward(pool, "forward");
   // The gradient accumulator of w: a static input the backward adds into (AccumulateGrad).
   auto accumulate = must(pool.add_function(
@@ -312,7 +296,7 @@ TEST_CASE("a backward run twice on the same saved values (retain_graph) accumula
 }
 
 TEST_CASE("a backward called with new shapes records a graph of its own under the same forward", "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto layer = forward(pool, "forward");
   auto grad = backward(pool, "backward");
   const Buffer weights[] = {filled({4}, 2), filled({6}, 2)};
@@ -331,7 +315,7 @@ TEST_CASE("a backward called with new shapes records a graph of its own under th
 TEST_CASE("saved values survive a new step with copy_out_on_new_step, and fail clearly without it",
           "[training][host]") {
   for (const bool copy_out : {true, false}) {
-    auto pool = make_pool({.debug_checks = true, .copy_out_on_new_step = copy_out});
+    auto pool = poisoned_pool({.debug_checks = true, .copy_out_on_new_step = copy_out});
     auto layer = forward(pool, "forward");
     auto grad = backward(pool, "backward");
     const Buffer w = filled({4}, 2);
@@ -352,7 +336,7 @@ TEST_CASE("saved values survive a new step with copy_out_on_new_step, and fail c
 }
 
 TEST_CASE("inference functions begin no step: their held outputs stay valid", "[training][host]") {
-  auto pool = make_pool({.debug_checks = true});
+  auto pool = poisoned_pool({.debug_checks = true});
   auto infer = must(pool.add_function(
       [](Context& ctx, Inputs in) {
         const Buffer y = ctx.allocate_like(in[0]);

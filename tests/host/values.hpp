@@ -1,0 +1,41 @@
+// What the host tests share to read values and make pools: a buffer's elements as doubles, an
+// output's, a vector of one value, and a pool that poisons dead memory.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "scenario/scenarios.hpp"
+
+import cgt;
+import cgt.host;
+
+namespace host_test {
+
+/// Every element of `buffer`, in order, as doubles.
+inline std::vector<double> values_of(const cgt::host::Buffer& buffer) {
+  std::vector<double> values(buffer.numel());
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = buffer.get(i);
+  return values;
+}
+
+/// The elements of output `i` of a call.
+inline std::vector<double> output_values(const cgt::host::Outputs& out, std::size_t i) {
+  return values_of(scenario::must(out.get(i)).get());
+}
+
+/// `count` copies of `value`.
+inline std::vector<double> repeat(double value, std::size_t count = 4) {
+  return std::vector<double>(count, value);
+}
+
+/// A host pool whose dead memory is overwritten (a read of reclaimed memory sees NaN at once).
+inline cgt::host::Pool poisoned_pool(cgt::Options options = {}) {
+  cgt::host::PoolOptions pool_options;
+  pool_options.tree = std::move(options);
+  pool_options.poison_dead_memory = true;
+  return scenario::must(cgt::host::make_pool(std::move(pool_options)));
+}
+
+}  // namespace host_test
