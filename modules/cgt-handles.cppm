@@ -131,7 +131,10 @@ class OutputLease {
 /// One argument of a call. An `Arg` borrows what it is given, so build it in the call expression
 /// (`(*f)({x, lease, std::move(other)})`), where everything it names outlives the call.
 ///  * A value is borrowed: the caller keeps it valid through the call.
-///  * A lease passed as an lvalue is borrowed too: its output stays live through the call.
+///  * A lease passed as an lvalue is borrowed too: its output stays live through the call as
+///    long as the lease does. Code the call runs (the function, a kernel, the log sink) that
+///    resets it kills that memory at once, as a drop anywhere does: the call then reads dead
+///    memory (poisoned where the backend poisons), though never a freed value object.
 ///  * A lease moved in (`std::move(lease)`) is consumed by a call that succeeds: the call may
 ///    reuse its memory, as if the caller dropped it mid-call, and the lease is empty afterwards.
 ///    A call that fails leaves it untouched: still holding its value.
