@@ -440,6 +440,7 @@ class Sequence {
     bool maybe_stale = false;
     std::optional<std::size_t> held;  // index into held_
     bool moved = false;
+    bool as_lease = false;  // the lease itself was passed (moved or borrowed), not a view of its value
     std::string what;
   };
 
@@ -483,6 +484,7 @@ class Sequence {
       const auto how = pick(10);
       if (!held.bundle && how < 3) {
         input.moved = true;
+        input.as_lease = true;
         input.what = "lease " + std::to_string(h) + " moved in";
         args.emplace_back(std::move(held.lease));
       } else if (how < 5 && value_ok && sizes.size() == 2 && sizes[0] == sizes[1] && moves_.restrided_inputs &&
@@ -497,6 +499,7 @@ class Sequence {
         input.what = "value of lease " + std::to_string(h);
         args.emplace_back(views.back());
       } else {
+        input.as_lease = true;
         input.what = "lease " + std::to_string(h) + " borrowed";
         args.emplace_back(held.lease);
       }
@@ -527,7 +530,7 @@ class Sequence {
   void call(Fn* fn = nullptr, std::optional<std::int64_t> length = std::nullopt) {
     if (fn == nullptr) fn = random_function();
     if (fn == nullptr || !fn->handle) return;
-    before_pool_call(*fn);
+    const bool begins_step = before_pool_call(*fn);
     const FnDef& def = fn->def;
     std::vector<cgt::host::Arg> args;
     std::vector<Input> inputs;
@@ -618,6 +621,7 @@ class Sequence {
       log("  -> " + result.error().describe());
       expect(allowed.contains(code),
              "call " + text + " failed with an error it may not give here: " + result.error().describe());
+      if (begins_step) step_not_begun_if_refused(inputs, code);
       for (const Input& input : inputs) {
         if (!input.moved) continue;
         if (moves_.moved_lease_into_failing_call) {
@@ -889,13 +893,29 @@ class Sequence {
   }
 
   /// A call of `fn` is about to reach its pool: a forward begins a step there when the program
-  /// never marked one and no backward is pending. (The pool does so only while a path exists;
-  /// without one no lease is reclaimable, so the model need not know.)
-  void before_pool_call(const Fn& fn) {
-    if (fn.mode != cgt::FunctionMode::forward || shut_down_ || program_marks_steps_ || pending_backward_) return;
+  /// never marked one and no backward is pending (returns whether it does). (The pool does so only
+  /// while a path exists; without one no lease is reclaimable, so the model need not know.) A
+  /// call refused for its arguments begins none: see `step_not_begun`.
+  bool before_pool_call(const Fn& fn) {
+    if (fn.mode != cgt::FunctionMode::forward || shut_down_ || program_marks_steps_ || pending_backward_) return false;
     log("(the forward " + fn.name + " begins a step)");
     ++figures_.forward_steps;
     ++step_;
+    return true;
+  }
+
+  /// A forward's call that failed because a lease passed to it had been reclaimed before the call
+  /// (by an earlier step) was refused before it began its step: the pool checks the arguments
+  /// first. (A lease that only this call's step reclaims fails after the step began.)
+  void step_not_begun_if_refused(const std::vector<Input>& inputs, Errc code) {
+    if (code != Errc::output_overwritten) return;
+    const bool refused = std::ranges::any_of(inputs, [this](const Input& input) {
+      return input.as_lease && input.held && held_[*input.held].reclaimable && held_[*input.held].step + 1 < step_;
+    });
+    if (!refused) return;
+    log("  (refused before its step began: the step is still " + std::to_string(step_ - 1) + ")");
+    --figures_.forward_steps;
+    --step_;
   }
 
   void bundle_drop() {
@@ -946,7 +966,7 @@ class Sequence {
       text = "with rank-3 inputs";
     }
     log(fn->name + " " + text);
-    before_pool_call(*fn);
+    // No step begins: the pool checks a forward's arguments before it begins one.
     auto result = (*fn->handle)(std::span<const cgt::host::Arg>(args));
     ++figures_.calls;
     expect(!result, "the call " + text + " succeeded");
