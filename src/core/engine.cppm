@@ -464,6 +464,9 @@ class Engine {
   void begin_step_for_forward(FunctionRecord& function);
   /// Whether a call of `function` now would begin a new step (`begin_step_for_forward`).
   [[nodiscard]] bool forward_begins_step(const FunctionRecord& function) const noexcept;
+  /// Whether a call of `function` now would begin a new step but for a pending backward: a
+  /// forward, before the program marks steps, with a path to reclaim.
+  [[nodiscard]] bool forward_steps_here(const FunctionRecord& function) const noexcept;
   /// Warns once per function when pending backwards make a forward repeat itself down the path
   /// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`).
   void warn_if_pending_backward_repeats(FunctionRecord& function);

@@ -13,25 +13,27 @@ import :engine;
 
 namespace cgt::detail {
 
-bool Engine::forward_begins_step(const FunctionRecord& function) const noexcept {
+bool Engine::forward_steps_here(const FunctionRecord& function) const noexcept {
   // Only until the program marks steps itself: then steps are its own (PyTorch: once
   // `cudagraph_mark_step_begin` was called, the generation is the mark-step counter alone).
-  // Without a path there is nothing to reclaim; with a pending backward, its outputs stay live.
-  return function.options.mode == FunctionMode::forward && !user_marks_steps.load() && current != nullptr &&
-         !pending_backward;
+  // Without a path there is nothing to reclaim.
+  return function.options.mode == FunctionMode::forward && !user_marks_steps.load() && current != nullptr;
+}
+
+bool Engine::forward_begins_step(const FunctionRecord& function) const noexcept {
+  // With a pending backward, the outputs it will read stay live.
+  return forward_steps_here(function) && !pending_backward;
 }
 
 void Engine::begin_step_for_forward(FunctionRecord& function) {
-  if (forward_begins_step(function)) {
-    step.fetch_add(1);
-    ++stats.steps_begun_by_forward;
+  if (!forward_steps_here(function)) return;
+  if (pending_backward) {
+    // The outputs a backward will read stay live: the forward goes on down the path.
+    warn_if_pending_backward_repeats(function);
     return;
   }
-  // Held off by a pending backward (whose outputs stay live): the forward goes on down the path.
-  if (function.options.mode == FunctionMode::forward && !user_marks_steps.load() && current != nullptr &&
-      pending_backward) {
-    warn_if_pending_backward_repeats(function);
-  }
+  step.fetch_add(1);
+  ++stats.steps_begun_by_forward;
 }
 
 void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {
