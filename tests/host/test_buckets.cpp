@@ -266,18 +266,8 @@ TEST_CASE("only inputs with the call's size along the bucket dimension are padde
 }
 
 TEST_CASE("the caller chooses the padding: a constant per input, or the last row again", "[buckets][host]") {
-  // total = the sum of every element of both inputs: it mixes rows, so it sees the padding, and it
-  // has no batch dimension, so it is handed out whole.
-  const auto total = [](Context& ctx, Inputs in) {
-    Buffer t = ctx.allocate(cgt::ElementType::f32, {1});
-    ctx.launch([a = in[0], b = in[1], t] {
-      double sum = 0;
-      for (std::size_t i = 0; i < a.numel(); ++i) sum += a.get(i);
-      for (std::size_t i = 0; i < b.numel(); ++i) sum += b.get(i);
-      t.set(0, sum);
-    });
-    return Values{t};
-  };
+  // The sum of every element of both inputs: it sees the padding, and is handed out whole.
+  const auto total = host_test::sum_of_both_inputs(cgt::ElementType::f32);
   auto pool = make_pool();
   auto constant = must(pool.add_function(
       total, {.name = "constant",

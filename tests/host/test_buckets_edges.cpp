@@ -159,17 +159,8 @@ TEST_CASE("outputs without the batch dimension (a rank-0 reduction) are handed o
 
 TEST_CASE("a constant pad the input's element type cannot hold fails the call, naming the input", "[buckets][host]") {
   // Converting -1 to u8, NaN or 1e300 to an integer, is undefined behaviour: it must not be done.
-  // t = the sum of both inputs' elements: it sees the padding of both.
-  const auto sum_rows = [](Context& ctx, Inputs in) {
-    Buffer t = ctx.allocate(cgt::ElementType::f64, {1});
-    ctx.launch([x = in[0], y = in[1], t] {
-      double sum = 0;
-      for (std::size_t i = 0; i < x.numel(); ++i) sum += x.get(i);
-      for (std::size_t i = 0; i < y.numel(); ++i) sum += y.get(i);
-      t.set(0, sum);
-    });
-    return Values{t};
-  };
+  // The sum of both inputs' elements sees the padding of both (f64: it holds NaN, inf and 1e300).
+  const auto sum_rows = host_test::sum_of_both_inputs(cgt::ElementType::f64);
   struct Case {
     cgt::ElementType type;
     double pad;

@@ -30,6 +30,22 @@ inline std::vector<double> repeat(double value, std::size_t count = 4) {
   return std::vector<double>(count, value);
 }
 
+/// A host function whose one output, a single element of `type`, is the sum of every element of
+/// its two inputs: it mixes rows, so it sees their padding, and it has no batch dimension, so a
+/// bucketed call hands it out whole.
+inline auto sum_of_both_inputs(cgt::ElementType type) {
+  return [type](cgt::host::Context& ctx, cgt::host::Inputs in) {
+    cgt::host::Buffer total = ctx.allocate(type, {1});
+    ctx.launch([a = in[0], b = in[1], total] {
+      double sum = 0;
+      for (std::size_t i = 0; i < a.numel(); ++i) sum += a.get(i);
+      for (std::size_t i = 0; i < b.numel(); ++i) sum += b.get(i);
+      total.set(0, sum);
+    });
+    return cgt::host::Values{total};
+  };
+}
+
 /// A host pool whose dead memory is overwritten (a read of reclaimed memory sees NaN at once).
 inline cgt::host::Pool poisoned_pool(cgt::Options options = {}) {
   cgt::host::PoolOptions pool_options;
