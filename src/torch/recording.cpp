@@ -103,6 +103,18 @@ struct OutputLayout {
   at::Tensor recorded;  // outputs that are not pool memory (parameters, constants) are returned as recorded
 };
 
+// Is `tensor`, a replay's output, still the tensor bind_outputs built: over `storage`, with the
+// recorded layout, not requiring grad? A borrowed `const at::Tensor&` still allows in-place changes
+// of its metadata (`t_()`, `unsqueeze_()`, `resize_()`, `as_strided_()`, `requires_grad_()`), and the
+// recording hands the same tensor out again on its next replay: a changed one must be rebuilt, or
+// the next replay would return another shape than the function's. A few comparisons per output.
+bool as_built(const at::Tensor& tensor, const OutputLayout& layout, const c10::StorageImpl* storage) {
+  const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+  return impl->unsafe_storage().unsafeGetStorageImpl() == storage && impl->storage_offset() == layout.offset &&
+         impl->sizes().equals(layout.sizes) && impl->strides().equals(layout.strides) &&
+         impl->dtype() == caffe2::TypeMeta::fromScalarType(layout.dtype) && !impl->requires_grad();
+}
+
 // The executable recordings share (kernels::SharedExec), owned by the CUDAGraph it was instantiated
 // from. Graphs that draw random numbers are never shared: they replay through their own
 // CUDAGraph::replay, which advances the generator.
@@ -157,8 +169,13 @@ class TorchRecording final : public backend::Recording {
                  !ran) {
         return ran;
       }
-      for (const auto& bound : bound_) {  // handed out now, until released (Device::memory)
-        if (bound) bound->held_by_replay = true;
+      for (std::size_t i = 0; i < bound_.size(); ++i) {
+        TorchStorage* bound = bound_[i].get();
+        if (bound == nullptr) continue;
+        bound->held_by_replay = true;  // handed out now, until released (Device::memory)
+        // A caller changed its metadata in place after an earlier replay (see as_built): rebuilt
+        // at the same address, which stays registered as a view of the storage.
+        if (!as_built(outputs_[i], layouts_[i], bound->impl.get())) rebuild(i, *bound);
       }
       return {};
     });
@@ -175,7 +192,7 @@ class TorchRecording final : public backend::Recording {
       auto* record = static_cast<TorchStorage*>(storages[i]->native);
       if (bound_[i].get() == record) continue;
       unbind(i);
-      outputs_[i] = tensor_over(record->impl, layout.dtype, layout.sizes, layout.strides, layout.offset);
+      rebuild(i, *record);
       bound_[i] = std::static_pointer_cast<TorchStorage>(storages[i]->native_owner);
       record->add_view(&outputs_[i]);
     }
@@ -207,6 +224,12 @@ class TorchRecording final : public backend::Recording {
       job.bytes = by_node ? copy.bytes : 0;
     }
     return nodes.empty() ? Result<void>{} : retarget(node, batch);
+  }
+
+  // Output `i` as the recording returned it, over `record`'s storage.
+  void rebuild(std::size_t i, const TorchStorage& record) {
+    const OutputLayout& layout = layouts_[i];
+    outputs_[i] = tensor_over(record.impl, layout.dtype, layout.sizes, layout.strides, layout.offset);
   }
 
   Result<void> retarget(std::size_t node, const kernels::CopyBatch& batch) {
