@@ -317,8 +317,8 @@ TEST_CASE("torch/hostile: inputs that alias each other or themselves", "[gpu][ho
   }
 }
 
-// Strides are part of the shape key: a matrix and its transpose (at one address, too) never
-// replay each other's graph, whatever order they come in.
+// Strides are part of the shape key: a matrix and its transpose never replay each other's graph,
+// whatever order they come in.
 TEST_CASE("torch/hostile: an input's layout changes between calls at the same sizes", "[gpu][hostile]") {
   REQUIRE_GPU();
   auto pool = new_pool();
@@ -464,7 +464,8 @@ TEST_CASE("torch/hostile: outputs that view one storage", "[gpu][hostile]") {
 }
 
 // The odd outputs: a broadcast view of a pool tensor, no elements (a view of pool memory, and a
-// tensor without memory), no dimensions, undefined, at an offset, transposed, a strided column.
+// tensor without memory), no dimensions, undefined, at an offset, transposed, a strided column,
+// the same bytes as another element type.
 TEST_CASE("torch/hostile: broadcast, empty, 0-dim, undefined, offset and transposed outputs", "[gpu][hostile]") {
   REQUIRE_GPU();
   auto pool = new_pool();
@@ -479,7 +480,8 @@ TEST_CASE("torch/hostile: broadcast, empty, 0-dim, undefined, offset and transpo
                   y.narrow(0, 2, 3),
                   y.t(),
                   y.select(1, 5),
-                  row.squeeze(0)[4]};
+                  row.squeeze(0)[4],
+                  y.view(at::kInt)};
   };
   auto f = add(pool, body, {.name = "odd_outputs"});
   const auto kinds = run_steps(
