@@ -61,7 +61,9 @@ bool same_values(const at::Tensor& got, const at::Tensor& want, double tolerance
   if (got.numel() == 0) return true;
   const at::Tensor a = got.detach().cpu();
   const at::Tensor b = want.detach().cpu();
-  if (at::isFloatingType(a.scalar_type())) return at::allclose(a, b, tolerance, tolerance, /*equal_nan=*/true);
+  if (at::isFloatingType(a.scalar_type()) || at::isComplexType(a.scalar_type())) {
+    return at::allclose(a, b, tolerance, tolerance, /*equal_nan=*/true);
+  }
   return at::equal(a, b);
 }
 
@@ -388,6 +390,32 @@ TEST_CASE("torch/hostile: integer and bool inputs and outputs", "[gpu][hostile]"
       6);
   CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay, K::replay, K::replay});
   CHECK(pool.roots().at(0).copied_inputs() == std::vector<std::size_t>{0, 1, 3});
+}
+
+// Lazily conjugated and negated views (`z.conj()`, `at::_neg_view`): contiguous, but their bytes are
+// not their values. A graph's copy node copied the bytes, so the function saw z instead of its
+// conjugate (at the recording, whose first run the copy node makes, and at every replay); copy_
+// applies the bit. Views and plain tensors alternate at the same shape key (the bits are not in it).
+TEST_CASE("torch/hostile: conjugate and negative views as inputs", "[gpu][hostile]") {
+  REQUIRE_GPU();
+  auto pool = new_pool();
+  const Body body = [](const Tensors& in) {
+    return Values{in[0] * 2, at::real(in[0]) + at::imag(in[0]), in[1] + 1, in[1]};
+  };
+  auto f = add(pool, body, {.name = "conjugates"});
+  const std::vector<bool> conjugated{true, true, true, false, true, false};  // recorded with a view
+  const std::vector<bool> negated{false, false, true, false, true, true};    // recorded without
+  const auto kinds = run_steps(
+      pool, f, body,
+      [&](int step) {
+        const auto s = static_cast<std::size_t>(step);
+        const at::Tensor z = at::randn({8, 4}, cuda(at::kComplexFloat));
+        const at::Tensor r = at::randn({8, 4}, cuda());
+        return Tensors{conjugated[s] ? z.conj() : z, negated[s] ? at::_neg_view(r) : r};
+      },
+      6);
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay, K::replay, K::replay});
+  CHECK(pool.roots().at(0).copied_inputs() == std::vector<std::size_t>{0, 1});
 }
 
 // ---- outputs ----------------------------------------------------------------------------------
