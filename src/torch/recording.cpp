@@ -103,6 +103,13 @@ struct OutputLayout {
   at::Tensor recorded;  // outputs that are not pool memory (parameters, constants) are returned as recorded
 };
 
+// Are `tensor`'s bytes its values? Not for a lazily conjugated or negated view (`z.conj()`, the
+// imaginary part of one): libtorch applies the bit when it reads it, and `copy_` writes the values
+// it stands for, but a copy node copying its bytes would hand the function the unconjugated ones.
+bool bytes_are_values(const at::Tensor& tensor) {
+  return !tensor.is_conj() && !tensor.is_neg();
+}
+
 // Is `tensor`, a replay's output, still the tensor bind_outputs built: over `storage`, with the
 // recorded layout, not requiring grad? A borrowed `const at::Tensor&` still allows in-place changes
 // of its metadata (`t_()`, `unsqueeze_()`, `resize_()`, `as_strided_()`, `requires_grad_()`), and the
@@ -211,7 +218,7 @@ class TorchRecording final : public backend::Recording {
     kernels::CopyBatch batch = nodes.empty() ? kernels::CopyBatch{} : nodes.front().batch;
     for (const CopiedInput& copy : copies_) {
       const at::Tensor& source = *static_cast<const at::Tensor*>(args[copy.index].value);
-      const bool by_node = copy.memcpy_ok && source.is_contiguous();
+      const bool by_node = copy.memcpy_ok && source.is_contiguous() && bytes_are_values(source);
       if (!by_node) copy.slot.copy_(without_broadcast(source), /*non_blocking=*/true);
       if (!copy.memcpy_ok) continue;
       if (copy.node != node) {
@@ -329,7 +336,10 @@ std::vector<at::Tensor> make_slots(Device::State& state, CallInputs& inputs, con
 
 // Non-owning views of the slots, for replays: the slot memory itself returns to the pool after the
 // recording, like any memory the graph used (later graphs may reuse it between replays).
-std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, c10::DeviceIndex device) {
+// `args`: the recording's inputs, which its copy nodes copy at the graph's first run (one whose bytes
+// are not its values is copied by copy_ on every call instead).
+std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, std::span<const backend::ArgSlot> args,
+                                         c10::DeviceIndex device) {
   std::vector<CopiedInput> copies;
   std::size_t nodes = 0;  // copies by node so far
   for (std::size_t i = 0; i < slots.size(); ++i) {
@@ -340,7 +350,7 @@ std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, c
                                   slot.scalar_type(), slot.sizes(), slot.strides(), slot.storage_offset());
     CopiedInput copy;
     copy.index = i;
-    copy.memcpy_ok = slot.is_contiguous();
+    copy.memcpy_ok = slot.is_contiguous() && bytes_are_values(*static_cast<const at::Tensor*>(args[i].value));
     copy.slot = without_broadcast(view);
     copy.bytes = static_cast<std::size_t>(slot.numel()) * slot.element_size();
     if (copy.memcpy_ok) {
@@ -401,13 +411,14 @@ struct Capture {
 // Step 1: the copied inputs' slots in the pool, written on the pool's stream after the caller's
 // work so far (its inputs), ordered by an event: a device-wide synchronisation would break
 // another thread's capture.
-Result<void> prepare_slots(Device::State& state, Capture& capture, const backend::RecordPlan& plan) {
+Result<void> prepare_slots(Device::State& state, Capture& capture, std::span<const backend::ArgSlot> args,
+                           const backend::RecordPlan& plan) {
   return guarded("recording", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     capture.allocated_before = addresses_of(allocated_blocks(state));
     follow(state.stream, c10::cuda::getCurrentCUDAStream(state.index));
     capture.slots = make_slots(state, capture.inputs, plan);
-    capture.copies = describe_copies(capture.slots, state.index);
+    capture.copies = describe_copies(capture.slots, args, state.index);
     return {};
   });
 }
@@ -596,7 +607,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
                                          const backend::RecordPlan& plan) {
   State& state = *state_;
   Capture capture(args);
-  if (auto prepared = prepare_slots(state, capture, plan); !prepared) return std::unexpected(prepared.error());
+  if (auto prepared = prepare_slots(state, capture, args, plan); !prepared) return std::unexpected(prepared.error());
   if (auto captured = capture_function(state, fn, args, capture); !captured) return std::unexpected(captured.error());
   if (auto usable = check_outputs(capture.outputs, false); !usable) return std::unexpected(usable.error());
   if (auto rewritten = rewrite_nodes(state, capture); !rewritten) return std::unexpected(rewritten.error());
