@@ -531,6 +531,49 @@ TEST_CASE("torch/hostile: broadcast, empty, 0-dim, undefined, offset and transpo
   CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay, K::replay, K::replay});
 }
 
+// Outputs that are lazily conjugated or negated views of pool tensors: a replay rebuilds each
+// output over its storage from the recorded layout, and lost the bit (z instead of its conjugate,
+// the imaginary part with the wrong sign); so did a copy made by copy_out_on_new_step.
+TEST_CASE("torch/hostile: conjugate and negative views as outputs", "[gpu][hostile]") {
+  REQUIRE_GPU();
+  const Body body = [](const Tensors& in) {
+    const at::Tensor z = in[0] * 2;
+    const at::Tensor r = in[1] + 1;
+    return Values{z.conj(), at::imag(z.conj()), at::_neg_view(r), z.conj().t(), z, r};
+  };
+  const MakeInputs inputs = [](int) {
+    return Tensors{at::randn({8, 4}, cuda(at::kComplexFloat)), at::randn({8, 4}, cuda())};
+  };
+  SECTION("replayed") {
+    auto pool = new_pool();
+    auto f = add(pool, body, {.name = "conjugate_outputs"});
+    const auto kinds = run_steps(pool, f, body, inputs, 5);
+    CHECK(kinds == warm_record_replays);
+  }
+  SECTION("kept over a new step, copied out") {
+    cgt::Options options;
+    options.copy_out_on_new_step = true;
+    auto pool = new_pool(std::move(options));
+    auto f = add(pool, body, {.name = "conjugate_outputs_copied"});
+    std::optional<cgt::torch::Outputs> previous;
+    Values previous_want;
+    for (int step = 0; step < 5; ++step) {
+      INFO("step " << step);
+      const Tensors in = inputs(step);
+      pool.mark_step_begin();
+      auto out = must(f({in[0], in[1]}));
+      const Values want = body(in);
+      expect_like_eager(out, want);
+      if (previous) {
+        INFO("the outputs of the step before, copied out");
+        expect_like_eager(*previous, previous_want);
+      }
+      previous = std::move(out);
+      previous_want = want;
+    }
+  }
+}
+
 // ---- leases -----------------------------------------------------------------------------------
 
 // The same function twice in one step: the second call is a child in the tree, whose graph may
