@@ -206,6 +206,8 @@ std::shared_ptr<const void> Device::rebase(const void* value, const backend::Sto
   auto copy =
       std::make_shared<at::Tensor>(tensor_over(bytes.storage().getWeakStorageImpl().lock(), original.scalar_type(),
                                                original.sizes(), original.strides(), original.storage_offset()));
+  copy->_set_conj(original.is_conj());  // a lazily conjugated or negated view stays one
+  copy->_set_neg(original.is_neg());
   return copy;
 }
 

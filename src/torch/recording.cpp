@@ -100,6 +100,10 @@ struct OutputLayout {
   std::vector<std::int64_t> strides;
   std::int64_t offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Float;
+  // A lazily conjugated or negated view (`y.conj()`, its imaginary part): the bit is part of its
+  // values, and a replay's tensor over the storage must carry it too.
+  bool conj = false;
+  bool neg = false;
   at::Tensor recorded;  // outputs that are not pool memory (parameters, constants) are returned as recorded
 };
 
@@ -119,7 +123,8 @@ bool as_built(const at::Tensor& tensor, const OutputLayout& layout, const c10::S
   const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
   return impl->unsafe_storage().unsafeGetStorageImpl() == storage && impl->storage_offset() == layout.offset &&
          impl->sizes().equals(layout.sizes) && impl->strides().equals(layout.strides) &&
-         impl->dtype() == caffe2::TypeMeta::fromScalarType(layout.dtype) && !impl->requires_grad();
+         impl->dtype() == caffe2::TypeMeta::fromScalarType(layout.dtype) && impl->is_conj() == layout.conj &&
+         impl->is_neg() == layout.neg && !impl->requires_grad();
 }
 
 // The executable recordings share (kernels::SharedExec), owned by the CUDAGraph it was instantiated
@@ -237,6 +242,8 @@ class TorchRecording final : public backend::Recording {
   void rebuild(std::size_t i, const TorchStorage& record) {
     const OutputLayout& layout = layouts_[i];
     outputs_[i] = tensor_over(record.impl, layout.dtype, layout.sizes, layout.strides, layout.offset);
+    if (layout.conj) outputs_[i]._set_conj(true);
+    if (layout.neg) outputs_[i]._set_neg(true);
   }
 
   Result<void> retarget(std::size_t node, const kernels::CopyBatch& batch) {
@@ -390,6 +397,8 @@ std::vector<OutputLayout> describe_layouts(const backend::RunResult& first) {
     layout.strides.assign(tensor.strides().begin(), tensor.strides().end());
     layout.offset = tensor.storage_offset();
     layout.dtype = tensor.scalar_type();
+    layout.conj = tensor.is_conj();
+    layout.neg = tensor.is_neg();
   }
   return layouts;
 }
