@@ -91,6 +91,13 @@ struct RunResult {
   std::vector<OutputDesc> outputs;
   std::vector<const void*> values;    ///< `Backend::Value*` per output
   std::shared_ptr<const void> owner;  ///< owns `values`
+  /// Inputs the function wrote to, as far as the backend can tell (cgt.torch: a tensor's version
+  /// counter; the host backend: the bytes of inputs outside the pool). The engine treats them as
+  /// mutated inputs from then on, whether `FunctionOptions::mutated_inputs` lists them or not.
+  /// A backend that reports any must report the writes to memory that is not the pool's (the
+  /// caller's inputs, padded copies); writes to pool memory it may leave out. Empty where the
+  /// backend cannot tell (cgt.cuda).
+  std::vector<std::uint32_t> written_inputs;
 };
 
 /// The user's callable, type-erased by the backend; only the backend that made it calls it.
@@ -136,6 +143,16 @@ inline constexpr std::string_view capture_failed_prefix = "capture failed: ";
 
 [[nodiscard]] inline bool is_capture_failure(const Error& error) noexcept {
   return error.message.find(capture_failed_prefix) != std::string::npos;
+}
+
+/// How a backend's `record` says that the function wrote to an input it was given as a copy (a
+/// pool slot, `RecordPlan::copy_input`): the write would never reach the caller's input, so the
+/// backend gave the capture up before anything ran, and fails with this prefix and `Error::input`
+/// set to that input. The engine then treats the input as mutated and runs the call eagerly.
+inline constexpr std::string_view wrote_copied_input_prefix = "wrote a copied input: ";
+
+[[nodiscard]] inline bool is_write_to_copy(const Error& error) noexcept {
+  return error.input >= 0 && error.message.find(wrote_copied_input_prefix) != std::string::npos;
 }
 
 /// A recording and the outputs of its first run.
@@ -324,6 +341,13 @@ class Device {
   /// outside the pool (the engine copies it into the graph's input slot like any caller's input).
   [[nodiscard]] virtual Result<Padded> pad(const void* /*value*/, const ArgDesc& /*desc*/, std::size_t /*dim*/,
                                            std::int64_t /*size*/, Pad /*pad*/) {
+    return fail(Errc::invalid_argument, why_no_buckets());
+  }
+  /// Copies the first `rows` elements along `dim` of `padded` (a value `pad` made) into `original`
+  /// (the input it was made from, `rows` long along `dim`): a function wrote to a padded copy,
+  /// and the write must reach the caller's input. Ordered after the call's work.
+  [[nodiscard]] virtual Result<void> write_back(const void* /*padded*/, const void* /*original*/, std::size_t /*dim*/,
+                                                std::int64_t /*rows*/) {
     return fail(Errc::invalid_argument, why_no_buckets());
   }
   /// A view of `value`'s first `size` elements along `dim` when its size along `dim` is `bucket`;

@@ -165,6 +165,8 @@ class Device final : public backend::Device {
   [[nodiscard]] Result<std::shared_ptr<const void>> slice(const void* value, const backend::StorageHandle* storage,
                                                           std::size_t dim, std::int64_t bucket,
                                                           std::int64_t size) override;
+  [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
+                                        std::int64_t rows) override;
   [[nodiscard]] std::vector<Block> live_blocks() const override;
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;
@@ -173,6 +175,7 @@ class Device final : public backend::Device {
   friend class Context;
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
+  [[nodiscard]] bool in_pool(const Buffer& value) const noexcept;
 
   std::unique_ptr<Arena> arena_;
   Stream stream_;

@@ -77,8 +77,9 @@ struct ModelOptions {
   /// not while a capture is in progress. They make lazy set-up happen before the recording, and
   /// keep what the model keeps from it out of the pool: TorchScript's profiling executor
   /// profiles its first run and optimises (compiles fusions) at its second; an AOTInductor
-  /// package loads its kernels at its first. A model with `mutated_inputs` is never primed (the
-  /// extra runs would repeat its writes: a counter, a cache position); nor is any model when the
+  /// package loads its kernels at its first. The extra runs read copies of the inputs (a write to
+  /// one is not repeated on the caller's). A model with `mutated_inputs` is never primed (its
+  /// inputs may be large caches, and not worth copying); nor is any model when the
   /// pool's `Options::skip_warmup` records the first call directly (then TorchScript's
   /// profiling runs inside the capture: leave `skip_warmup` off for TorchScript).
   std::uint32_t priming_runs = 2;

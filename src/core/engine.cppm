@@ -166,8 +166,10 @@ struct FunctionRecord {
   std::unique_ptr<backend::Invoker> invoker;
   FunctionOptions options;
   std::optional<Signature> signature;
-  std::vector<bool> is_static;                                  ///< per input, from options.static_inputs
-  std::vector<bool> is_mutated;                                 ///< per input, from options.mutated_inputs
+  std::vector<bool> is_static;  ///< per input, from options.static_inputs
+  /// Per input: declared in options.mutated_inputs, or seen written by a run (`note_write`).
+  std::vector<bool> is_mutated;
+  bool mutates_an_input = false;  ///< some `is_mutated` is set: calls check their inputs for it
   std::map<std::vector<std::int64_t>, std::uint32_t> variants;  ///< shape key -> variant id
   std::uint32_t last_variant = UINT32_MAX;                      ///< the last key seen: the fast path
   bool warned_mutation = false;
@@ -368,6 +370,13 @@ struct PoolSnapshot {
   std::vector<std::uintptr_t> owned_live;  ///< storages the allocator owned for live leases then
 };
 
+/// How a bucketed call padded its arguments (`CallFrame::padding`).
+struct Padding {
+  std::span<const backend::ArgSlot> caller_args;
+  std::size_t dim = 0;
+  std::int64_t rows = 0;  ///< the caller's size along `dim`
+};
+
 /// One call in flight: its arguments and what the engine learned about them.
 struct CallFrame {
   std::span<const backend::ArgSlot> args;
@@ -384,6 +393,9 @@ struct CallFrame {
   /// an output of the path, so that a call at a bucket's own size and a padded one (whose padded
   /// copy is never pool memory) share one recording.
   std::span<const bool> always_copied;
+  /// Of a padded call: the caller's own arguments and how they were padded. A write the function
+  /// makes to a padded copy is copied back into the caller's input (`take_writes`).
+  const Padding* padding = nullptr;
 };
 
 /// The engine's state lock. Every call and most lease drops take it, uncontended: an atomic flag
@@ -533,6 +545,16 @@ class Engine {
   /// After a failed capture: a shape that recorded without its own warm-up warms up (and records
   /// at its next call); otherwise the failure will not go away and the shape runs eagerly from now on.
   Result<CallOutputs> after_failed_capture(CallFrame& frame, const Error& error);
+
+  // --- writes to inputs that the options do not declare (engine_writes.cpp) ---
+  /// Treats input `input` of `function` as mutated from now on, and says so once.
+  void note_write(FunctionRecord& function, std::size_t input);
+  /// After a run that wrote `written` (`RunResult::written_inputs`): notes them, and copies each
+  /// write to a padded copy back into the caller's input.
+  Result<void> take_writes(const CallFrame& frame, std::span<const std::uint32_t> written);
+  /// After a capture that the backend gave up because the function wrote a copied input: notes
+  /// the write and runs the call eagerly, where the write reaches the input.
+  Result<CallOutputs> after_write_to_copy(CallFrame& frame, const Error& error);
 
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
   /// When the engine asks whether the current path is over.

@@ -100,13 +100,15 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
   }
   ++stats.padded_calls;
 
+  const Padding padding{.caller_args = frame.args, .dim = dim, .rows = size};
   CallFrame padded_frame{.args = slots,
                          .descs = descs,
                          .function = frame.function,
                          .variant = nullptr,
                          .rerecording_of = nullptr,
                          .step = frame.step,
-                         .always_copied = copied};
+                         .always_copied = copied,
+                         .padding = &padding};
   auto out = checked_whole_outputs(run_selected(padded_frame), function);
   if (!out) return out;
   if (auto sliced = slice_outputs(*out, function, *bucket, size); !sliced) return std::unexpected(sliced.error());

@@ -217,6 +217,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     function.is_mutated.assign(descs.size(), false);
     for (const std::size_t index : function.options.static_inputs) function.is_static[index] = true;
     for (const std::size_t index : function.options.mutated_inputs) function.is_mutated[index] = true;
+    function.mutates_an_input = !function.options.mutated_inputs.empty();
     function.signature = std::move(signature);
     return {};
   }
@@ -357,7 +358,7 @@ bool Engine::mutates_unmanaged_input(CallFrame& frame) {
 std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
   // Checked on every call, from this call's inputs: whether an input is pool memory depends on
   // the call, and a graph that copied a mutated input into a slot would lose the mutation.
-  if (!frame.function->options.mutated_inputs.empty() && mutates_unmanaged_input(frame)) return Reason::mutated_input;
+  if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
   if (frame.variant->capture_failure) return Reason::capture_failed;
   if (facts_for(frame.variant->id).rerecords > options.rerecord_limit) return Reason::rerecord_limit;
   return std::nullopt;

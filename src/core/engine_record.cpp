@@ -74,7 +74,16 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
       .copy_input = std::span<const bool>(copy_input.get(), inputs),
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr};
   return run_in_pool<backend::Recorded>(
-      frame, "recording", [&] { return device->record(*frame.function->invoker, frame.args, plan); },
+      frame, "recording",
+      [&]() -> Result<backend::Recorded> {
+        auto recorded = device->record(*frame.function->invoker, frame.args, plan);
+        if (!recorded) return recorded;
+        // Writes to inputs read in place (static, pool memory): the graph makes them too.
+        if (auto taken = take_writes(frame, recorded->first_outputs.written_inputs); !taken) {
+          return std::unexpected(taken.error());
+        }
+        return recorded;
+      },
       [](const backend::Recorded& recorded) -> const backend::RunResult& { return recorded.first_outputs; });
 }
 
@@ -113,6 +122,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   auto recorded = capture(frame, uses);
   if (!recorded) {
     if (backend::is_capture_failure(recorded.error())) return after_failed_capture(frame, recorded.error());
+    if (backend::is_write_to_copy(recorded.error())) return after_write_to_copy(frame, recorded.error());
     return std::unexpected(std::move(recorded.error()));
   }
   node->keep_recording(std::move(recorded->recording));

@@ -127,6 +127,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
 
   auto result = device->run(*function.invoker, frame.args, backend::RunMode::eager);
   if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));
+  if (auto taken = take_writes(frame, result->written_inputs); !taken) return std::unexpected(std::move(taken.error()));
   if (auto ours = check_outputs_are_ours(*result, frame); !ours) return std::unexpected(std::move(ours.error()));
   CallOutputs out;
   out.kind = CallKind::eager;
@@ -153,7 +154,13 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   Variant& variant = *frame.variant;
   auto result = run_in_pool<backend::RunResult>(
-      frame, "warming up", [&] { return device->run(*function.invoker, frame.args, backend::RunMode::warmup); },
+      frame, "warming up",
+      [&]() -> Result<backend::RunResult> {
+        auto ran = device->run(*function.invoker, frame.args, backend::RunMode::warmup);
+        if (!ran) return ran;
+        if (auto taken = take_writes(frame, ran->written_inputs); !taken) return std::unexpected(taken.error());
+        return ran;
+      },
       std::identity{});  // a warm-up's result is its outputs
   if (!result) return std::unexpected(std::move(result.error()));
 

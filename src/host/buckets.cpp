@@ -57,6 +57,17 @@ Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /
   return result;
 }
 
+Result<void> Device::write_back(const void* padded, const void* original, std::size_t dim, std::int64_t rows) {
+  const Buffer& source = *static_cast<const Buffer*>(padded);
+  const Buffer& target = *static_cast<const Buffer*>(original);
+  if (dim >= source.rank() || source.sizes()[dim] < rows || target.rank() != source.rank() ||
+      target.sizes()[dim] != rows) {
+    return fail(Errc::invalid_argument, "a padded input's write cannot be copied back: its sizes do not match");
+  }
+  copy(narrow(source, dim, 0, rows), target);
+  return {};
+}
+
 Result<std::shared_ptr<const void>> Device::slice(const void* value, const backend::StorageHandle* /*storage*/,
                                                   std::size_t dim, std::int64_t bucket, std::int64_t size) {
   const Buffer& output = *static_cast<const Buffer*>(value);

@@ -45,6 +45,49 @@ std::unexpected<Error> outside_storage(std::size_t input) {
               {}, -1, static_cast<std::int32_t>(input));
 }
 
+// Copies of a call's inputs taken before it runs, to tell which ones it wrote, byte for byte
+// (`RunResult::written_inputs`): a graph reads a caller's input through a slot, so a write to an
+// input the options do not declare mutated would be lost. Inputs in pool memory are not watched:
+// a graph writes them in place, and one that dies during the call (a lease the function dropped)
+// is poisoned, which is not a write.
+class InputSnapshots {
+ public:
+  // Copies `values[i]` where `watched(i)`; a value that cannot be copied (out of memory, a view
+  // outside its storage) is not watched.
+  template <class Watched>
+  InputSnapshots(std::span<const Buffer> values, Watched watched) : before_(values.size()) {
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (values[i].empty() || !values[i].fits() || !watched(i)) continue;
+      if (auto copy = values[i].clone()) before_[i] = *std::move(copy);
+    }
+  }
+
+  // The watched inputs whose elements changed.
+  [[nodiscard]] std::vector<std::uint32_t> written(std::span<const Buffer> values) const {
+    std::vector<std::uint32_t> changed;
+    for (std::size_t i = 0; i < before_.size(); ++i) {
+      if (before_[i].empty()) continue;
+      auto now = values[i].clone();
+      const std::size_t bytes = before_[i].numel() * element_size(before_[i].type());
+      if (now && std::memcmp(now->data(), before_[i].data(), bytes) != 0) {
+        changed.push_back(static_cast<std::uint32_t>(i));
+      }
+    }
+    return changed;
+  }
+
+  // Puts the watched inputs back as they were, where `wanted(i)`.
+  template <class Wanted>
+  void restore(std::span<const Buffer> values, Wanted wanted) const {
+    for (std::size_t i = 0; i < before_.size(); ++i) {
+      if (!before_[i].empty() && wanted(i)) copy(before_[i], values[i]);
+    }
+  }
+
+ private:
+  std::vector<Buffer> before_;  // empty where not watched
+};
+
 // A recorded host graph with its input slots and outputs.
 class HostRecording final : public backend::Recording {
  public:
@@ -137,12 +180,19 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
                                        backend::RunMode mode) {
   const CallInputs inputs(args);
   Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::heap);
+  const InputSnapshots snapshots(inputs.values, [&](std::size_t i) { return !in_pool(inputs.values[i]); });
   auto outputs = backend::call_function(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
   if (!outputs) {
     backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(outputs.error()));
   }
-  return finish(context, std::move(*outputs));
+  auto finished = finish(context, std::move(*outputs));
+  if (finished) finished->written_inputs = snapshots.written(inputs.values);
+  return finished;
+}
+
+bool Device::in_pool(const Buffer& value) const noexcept {
+  return owns(address_of(value.storage()));
 }
 
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
@@ -177,6 +227,9 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     copied[i] = true;
   }
 
+  // Every input is watched here, slots included: a write to a slot (a copied input) gives the
+  // recording up, and the inputs the first run wrote in place are put back, as if nothing ran.
+  const InputSnapshots snapshots(inputs.values, [](std::size_t) { return true; });
   stream_.begin_capture();
   auto outputs = backend::call_function(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
   const bool broken = stream_.capture_broken();
@@ -208,6 +261,22 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     backend::free_all(*arena_, context.allocations_);
     return fail(Errc::function_failed, std::move(thrown));
   }
+  std::vector<std::uint32_t> written = snapshots.written(inputs.values);
+  const auto to_slot = std::ranges::find_if(written, [&](std::uint32_t i) { return copied[i]; });
+  if (to_slot != written.end()) {
+    // CUDA sees such a write during the capture (cgt.torch: a version counter), before anything
+    // runs; here the first run did it, so what it wrote in place is put back.
+    snapshots.restore(inputs.values, [&](std::size_t i) {
+      // Not a pool block that died during the call (a lease the function dropped): that is free.
+      return !in_pool(inputs.values[i]) || arena_->is_allocated(address_of(inputs.values[i].storage()));
+    });
+    backend::free_all(*arena_, context.allocations_);
+    return fail(Errc::function_failed,
+                std::string(backend::wrote_copied_input_prefix) + "input " + std::to_string(*to_slot) +
+                    " was written, but the graph reads it through a copy",
+                {}, -1, static_cast<std::int32_t>(*to_slot));
+  }
+  std::erase_if(written, [&](std::uint32_t i) { return in_pool(inputs.values[i]); });
   backend::Recorded recorded;
   recorded.recording = std::make_unique<HostRecording>(std::move(graph), std::move(slots), std::move(copied), *outputs);
   recorded.first_outputs = backend::describe_outputs(*arena_, context.allocations_, std::move(*outputs));

@@ -2,11 +2,14 @@
 module;
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,6 +53,7 @@ Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /
     // On the caller's stream of the tensor's device, like the caller's own work on it: a replay
     // (launched there too) reads it after, and its block is reused only by work queued later.
     const c10::OptionalDeviceGuard device_guard(source.device());
+    const NormalTensors normal;  // the function's writes to the padded copy must be seen
     const auto d = static_cast<std::int64_t>(dim);
     const std::int64_t rows = source.size(d);
     std::vector<std::int64_t> sizes = source.sizes().vec();
@@ -76,6 +80,21 @@ Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /
       return std::unexpected(std::move(described.error()));
     }
     return result;
+  });
+}
+
+Result<void> Device::write_back(const void* padded, const void* original, std::size_t dim, std::int64_t rows) {
+  const at::Tensor& source = *static_cast<const at::Tensor*>(padded);
+  const at::Tensor& target = *static_cast<const at::Tensor*>(original);
+  return guarded("copying a write to a padded input back", [&]() -> Result<void> {
+    // On the caller's stream, after the call's work (a warm-up's stream was joined back to it).
+    const c10::OptionalDeviceGuard device_guard(target.device());
+    // No autograd history for cgt's own copy; an inference tensor is written in inference mode.
+    std::optional<c10::InferenceMode> inference;
+    if (target.is_inference()) inference.emplace();
+    const c10::NoGradGuard no_grad;
+    target.copy_(source.narrow(static_cast<std::int64_t>(dim), 0, rows));
+    return {};
   });
 }
 

@@ -3,6 +3,8 @@
 module;
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
@@ -20,6 +22,7 @@ module;
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -242,6 +245,47 @@ inline Result<Values> invoke(backend::Invoker& invoker, const CallInputs& inputs
     return fail(Errc::function_failed, "the function threw an exception that is not a std::exception");
   }
 }
+
+/// The version counters of a call's input tensors before it runs, to tell which ones it wrote
+/// (`RunResult::written_inputs`): libtorch bumps a tensor's counter, which its views share, at
+/// every in-place write, also inside a capture. Inference tensors keep no counter: writes to them
+/// are not seen (`NormalTensors` makes the backend's own copies normal ones).
+class InputVersions {
+ public:
+  explicit InputVersions(const CallInputs& inputs) : before_(inputs.values.size()) {
+    for (std::size_t i = 0; i < before_.size(); ++i) {
+      const at::Tensor& tensor = inputs.values[i];
+      if (tensor.defined() && !tensor.is_inference()) before_[i] = tensor._version();
+    }
+  }
+  /// The inputs whose counter moved.
+  [[nodiscard]] std::vector<std::uint32_t> written(const CallInputs& inputs) const {
+    std::vector<std::uint32_t> changed;
+    for (std::size_t i = 0; i < before_.size(); ++i) {
+      if (before_[i] && inputs.values[i]._version() != *before_[i]) changed.push_back(static_cast<std::uint32_t>(i));
+    }
+    return changed;
+  }
+
+ private:
+  std::vector<std::optional<std::int64_t>> before_;
+};
+
+/// Makes the tensors created in its scope normal ones (with a version counter), even inside the
+/// caller's `c10::InferenceMode`, without turning gradients on: for copies of inputs (slots,
+/// padded copies) whose writes must be seen.
+class NormalTensors {
+ public:
+  NormalTensors() {
+    if (!c10::InferenceMode::is_enabled()) return;
+    normal_.emplace(/*enabled=*/false);
+    no_grad_.emplace();  // InferenceMode(false) turns grad mode on; inference mode had it off
+  }
+
+ private:
+  std::optional<c10::InferenceMode> normal_;
+  std::optional<c10::NoGradGuard> no_grad_;  // declared last: restored first
+};
 
 /// Segments of the pool's private memory pool: [address, address + size).
 std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::State& state);

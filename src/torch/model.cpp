@@ -363,6 +363,8 @@ Values Model::Runner::operator()(Inputs in) {
 // On a side stream, which the pool's allocator does not route to the pool: what the model keeps
 // from its first runs (a TorchScript executor's state, a cuBLAS workspace) is in ordinary memory.
 // Ordered after the pool's stream and before its next work, so inputs and outputs stay valid.
+// The runs read copies of the arguments (same sizes and, for dense tensors, strides): a model
+// that writes an input its options do not declare would otherwise write it once per run.
 void Model::Runner::prime(const std::vector<c10::IValue>& arguments) {
   const c10::cuda::CUDAStream pool_stream = c10::cuda::getCurrentCUDAStream(device);
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device);
@@ -371,7 +373,10 @@ void Model::Runner::prime(const std::vector<c10::IValue>& arguments) {
   inputs_ready.block(side);
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
-    for (std::uint32_t i = 0; i < priming_runs; ++i) (void)forward(arguments);
+    std::vector<c10::IValue> copies;
+    copies.reserve(arguments.size());
+    for (const c10::IValue& argument : arguments) copies.push_back(argument.deepcopy());
+    for (std::uint32_t i = 0; i < priming_runs; ++i) (void)forward(copies);
   }
   at::cuda::CUDAEvent primed_done;
   primed_done.record(side);

@@ -331,6 +331,7 @@ Error capture_failed(cudaError_t why, const std::string& detail) {
 std::vector<at::Tensor> make_slots(Device::State& state, CallInputs& inputs, const backend::RecordPlan& plan) {
   std::vector<at::Tensor> slots(inputs.values.size());
   const PoolAllocation allocation(state);
+  const NormalTensors normal;  // the function's writes to a slot must be seen
   for (std::size_t i = 0; i < slots.size(); ++i) {
     if (!plan.copy_input[i]) continue;
     const at::Tensor& source = inputs.values[i];
@@ -415,6 +416,7 @@ struct Capture {
   GraphPtr graph{new at::cuda::CUDAGraph(/*keep_graph=*/true)};  // NOLINT(cppcoreguidelines-owning-memory)
   std::vector<std::uintptr_t> allocated_before;                  // the pool's allocated blocks before the call
   Values outputs;                                                // the function's, from the capture
+  std::vector<std::uint32_t> written;                            // inputs it wrote in place (not slots)
 };
 
 // Step 1: the copied inputs' slots in the pool, written on the pool's stream after the caller's
@@ -446,15 +448,27 @@ Result<void> begin_capture(Device::State& state, at::cuda::CUDAGraph& graph) {
 }
 
 // Inside the capture: the copy nodes of the copied inputs (from the call's inputs), then the
-// function on the slots.
+// function on the slots. A function that wrote a slot fails the capture before anything ran: the
+// write would never reach the caller's input (the engine runs the call eagerly instead).
 Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                              Capture& capture) {
+                              const backend::RecordPlan& plan, Capture& capture) {
   if (const cudaError_t copied = capture_copies(capture.copies, args, state.stream.stream(), capture.nodes);
       copied != cudaSuccess) {
     (void)cudaGetLastError();
     return fail(Errc::backend_error, std::string("capturing the input copies failed: ") + cudaGetErrorString(copied));
   }
-  return invoke(fn, capture.inputs);
+  const InputVersions versions(capture.inputs);
+  Result<Values> outputs = invoke(fn, capture.inputs);
+  if (!outputs) return outputs;
+  capture.written = versions.written(capture.inputs);
+  for (const std::uint32_t input : capture.written) {
+    if (!plan.copy_input[input]) continue;
+    return fail(Errc::function_failed,
+                std::string(backend::wrote_copied_input_prefix) + "input " + std::to_string(input) +
+                    " was written in place (its version counter moved), but the graph reads it through a copy",
+                {}, -1, static_cast<std::int32_t>(input));
+  }
+  return outputs;
 }
 
 // Ends the capture of a function that returned `outputs`. A capture the function broke, or that
@@ -486,13 +500,13 @@ Result<Values> end_capture(Device::State& state, at::cuda::CUDAGraph& graph, Res
 // cuBLAS keeps workspaces between calls; cleared around the capture, the graph's workspace is
 // allocated in the pool and accounted for there.
 Result<void> capture_function(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                              Capture& capture) {
+                              const backend::RecordPlan& plan, Capture& capture) {
   auto outputs = guarded("recording", [&]() -> Result<Values> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
     clear_workspaces_of(state.stream);
     if (auto began = begin_capture(state, *capture.graph); !began) return std::unexpected(std::move(began.error()));
-    Result<Values> ended = end_capture(state, *capture.graph, run_in_capture(state, fn, args, capture));
+    Result<Values> ended = end_capture(state, *capture.graph, run_in_capture(state, fn, args, plan, capture));
     clear_workspaces_of(state.stream);
     return ended;
   });
@@ -602,6 +616,7 @@ Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Plac
     capture.slots.clear();
     backend::Recorded recorded;
     recorded.first_outputs = describe_outputs(state, std::move(capture.outputs), true, capture.allocated_before);
+    recorded.first_outputs.written_inputs = std::move(capture.written);
     recorded.recording = std::make_unique<TorchRecording>(std::move(placement.exec), std::move(placement.own_graph),
                                                           std::move(captured), direct_launch, std::move(capture.copies),
                                                           describe_layouts(recorded.first_outputs), state);
@@ -617,7 +632,9 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   State& state = *state_;
   Capture capture(args);
   if (auto prepared = prepare_slots(state, capture, args, plan); !prepared) return std::unexpected(prepared.error());
-  if (auto captured = capture_function(state, fn, args, capture); !captured) return std::unexpected(captured.error());
+  if (auto captured = capture_function(state, fn, args, plan, capture); !captured) {
+    return std::unexpected(captured.error());
+  }
   if (auto usable = check_outputs(capture.outputs, false); !usable) return std::unexpected(usable.error());
   if (auto rewritten = rewrite_nodes(state, capture); !rewritten) return std::unexpected(rewritten.error());
   std::vector<kernels::CopyBatch> captured = kernels::batches_of(capture.nodes);

@@ -129,6 +129,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   State& state = *state_;
   const CallInputs inputs(args);
   if (mode == backend::RunMode::eager) {
+    const InputVersions versions(inputs);
     auto outputs = invoke(fn, inputs);
     if (!outputs) return std::unexpected(std::move(outputs.error()));
     if (auto checked = check_outputs(*outputs, true); !checked) return std::unexpected(std::move(checked.error()));
@@ -138,6 +139,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
     return guarded("describing eager outputs", [&]() -> Result<backend::RunResult> {
       backend::RunResult described = describe_outputs(state, std::move(*outputs), true);
       for (backend::OutputDesc& desc : described.outputs) desc.allocated_in_call = !desc.in_pool;
+      described.written_inputs = versions.written(inputs);
       return described;
     });
   }
@@ -154,6 +156,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
     return caller;
   });
   if (!before) return std::unexpected(std::move(before.error()));
+  const InputVersions versions(inputs);
   auto outputs = guarded("warming up", [&]() -> Result<Values> {
     c10::cuda::CUDAGuard device_guard(state.index);
     Result<Values> produced;
@@ -172,6 +175,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   if (auto checked = check_outputs(*outputs, false); !checked) return std::unexpected(std::move(checked.error()));
   return guarded("describing warm-up outputs", [&]() -> Result<backend::RunResult> {
     backend::RunResult described = describe_outputs(state, std::move(*outputs), true, allocated_before);
+    described.written_inputs = versions.written(inputs);
     note_peak(state);
     return described;
   });

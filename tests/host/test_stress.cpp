@@ -295,13 +295,16 @@ class Sequence {
     // Any function may be a forward or a backward: the modes change when steps begin only before
     // the program marks one (the walk marks one first), and which backward is pending.
     fn.mode = static_cast<cgt::FunctionMode>(pick(3));
-    auto added = pool_->add_function(def.make(fn.control), {.name = fn.name,
-                                                            .static_inputs = def.statics,
-                                                            .mutated_inputs = def.mutated,
-                                                            .graph_sizes = def.graph_sizes,
-                                                            .buckets = def.buckets,
-                                                            .mode = fn.mode,
-                                                            .warm_up_each_shape = !chance(0.3)});
+    // A function that writes its input without saying so: the pool must see the writes itself.
+    const bool undeclared = moves_.undeclared_writes && !def.mutated.empty() && chance(0.4);
+    auto added = pool_->add_function(def.make(fn.control),
+                                     {.name = fn.name,
+                                      .static_inputs = def.statics,
+                                      .mutated_inputs = undeclared ? std::vector<std::size_t>{} : def.mutated,
+                                      .graph_sizes = def.graph_sizes,
+                                      .buckets = def.buckets,
+                                      .mode = fn.mode,
+                                      .warm_up_each_shape = !chance(0.3)});
     if (shut_down_) {
       expect(!added && added.error().code == Errc::pool_shut_down,
              "add_function after shutdown(): expected pool_shut_down");

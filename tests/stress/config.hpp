@@ -34,6 +34,7 @@ struct Moves {
   bool negative_stride_inputs = true;  // a copied input with a negative stride (item 3)
   bool strided_static_inputs = true;   // a misaligned static input mutated in place (copied: runs eagerly)
   bool mutation_after_failure = true;  // an in-place function whose recording fails, then runs (item 4)
+  bool undeclared_writes = true;       // an in-place function registered without its mutated_inputs
   // Off: the engine refuses to hand out a kept block (function_failed), but the function's own
   // kernels still write into memory it no longer owns during warm-ups and eager runs, and its heap
   // buffer aliases across calls: wild writes no pool can prevent, which the model counts as failures.
@@ -61,6 +62,7 @@ struct Moves {
     f("negative_stride_inputs", negative_stride_inputs);
     f("strided_static_inputs", strided_static_inputs);
     f("mutation_after_failure", mutation_after_failure);
+    f("undeclared_writes", undeclared_writes);
     f("cached_pool_buffer", cached_pool_buffer);
     f("stale_value_passed", stale_value_passed);
     f("moved_lease_into_failing_call", moved_lease_into_failing_call);
