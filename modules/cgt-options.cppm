@@ -33,6 +33,10 @@ enum class Reason : std::uint8_t {
   /// A forward keeps recording deeper instead of replaying, because a forward whose backward never
   /// ran holds off the new step it would otherwise begin (PyTorch's "pending, uninvoked backwards")
   pending_backward,
+  /// The function wrote to an input that `FunctionOptions::mutated_inputs` does not list (the
+  /// backend saw it): the input counts as mutated from then on, so calls that would copy it into
+  /// a graph's slot run eagerly (`mutated_input`). Once per input.
+  undeclared_write,
   count_,  ///< number of reasons (not a reason)
 };
 
