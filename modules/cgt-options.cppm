@@ -33,6 +33,10 @@ enum class Reason : std::uint8_t {
   /// A forward keeps recording deeper instead of replaying, because a forward whose backward never
   /// ran holds off the new step it would otherwise begin (PyTorch's "pending, uninvoked backwards")
   pending_backward,
+  /// The function wrote to an input that `FunctionOptions::mutated_inputs` does not list (the
+  /// backend saw it): the input counts as mutated from then on, so calls that would copy it into
+  /// a graph's slot run eagerly (`mutated_input`). Once per input.
+  undeclared_write,
   count_,  ///< number of reasons (not a reason)
 };
 
@@ -187,7 +191,10 @@ struct FunctionOptions {
   /// address it saw (see `Options::on_static_input_moved`).
   std::vector<std::size_t> static_inputs;
   /// Inputs the function writes to. A call that mutates an input which is neither static nor an
-  /// output of an earlier graph of this pool runs eagerly (`Reason::mutated_input`).
+  /// output of an earlier graph of this pool runs eagerly (`Reason::mutated_input`). A write to an
+  /// input not listed here, where the backend sees it (cgt.torch: version counters; the host
+  /// backend), adds the input with a warning; a recording that wrote a copy of it is given up and
+  /// the call runs eagerly. Writes through raw pointers (cgt.cuda, AOTInductor) are not seen.
   std::vector<std::size_t> mutated_inputs;
   /// If not empty, only calls whose size (see `size_source`) is listed are graphed; others run
   /// eagerly (`Reason::size_not_graphed`), like PyTorch's `cudagraph_capture_sizes`.

@@ -21,7 +21,8 @@ void Engine::note_write(FunctionRecord& function, std::size_t input) {
   function.is_mutated[input] = true;
   function.mutates_an_input = true;
   // Once per input: the next calls take the mutated-input path, which says why they run eagerly.
-  log(EventKind::warning, Reason::mutated_input, function,
+  ++stats.by_reason[static_cast<std::size_t>(Reason::undeclared_write)];
+  log(EventKind::warning, Reason::undeclared_write, function,
       "'" + function.name + "' wrote to its input " + std::to_string(input) +
           ", which FunctionOptions::mutated_inputs does not list: it counts as mutated from now on, and calls "
           "that would copy it into a graph's slot run eagerly; list it in mutated_inputs, and make it a static "

@@ -257,6 +257,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::many_shape_keys: return "many_shape_keys";
     case Reason::capture_failed: return "capture_failed";
     case Reason::pending_backward: return "pending_backward";
+    case Reason::undeclared_write: return "undeclared_write";
     case Reason::count_: break;
   }
   return "unknown";

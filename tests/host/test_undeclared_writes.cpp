@@ -37,7 +37,7 @@ struct WriteWarnings {
   int count = 0;
   cgt::LogSink sink() {
     return [this](const cgt::Event& event) {
-      if (event.kind == cgt::EventKind::warning && event.reason == cgt::Reason::mutated_input) ++count;
+      if (event.kind == cgt::EventKind::warning && event.reason == cgt::Reason::undeclared_write) ++count;
     };
   }
 };
@@ -93,6 +93,8 @@ TEST_CASE("an undeclared write seen in a warm-up makes the input mutated: later 
   CHECK(pool.stats().recordings == 0);
   CHECK(pool.stats().count(cgt::Reason::mutated_input) == 3);
   CHECK(warnings.count == 1);  // said once, when seen
+  CHECK(pool.stats().count(cgt::Reason::undeclared_write) == 1);
+  CHECK(cgt::to_string(cgt::Reason::undeclared_write) == "undeclared_write");
 }
 
 TEST_CASE("an undeclared write seen while recording gives the recording up before anything ran", "[host][writes]") {

@@ -38,7 +38,7 @@ struct WriteWarnings {
   int count = 0;
   cgt::LogSink sink() {
     return [this](const cgt::Event& event) {
-      if (event.kind == cgt::EventKind::warning && event.reason == cgt::Reason::mutated_input) ++count;
+      if (event.kind == cgt::EventKind::warning && event.reason == cgt::Reason::undeclared_write) ++count;
     };
   }
 };
