@@ -5,6 +5,10 @@
 
 Lists every record (memory error, leak, CUDA API error) with what it says and the top of its
 host backtrace, counts them by kind, and exits 1 if there is any: a clean run has none.
+One kind of record is known and not counted: the memory of libtorch's cuDNN handle, which
+at::native::getCudnnHandle creates at the first cuDNN call of a thread and keeps for the process
+(its pool of handles is never destroyed at exit), so a test that runs a cuDNN convolution ends
+with three "leaks" inside cudnnCreate that no cgt code allocated.
 """
 import collections
 import sys
@@ -14,6 +18,13 @@ import xml.etree.ElementTree as ET
 def frames(record):
     """The (function, module) of each host frame, innermost first."""
     return [((f.findtext("func") or "?").strip(), (f.findtext("module") or "").strip()) for f in record.iter("frame")]
+
+
+def is_cudnn_handle(record, kind):
+    """A leak of libtorch's per-process cuDNN handle (see the module's docstring)."""
+    names = [function for function, _ in frames(record)]
+    return kind == "Leak" and any(n.startswith("cudnnCreate") for n in names) and \
+        any("getCudnnHandle" in n for n in names)
 
 
 def main(path):
@@ -29,14 +40,19 @@ def main(path):
         print(f"memcheck report {path}: {tagged} <kind> tags but {len(records)} records understood")
         return 1
     kinds = collections.Counter()
+    known = 0
     for record in records:
         kind = (record.findtext("kind") or "").strip()
+        if is_cudnn_handle(record, kind):
+            known += 1
+            continue
         kinds[kind] += 1
         what = " ".join((record.findtext("what/text") or "").split())
         named = [function for function, _ in frames(record) if function != "?"]
         print(f"  {kind}: {what} at " + " <- ".join(named[:6]))
-    print("memcheck records: " + (", ".join(f"{n} {k}" for k, n in kinds.items()) or "none"))
-    return 1 if records else 0
+    print("memcheck records: " + (", ".join(f"{n} {k}" for k, n in kinds.items()) or "none") +
+          (f" ({known} of libtorch's cuDNN handle, not counted)" if known else ""))
+    return 1 if sum(kinds.values()) else 0
 
 
 if __name__ == "__main__":
