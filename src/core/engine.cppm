@@ -515,8 +515,9 @@ class Engine {
 
   // --- shared by warm-ups and recordings (engine_warmup.cpp) ---
   /// Runs `run` (a warm-up or a recording, returning `Result<T>`, whose outputs `outputs_of`
-  /// reads) in the pool. If it fails, or returns pool memory it cannot have made, the pool is put
-  /// back as it was and the error, told in terms of the call `doing` what, returned.
+  /// reads) in the pool, and takes the writes it made to its inputs (`take_writes`). If it
+  /// fails, or returns pool memory it cannot have made, the pool is put back as it was and the
+  /// error, told in terms of the call `doing` what, returned.
   template <class T, class Run, class OutputsOf>
   Result<T> run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of);
   Result<PoolSnapshot> snapshot_pool(const FunctionRecord& function, const char* doing);
@@ -654,6 +655,8 @@ Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run
   if (!before) return std::unexpected(std::move(before.error()));
   Result<T> ran = run();
   Result<void> ours = ran ? check_outputs_are_ours(outputs_of(*ran), frame) : Result<void>();
+  // Writes to inputs read in place (caller's, static, pool memory): the graph, if any, makes them too.
+  if (ran && ours) ours = take_writes(frame, outputs_of(*ran).written_inputs);
   if (ran && ours) return ran;
   Error error = !ran ? in_call(std::move(ran.error()), *frame.function, doing) : std::move(ours.error());
   ran = Result<T>();  // the outputs go before the pool is put back

@@ -74,16 +74,7 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
       .copy_input = std::span<const bool>(copy_input.get(), inputs),
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr};
   return run_in_pool<backend::Recorded>(
-      frame, "recording",
-      [&]() -> Result<backend::Recorded> {
-        auto recorded = device->record(*frame.function->invoker, frame.args, plan);
-        if (!recorded) return recorded;
-        // Writes to inputs read in place (static, pool memory): the graph makes them too.
-        if (auto taken = take_writes(frame, recorded->first_outputs.written_inputs); !taken) {
-          return std::unexpected(taken.error());
-        }
-        return recorded;
-      },
+      frame, "recording", [&] { return device->record(*frame.function->invoker, frame.args, plan); },
       [](const backend::Recorded& recorded) -> const backend::RunResult& { return recorded.first_outputs; });
 }
 

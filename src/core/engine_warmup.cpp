@@ -154,13 +154,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   Variant& variant = *frame.variant;
   auto result = run_in_pool<backend::RunResult>(
-      frame, "warming up",
-      [&]() -> Result<backend::RunResult> {
-        auto ran = device->run(*function.invoker, frame.args, backend::RunMode::warmup);
-        if (!ran) return ran;
-        if (auto taken = take_writes(frame, ran->written_inputs); !taken) return std::unexpected(taken.error());
-        return ran;
-      },
+      frame, "warming up", [&] { return device->run(*function.invoker, frame.args, backend::RunMode::warmup); },
       std::identity{});  // a warm-up's result is its outputs
   if (!result) return std::unexpected(std::move(result.error()));
 
