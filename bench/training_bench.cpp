@@ -4,7 +4,8 @@
 // bench/training.py, PyTorch's torch.compile(mode="reduce-overhead") on the same model, and
 // bench/training_report.py makes bench/results/training.md).
 //
-//   training_bench [steps] [fp32|tf32]      (CGT_BENCH_METHOD=text: only the methods named with it)
+//   training_bench [steps] [fp32|tf32]      (CGT_BENCH_METHOD=text: only the methods named with it;
+//                                             CGT_TRAINING_PACKAGE=path.pt2: the AOTInductor methods)
 //
 // Prints CSV lines "training,<precision>,<method>,<cpu us/step>,<wall us/step>,<peak bytes>"
 // (tf32: cuBLAS may use TF32 for float32 matmuls, in every method alike). A method is a
@@ -148,6 +149,38 @@ Trainer cgt_whole_step(Transformer& model, const Data& data, bool static_grads) 
           }};
 }
 
+// The forward and the backward as one AOTInductor package (scripts/aoti_training.py exports the
+// model of bench/training.py; $CGT_TRAINING_PACKAGE names it): Inductor's generated, fused
+// kernels where autograd runs eager libtorch's, called with the parameters in the Python module's
+// order (the blocks, then the final norm: this module registers its norm first), then the
+// capturable Adam, replayed as one graph (make_training_step_from_gradients).
+Trainer cgt_whole_step_aoti(Transformer& model, const Data& data, bool static_grads) {
+  std::vector<torch::Tensor> params;
+  for (auto& block : model->blocks) {
+    for (auto& p : block->parameters()) params.push_back(p);
+  }
+  for (auto& p : model->norm->parameters()) params.push_back(p);
+  struct State {
+    cgt::torch::Adam adam;
+    cgt::torch::Pool pool;
+    std::unique_ptr<cgt::torch::TrainingStep> step;
+  };
+  auto state =
+      std::make_shared<State>(State{must(cgt::torch::make_adam(params, {.lr = 1e-3, .static_grads = static_grads})),
+                                    must(cgt::torch::make_pool({.device = 0})), nullptr});
+  auto gradients = must(cgt::torch::load_aoti_gradients(std::getenv("CGT_TRAINING_PACKAGE"), params));
+  state->step = std::make_unique<cgt::torch::TrainingStep>(
+      must(cgt::torch::make_training_step_from_gradients(state->pool, state->adam, std::move(gradients))));
+  return {state, [state, &data] {
+            state->pool.mark_step_begin();
+            auto loss = (*state->step)({data.x, data.y});
+            if (!loss) {
+              std::cerr << loss.error().describe() << '\n';
+              std::exit(1);
+            }
+          }};
+}
+
 // Each block, and the final norm with the loss, as a cgt autograd function (forward graph; the
 // backward graph recomputes the forward), chained into one path per step; `backward()` runs
 // through them, then the capturable Adam's update replays as a graph of its own
@@ -200,6 +233,8 @@ Trainer cgt_per_function(Transformer& model, const Data& data) {
 }
 
 std::vector<Method> methods() {
+  const char* package = std::getenv("CGT_TRAINING_PACKAGE");
+  const bool have_package = package != nullptr && *package != '\0';
   return {
       {"eager libtorch", eager_libtorch},
       {"eager libtorch (capturable Adam)", eager_capturable},
@@ -207,6 +242,12 @@ std::vector<Method> methods() {
       {"cgt whole-step graph (per-step grads)",
        [](Transformer& m, const Data& d) { return cgt_whole_step(m, d, false); }},
       {"cgt per-function graphs + graphed update", cgt_per_function},
+      {"cgt AOTInductor whole-step graph",
+       have_package ? std::function([](Transformer& m, const Data& d) { return cgt_whole_step_aoti(m, d, true); })
+                    : nullptr},
+      {"cgt AOTInductor whole-step graph (per-step grads)",
+       have_package ? std::function([](Transformer& m, const Data& d) { return cgt_whole_step_aoti(m, d, false); })
+                    : nullptr},
   };
 }
 

@@ -6,7 +6,9 @@ import math
 import sys
 
 EAGER = "eager libtorch"
-WHOLE = ["cgt whole-step graph", "cgt whole-step graph (per-step grads)"]
+WHOLE = ["cgt whole-step graph", "cgt whole-step graph (per-step grads)",
+         "cgt AOTInductor whole-step graph",
+         "cgt AOTInductor whole-step graph (per-step grads)"]
 PER_FUNCTION = "cgt per-function graphs + graphed update"
 TARGET_SPEEDUP, TARGET_MEMORY, TARGET_CPU = 5.0, 1.05, 10.0
 PRECISION = {"fp32": "fp32 matmuls", "tf32": "TF32 matmuls (cuBLAS, every method alike)"}
@@ -63,7 +65,10 @@ def main(path, out_dir, commit, gpu):
              "cgt per-function: each block and the norm+loss head as cgt::torch::make_autograd_function (forward "
              "graph; the backward graph recomputes the forward), loss.backward() through them, then the Adam "
              "update as a graph of its own (cgt::torch::make_optimizer_step); the backward graphs accumulate into "
-             "the optimizer's gradients.\n"]
+             "the optimizer's gradients. cgt AOTInductor whole-step graph: the forward, the loss and the backward "
+             "exported as one AOTInductor package (scripts/aoti_training.py: AOTAutograd's joint graph, "
+             "compiled by Inductor), then the capturable Adam, one graph per step "
+             "(cgt::torch::load_aoti_gradients + make_training_step_from_gradients).\n"]
     for precision, rows in by_precision.items():
         lines += table(precision, rows)
     text = "".join(lines)

@@ -31,12 +31,18 @@
 // (An optimizer made with `static_grads = false` owns no gradients: the training step sets them
 // to none at its start and end instead, so they are born and die inside one replay, never
 // crossing a call: eager `zero_grad(true)`'s memory, at the cost of `.grad` between steps.)
+//
+// The whole-step graph replays eager libtorch's kernels. For Inductor's, export the model's joint
+// forward and backward as an AOTInductor package (scripts/aoti_training.py) and train on it with
+// `load_aoti_gradients` and `make_training_step_from_gradients`: one graph of the package and the
+// update, no autograd.
 module;
 #include <ATen/ATen.h>
 
 #include <cstddef>
 #include <initializer_list>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -94,6 +100,13 @@ class Optimizer {
   /// `zero_grad(true)`, put another there) is copied into the optimizer's and replaced by it.
   /// Throws `c10::Error` as libtorch's ops do (inside a pool function the call then fails).
   void step();
+  /// One update of every parameter from `grads`, one per parameter in `params()` order, computed
+  /// without autograd (by `make_training_step_from_gradients`' function, say). With static
+  /// gradients they are copied into `.grad` first, which stays readable after the step; without,
+  /// `.grad` is left alone. A gradient whose strides differ from its parameter's is copied into the
+  /// parameter's layout (the fused kernel reads them element for element). Throws `c10::Error`
+  /// for a count, shape, dtype or device that does not match.
+  void step(std::span<const at::Tensor> grads);
   /// Zeroes the gradients in place (`set_to_none = false`: what a graph may do), or makes the
   /// parameters' `.grad` undefined (`true`: outside a graph only; the optimizer keeps its tensors,
   /// and `attach_grads()` puts them back).
@@ -181,8 +194,9 @@ class TrainingStep {
  public:
   /// One step: puts back `.grad` where the program set it to none, then calls the function:
   /// gradients zeroed in place, the loss function, `backward()` on its first value, the
-  /// optimizer's step. (Without static gradients: `.grad` set to none before, inside at the
-  /// start, and at the end of the function.) Returns what the loss function returned, detached, as leases (the loss
+  /// optimizer's step (`make_training_step_from_gradients`: the gradient function, then the
+  /// step from its gradients). (Without static gradients: `.grad` set to none before, inside at
+  /// the start, and at the end of the function.) Returns what the loss function returned, detached, as leases (the loss
   /// first). Fails as `Function::operator()` does, and with `invalid_argument` when a `.grad`
   /// was replaced by another tensor (`Optimizer::attach_grads`).
   [[nodiscard]] Owning<Outputs> operator()(std::span<const Arg> args) const;
@@ -195,6 +209,8 @@ class TrainingStep {
  private:
   friend Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
                                                  FunctionOptions options);
+  friend Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& optimizer,
+                                                                Callable loss_and_gradients, FunctionOptions options);
   TrainingStep(Function function, Optimizer& optimizer) noexcept
       : function_(std::move(function)), optimizer_(&optimizer) {}
   Function function_;
@@ -256,5 +272,27 @@ class OptimizerStep {
 /// `invalid_argument` otherwise, and as `Pool::add_function` does.
 [[nodiscard]] Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
                                                       FunctionOptions options = {.name = "training_step"});
+
+/// The training step of a program that computes its own gradients, without autograd: above all
+/// an AOTInductor package of the model's joint forward and backward (`load_aoti_gradients`), whose
+/// kernels Inductor generated and fused, where `make_training_step` replays eager libtorch's.
+/// `loss_and_gradients(inputs)` returns the loss (one element) first, then one gradient per
+/// parameter of the optimizer, in `optimizer.params()` order, then any further values; it runs
+/// with grad mode off. The step updates the parameters from those gradients (`Optimizer::step(grads)`)
+/// and returns the loss and the further values, as leases. A count, shape or dtype that does not
+/// match fails the call (`function_failed`, its message naming the gradient; nothing is updated). The rules about
+/// the optimizer and the options are `make_training_step`'s.
+[[nodiscard]] Result<TrainingStep> make_training_step_from_gradients(
+    Pool& pool, Optimizer& optimizer, Callable loss_and_gradients, FunctionOptions options = {.name = "training_step"});
+
+/// The function of `make_training_step_from_gradients` for an AOTInductor package of a joint
+/// forward and backward, as scripts/aoti_training.py exports one: the package takes the
+/// parameters (`params`, in the order of the Python module's `named_parameters()`), then the
+/// step's inputs, and returns the loss, then the gradients. Loaded for capture
+/// (`run_single_threaded`) on `device`. Fails with `invalid_argument` when the package cannot be
+/// loaded or a parameter is not on `device`.
+[[nodiscard]] Result<Callable> load_aoti_gradients(const std::string& path, std::vector<at::Tensor> params,
+                                                   c10::DeviceIndex device = 0,
+                                                   const std::string& model_name = "model");
 
 }  // namespace cgt::torch

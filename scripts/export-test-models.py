@@ -8,8 +8,11 @@ random weights (fixed seed; nothing is downloaded):
   block.pt2  AOTInductor (torch._inductor.aoti_compile_and_package), the same block with a
              dynamic batch dimension (1..64); its C++ loader returns the outputs flat:
              [logits, hidden, pooled]. Compiling it takes about a minute (C++ and Triton).
+  train_mlp.pt2  AOTInductor (scripts/aoti_training.py), the training step of TrainMlp
+             (32 -> 64, GELU, 64 -> 16; MSE loss; batch 16): takes fc1.weight, fc1.bias,
+             fc2.weight, fc2.bias, the batch and the target; returns the loss and 4 gradients.
 
-  python3 scripts/export-test-models.py OUT_DIR [--no-aoti]
+  python3 scripts/export-test-models.py OUT_DIR [--no-aoti | --training-only]
 
 Also prints which model libraries the Python has (transformers, torchvision): the tests need none.
 """
@@ -33,6 +36,16 @@ class Mlp(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc3(F.relu(self.fc2(F.gelu(self.fc1(x)))))
+
+
+class TrainMlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(32, 64)
+        self.fc2 = torch.nn.Linear(64, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
 
 
 class Block(torch.nn.Module):
@@ -74,14 +87,24 @@ def main():
         print(f"{library}: {'installed' if importlib.util.find_spec(library) else 'not installed'}")
     torch.manual_seed(0)
     device = torch.device("cuda", 0)
+    training_only = "--training-only" in sys.argv[2:]
     with torch.no_grad():
-        for name, model in (("mlp", Mlp()), ("block", Block())):
+        for name, model in () if training_only else (("mlp", Mlp()), ("block", Block())):
             model = model.to(device).eval()
             start = time.time()
             torch.jit.script(model).save(os.path.join(out, f"{name}.pt"))
             print(f"{out}/{name}.pt: TorchScript, {time.time() - start:.1f} s")
             if name == "block" and aoti:
                 export_aoti(model, os.path.join(out, f"{name}.pt2"))
+    if aoti:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from aoti_training import export_training_step
+
+        start = time.time()
+        example = (torch.randn(16, 32, device=device), torch.randn(16, 16, device=device))
+        path = os.path.join(out, "train_mlp.pt2")
+        export_training_step(TrainMlp().to(device), F.mse_loss, example, path)
+        print(f"{path}: AOTInductor training step, {time.time() - start:.1f} s")
     return 0
 
 

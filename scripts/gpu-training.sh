@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training with graphs on a GPU machine, focused: builds only the training tests, the training
-# benchmark and the training example; runs the [training] tests, one under compute-sanitizer, the
+# benchmark and the training example, exports the AOTInductor training steps (the test's and the
+# benchmark's) meanwhile; runs the [training] tests, one under compute-sanitizer, the
 # example, and the benchmark (C++ and PyTorch), and prints a summary last. Logs go to $OUT (or
 # build-gpu/training). From the project root:
 #   bash .carry/on-device.sh scripts/gpu-training.sh [bench steps]
@@ -18,6 +19,16 @@ summary=()
 note() { summary+=("$1"); }
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+# The AOTInductor packages of training steps, exported while cgt builds (a minute or two each):
+# the test's small MLP and the benchmark's transformer (scripts/aoti_training.py).
+models="$root/$build/training-models"
+mkdir -p "$models"
+(timeout 400 env PYTHONUNBUFFERED=1 python3 scripts/export-test-models.py "$models" --training-only \
+  >"$logs/export-test.log" 2>&1; echo "export exit status $?" >>"$logs/export-test.log") &
+test_exporter=$!
+(timeout 400 env PYTHONUNBUFFERED=1 python3 scripts/aoti_training.py "$models/training-step.pt2" \
+  >"$logs/export-bench.log" 2>&1; echo "export exit status $?" >>"$logs/export-bench.log") &
+bench_exporter=$!
 start=$SECONDS
 gpu_configure "$build" "$logs/configure.log" -DCGT_BUILD_BENCHMARKS=ON || exit 1
 cmake --build "$build" -j "$jobs" --target cgt_torch_training_tests cgt_torch_tests training_bench torch_training >"$logs/build.log" 2>&1 ||
@@ -25,11 +36,15 @@ cmake --build "$build" -j "$jobs" --target cgt_torch_training_tests cgt_torch_te
 note "build: $((SECONDS - start))s"
 
 start=$SECONDS
-timeout 120 "$build/tests/cgt_torch_training_tests" "[training]" >"$logs/tests.log" 2>&1
+wait "$test_exporter"
+note "export train_mlp.pt2: $(tail -1 "$logs/export-test.log") ($((SECONDS - start))s waited)"
+export CGT_TEST_MODELS="$models"
+start=$SECONDS
+timeout 180 "$build/tests/cgt_torch_training_tests" "[training]" >"$logs/tests.log" 2>&1
 rc=$?
-grep -E "graph vs eager|per-function:|vs libtorch|FAILED|failed|with expansion|REQUIRE|CHECK" "$logs/tests.log" | head -60
+grep -E "graph vs eager|per-function:|vs libtorch|vs eager, 100|FAILED|failed|with expansion|REQUIRE|CHECK" "$logs/tests.log" | head -60
 note "tests [training]: rc $rc, $(grep -E '^test cases|All tests passed' "$logs/tests.log" | tail -1) ($((SECONDS - start))s)"
-grep -E "graph vs eager|per-function:|vs libtorch" -A1 "$logs/tests.log" | grep -v "^--" | while read -r line; do echo "  $line"; done >"$logs/diffs.txt"
+grep -E "graph vs eager|per-function:|vs libtorch|vs eager, 100" -A1 "$logs/tests.log" | grep -v "^--" | while read -r line; do echo "  $line"; done >"$logs/diffs.txt"
 # The autograd functions (their gradient buffers adopt an optimizer's `.grad`).
 start=$SECONDS
 timeout 120 "$build/tests/cgt_torch_tests" "[autograd]" >"$logs/autograd.log" 2>&1
@@ -52,6 +67,10 @@ note "memcheck (per_step_grads test, 200 steps): rc $?, $(grep -E 'ERROR SUMMARY
 note "example torch_training: rc $?, $(tail -1 "$logs/example.log")"
 cat "$logs/example.log"
 
+start=$SECONDS
+wait "$bench_exporter"
+note "export training-step.pt2: $(tail -1 "$logs/export-bench.log") ($((SECONDS - start))s waited)"
+[ -f "$models/training-step.pt2" ] && export CGT_TRAINING_PACKAGE="$models/training-step.pt2"
 start=$SECONDS
 : >"$logs/results.csv"
 for precision in fp32 tf32; do

@@ -95,6 +95,32 @@ void Optimizer::step() {
   update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
 }
 
+void Optimizer::step(std::span<const at::Tensor> grads) {
+  c10::NoGradGuard no_grad;
+  TORCH_CHECK(grads.size() == params_.size(), "the optimizer has ", params_.size(), " parameters but was given ",
+              grads.size(), " gradients");
+  std::vector<at::Tensor> given;
+  given.reserve(grads.size());
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    const at::Tensor& g = grads[i];
+    TORCH_CHECK(g.defined(), "gradient ", i, " is undefined");
+    TORCH_CHECK(g.sizes() == p.sizes() && g.scalar_type() == p.scalar_type() && g.device() == p.device(), "gradient ",
+                i, " (", g.sizes(), ", ", g.scalar_type(), ", ", g.device(), ") does not match parameter ", i, " (",
+                p.sizes(), ", ", p.scalar_type(), ", ", p.device(), ")");
+    // The fused and multi-tensor kernels read parameter and gradient element for element in
+    // memory order: a transposed gradient (a joint graph's weight gradient, say) is put in the
+    // parameter's layout first.
+    given.push_back(g.strides() == p.strides() ? g : at::empty_like(p).copy_(g));
+  }
+  if (static_grads_) {
+    at::_foreach_copy_(grads_, given);
+    update(all_, grads_);
+  } else {
+    update(all_, std::move(given));
+  }
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   if (set_to_none) {
     for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();

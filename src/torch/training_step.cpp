@@ -1,10 +1,11 @@
 // The whole training step as one pool function: zero the gradients in place, forward, backward,
-// optimizer step.
+// optimizer step; or, for a program that computes its own gradients, that program, then the step.
 module;
 #include <ATen/ATen.h>
 
 #include <c10/core/GradMode.h>
 
+#include <cstddef>
 #include <expected>
 #include <span>
 #include <utility>
@@ -15,7 +16,9 @@ import cgt.backend;
 
 namespace cgt::torch {
 
-Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss, FunctionOptions options) {
+namespace {
+
+Result<void> check_training_step_options(const FunctionOptions& options) {
   if (options.mode != FunctionMode::inference) {
     return fail(Errc::invalid_argument,
                 "a training step is a whole step (forward, backward and update): its mode must be inference");
@@ -26,6 +29,13 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
                 "a training step trains on the whole batch it is given: buckets would train on padded rows, and "
                 "graph_sizes is for inference; record each batch size (calls of a new size record a graph)");
   }
+  return {};
+}
+
+}  // namespace
+
+Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss, FunctionOptions options) {
+  if (auto checked = check_training_step_options(options); !checked) return std::unexpected(std::move(checked.error()));
   if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   auto step = [optimizer = &optimizer, loss = std::move(loss)](Inputs in) mutable -> Values {
     const c10::AutoGradMode grad_on(true);
@@ -42,6 +52,27 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
     for (at::Tensor& value : out) {
       if (value.defined()) value = value.detach();
     }
+    return out;
+  };
+  auto function = pool.add_function(std::move(step), std::move(options));
+  if (!function) return std::unexpected(std::move(function.error()));
+  return TrainingStep(std::move(*function), optimizer);
+}
+
+Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& optimizer, Callable loss_and_gradients,
+                                                       FunctionOptions options) {
+  if (auto checked = check_training_step_options(options); !checked) return std::unexpected(std::move(checked.error()));
+  if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  auto step = [optimizer = &optimizer, function = std::move(loss_and_gradients)](Inputs in) mutable -> Values {
+    const c10::NoGradGuard no_autograd;  // the function computes the gradients itself
+    Values out = function(in);
+    const std::size_t n = optimizer->params().size();
+    TORCH_CHECK(out.size() >= 1 + n && out[0].defined() && out[0].numel() == 1,
+                "a gradient function returns the loss (one element), then one gradient per parameter (", n,
+                "); it returned ", out.size(), " values");
+    optimizer->step(std::span<const at::Tensor>(out).subspan(1, n));
+    // The gradients are not returned: with per-step gradients they die here, inside the graph.
+    out.erase(out.begin() + 1, out.begin() + static_cast<std::ptrdiff_t>(1 + n));
     return out;
   };
   auto function = pool.add_function(std::move(step), std::move(options));

@@ -1,0 +1,50 @@
+// The gradient function of an AOTInductor package of a joint forward and backward: the package
+// is called with the parameters, then the step's inputs (scripts/aoti_training.py exports one).
+module;
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <cstddef>
+#include <exception>
+#include <expected>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt.torch;
+import cgt.backend;
+import :model_runner;
+
+namespace cgt::torch {
+
+Result<Callable> load_aoti_gradients(const std::string& path, std::vector<at::Tensor> params, c10::DeviceIndex device,
+                                     const std::string& model_name) {
+  const at::Device expected(at::kCUDA, device);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined() || params[i].device() != expected) {
+      return fail(Errc::invalid_argument, "parameter " + std::to_string(i) + " is not on " + expected.str() +
+                                              ": the package's graph reads the parameters where they are");
+    }
+  }
+  using Loader = ::torch::inductor::AOTIModelPackageLoader;
+  std::shared_ptr<Loader> loader;
+  try {
+    // run_single_threaded: the default runner records a CUDA event per run and queries it at the
+    // next, which a capture does not allow.
+    loader = std::make_shared<Loader>(path, model_name, /*run_single_threaded=*/true, /*num_runners=*/1, device);
+  } catch (const std::exception& error) {
+    return fail(Errc::invalid_argument, "cannot load the AOTInductor package '" + path + "' (model '" + model_name +
+                                            "'): " + message_of(error));
+  }
+  // The parameters are passed by handle: the graph reads them at their addresses, where the
+  // optimizer updates them in place.
+  return Callable([loader = std::move(loader), params = std::move(params)](Inputs in) -> Values {
+    std::vector<at::Tensor> arguments;
+    arguments.reserve(params.size() + in.size());
+    arguments.insert(arguments.end(), params.begin(), params.end());
+    for (std::size_t i = 0; i < in.size(); ++i) arguments.push_back(in[i]);
+    return loader->run(arguments);
+  });
+}
+
+}  // namespace cgt::torch
