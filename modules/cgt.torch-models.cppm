@@ -86,10 +86,20 @@ struct ModelOptions {
   /// `FunctionOptions::warm_up_each_shape`: false records a new batch size at its first call (no
   /// eager warm-up after the model's first shape): faster capture of many sizes. Unset: false
   /// for an AOTInductor package (its kernels, loaded at its first run, serve every shape; a shape
-  /// whose capture still fails warms up and records at its next call), true for TorchScript (a
-  /// recording without a warm-up is not primed: the executor would profile a new signature
-  /// inside the capture and the graph would keep its unoptimised kernels).
+  /// whose capture still fails warms up and records at its next call) and for TorchScript with
+  /// `jit_optimize` false, true for TorchScript optimised (a recording without a warm-up is not
+  /// primed: the executor would profile a new signature inside the capture and the graph would
+  /// keep its unoptimised kernels).
   std::optional<bool> warm_up_each_shape;
+  /// TorchScript only. True: the module runs through its profiling executor's optimisations
+  /// (fusions compiled for each new input signature, primed before its warm-up). False: cgt's
+  /// calls run it as `torch::jit::setGraphExecutorOptimize(false)` would (on a clone sharing its
+  /// parameters; the program's own calls keep their setting): one plan of eager libtorch kernels
+  /// serves every shape, so a new batch size is neither primed nor warmed up but recorded at its
+  /// first call, as an AOTInductor package's (`warm_up_each_shape` unset: false). Faster capture
+  /// of many sizes; outputs bit-identical to eager libtorch; the optimised executor's fused
+  /// elementwise kernels are given up.
+  bool jit_optimize = true;
 };
 
 /// What a model's output looks like: tensors (index `i` is flattened output `i`), None, and

@@ -10,6 +10,7 @@
 //   * capture (after serving): a fresh pool, the model registered, then warm-up + recording + the
 //     first replay of each CAPTURE_SIZES batch in turn (priming runs included), timed per size;
 //     the format's default, and AOTI also with `warm_up_each_shape = true` (as PyTorch's trees);
+//     TorchScript also with `jit_optimize = false` (no executor optimisations, served too);
 //   * serve, per batch of SIZES: eager libtorch and cgt.torch, CPU per call with the GPU idle,
 //     wall per call back to back, latency of one request (call + synchronise), max |difference|
 //     from eager PyTorch; the methods interleaved in rounds, each cell the median round;
@@ -24,6 +25,7 @@
 //   calls,MODEL,METHOD,replays,eager calls
 // With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass, against drift).
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -352,16 +354,18 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
               model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
               median(raw), median(ours), median(raw_paused), median(ours_paused), median(raw_alone), median(ours_alone),
               median(raw_after_small), median(ours_after_small));
-  std::printf("launchcpu,%s,%lld,%s,thread CPU us (medians; in turn raw cgt, 1 ms after raw cgt, alone raw cgt, "
-              "after a small kernel raw cgt): %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n",
-              model.c_str(), static_cast<long long>(batch), format.label.c_str(), median(thread_cpu[&raw]),
-              median(thread_cpu[&ours]), median(thread_cpu[&raw_paused]), median(thread_cpu[&ours_paused]),
-              median(thread_cpu[&raw_alone]), median(thread_cpu[&ours_alone]), median(thread_cpu[&raw_after_small]),
-              median(thread_cpu[&ours_after_small]));
-  std::printf("nodes,%s,%lld,%s,%zu nodes: %zu memsets; %zu kernels with a cluster; %zu programmatic edges; "
-              "%zu other nodes; %zu distinct kernels\n",
-              model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
-              types.cluster_kernels, types.programmatic_edges, types.other_nodes, types.distinct_kernels);
+  std::printf(
+      "launchcpu,%s,%lld,%s,thread CPU us (medians; in turn raw cgt, 1 ms after raw cgt, alone raw cgt, "
+      "after a small kernel raw cgt): %.2f %.2f %.2f %.2f %.2f %.2f %.2f %.2f\n",
+      model.c_str(), static_cast<long long>(batch), format.label.c_str(), median(thread_cpu[&raw]),
+      median(thread_cpu[&ours]), median(thread_cpu[&raw_paused]), median(thread_cpu[&ours_paused]),
+      median(thread_cpu[&raw_alone]), median(thread_cpu[&ours_alone]), median(thread_cpu[&raw_after_small]),
+      median(thread_cpu[&ours_after_small]));
+  std::printf(
+      "nodes,%s,%lld,%s,%zu nodes: %zu memsets; %zu kernels with a cluster; %zu programmatic edges; "
+      "%zu other nodes; %zu distinct kernels\n",
+      model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
+      types.cluster_kernels, types.programmatic_edges, types.other_nodes, types.distinct_kernels);
   std::fflush(stdout);
 }
 
@@ -405,7 +409,16 @@ void bench_format(const std::string& dir, const std::string& model, const Format
                   methods[m].name.c_str(), cell(&Timing::cpu), cell(&Timing::wall), cell(&Timing::latency), diff);
       std::fflush(stdout);
     }
-    if (first_pass) raw_launch(model, batch, format, x, calls, [&] { methods[1].call(x); });
+    // A model cgt could not graph at this batch (its capture failed: it runs eagerly) is not
+    // captured raw either: libtorch's CUDAGraph leaves a capture that threw open.
+    const std::uint64_t eager_before = pool.stats().eager_calls;
+    methods[1].call(x);
+    if (first_pass && pool.stats().eager_calls > eager_before) {
+      std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0,0,0,0\n", model.c_str(),
+                  static_cast<long long>(batch), format.label.c_str());
+    } else if (first_pass) {
+      raw_launch(model, batch, format, x, calls, [&] { methods[1].call(x); });
+    }
   }
   const cgt::Stats stats = pool.stats();
   std::printf("calls,%s,cgt.torch (%s),%llu,%llu\n", model.c_str(), format.label.c_str(),
@@ -473,6 +486,31 @@ int main(int argc, char* argv[]) {
         .run_capturable = [&](const at::Tensor& x) { (void)module.forward({x}); },
     };
     bench_format(dir, model, torchscript, calls, first_pass);
+    // The same module with the executor's optimisations off for cgt's calls (jit_optimize =
+    // false: one plan for every shape, no priming or warm-up per batch size), and its eager
+    // libtorch run likewise (on a clone: the module above keeps its optimised plan).
+    torch::jit::Module plain = module.clone(/*inplace=*/true);
+    const Format unoptimized{
+        .label = "TorchScript jit_optimize false",
+        .run_eager =
+            [&](const at::Tensor& x) {
+              const torch::jit::GraphOptimizerEnabledGuard optimizer(false);
+              return tensors_of(plain.forward({x}));
+            },
+        .add_to =
+            [&](cgt::torch::Pool& pool, std::optional<bool> warm_up_each_shape) {
+              return must(
+                  cgt::torch::add_jit_module(
+                      pool, module, {.name = model, .warm_up_each_shape = warm_up_each_shape, .jit_optimize = false}),
+                  "add_jit_module");
+            },
+        .run_capturable =
+            [&](const at::Tensor& x) {
+              const torch::jit::GraphOptimizerEnabledGuard optimizer(false);
+              (void)plain.forward({x});
+            },
+    };
+    bench_format(dir, model, unoptimized, calls, first_pass);
   } catch (const std::exception& error) {
     std::printf("error,%s,TorchScript,%s\n", model.c_str(), error.what());
   }

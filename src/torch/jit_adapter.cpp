@@ -1,5 +1,6 @@
 // TorchScript modules as pool functions: the runner calls the module's `forward`.
 module;
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
 #include <cstdint>
@@ -20,15 +21,23 @@ namespace {
 
 class JitRunner final : public Model::Runner {
  public:
-  JitRunner(::torch::jit::Module module, c10::DeviceIndex device, std::uint32_t priming_runs)
+  // Optimised, the executor profiles and optimises each new input signature: prime each.
+  // Without, one plan serves every signature: prime once, as an AOTInductor package.
+  JitRunner(::torch::jit::Module module, c10::DeviceIndex device, std::uint32_t priming_runs, bool optimize)
       : Runner("TorchScript module", device, priming_runs, /*structured_inputs=*/true,
-               /*prime_each_signature=*/true),
-        module_(std::move(module)) {}
+               /*prime_each_signature=*/optimize),
+        module_(std::move(module)),
+        optimize_(optimize) {}
 
-  c10::IValue forward(std::vector<c10::IValue> inputs) override { return module_.forward(std::move(inputs)); }
+  c10::IValue forward(std::vector<c10::IValue> inputs) override {
+    // Thread-local, for this call only: the program's own calls of its module keep their setting.
+    const ::torch::jit::GraphOptimizerEnabledGuard optimizer(optimize_);
+    return module_.forward(std::move(inputs));
+  }
 
  private:
   ::torch::jit::Module module_;  // a handle: shares the program's module object and its parameters
+  bool optimize_;
 };
 
 // Parameters and buffers are read by the graph at their addresses: they must be on its device.
@@ -71,9 +80,21 @@ Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, Mod
   }
   // A model that writes its inputs is not primed: the extra runs would repeat the writes.
   const std::uint32_t priming = options.mutated_inputs.empty() ? options.priming_runs : 0;
-  auto runner = std::make_shared<JitRunner>(module, index, priming);
-  // Its executor profiles and optimises each new signature in the warm-up's priming runs.
-  auto function = register_model(pool, runner, options, /*warm_up_each_shape_by_default=*/true);
+  ::torch::jit::Module runs = module;
+  if (!options.jit_optimize) {
+    // An executor that built its optimised plan (the program ran the module before) keeps it
+    // whatever the setting: a clone has executors of its own and shares the parameters.
+    try {
+      runs = module.clone(/*inplace=*/true);
+    } catch (const std::exception& error) {
+      return fail(Errc::invalid_argument, "the TorchScript module cannot be cloned: " + message_of(error),
+                  options.name);
+    }
+  }
+  auto runner = std::make_shared<JitRunner>(std::move(runs), index, priming, options.jit_optimize);
+  // Optimised, its executor profiles and optimises each new signature in the warm-up's priming
+  // runs; without, a new batch size records at its first call, as an AOTInductor package's.
+  auto function = register_model(pool, runner, options, /*warm_up_each_shape_by_default=*/options.jit_optimize);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));
 }

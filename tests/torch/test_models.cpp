@@ -6,6 +6,7 @@
 // AOTInductor, made by scripts/export-test-models.py) are found in $CGT_TEST_MODELS, and their
 // tests report SKIPPED when it is not set. Every test is tagged [gpu][models].
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
@@ -250,6 +251,42 @@ TEST_CASE("torch/models: an exported TorchScript MLP serves two batch sizes, equ
   const auto roots = pool.roots();
   REQUIRE(roots.size() == 2);
   for (const cgt::Node& root : roots) CHECK(root.copied_inputs() == std::vector<std::size_t>{0});
+}
+
+// jit_optimize = false: one plan of eager kernels serves every shape, so each new batch size
+// records at its first call (one warm-up in all, at the first), even after the program ran the
+// module optimised (its executor has an optimised plan: cgt runs a clone). Outputs equal the
+// unoptimised module's run eagerly.
+TEST_CASE("torch/models: a TorchScript block without the executor's optimisations records each new size at once",
+          "[gpu][models]") {
+  const std::string path = exported_model("block.pt");
+  const torch::NoGradGuard no_grad;
+  torch::jit::Module module = torch::jit::load(path, torch::Device(torch::kCUDA, 0));
+  module.eval();
+  for (int i = 0; i < 3; ++i) (void)module.forward({at::randn({2, 16, 64}, cuda())});  // profiled, optimised
+  auto pool = must(cgt::torch::make_pool());
+  auto model = must(cgt::torch::add_jit_module(pool, module, {.name = "block", .jit_optimize = false}));
+  const std::vector<std::int64_t> sizes{1, 3, 8, 5, 16};
+  for (int round = 0; round < 3; ++round) {
+    for (const std::int64_t batch : sizes) {
+      const at::Tensor x = at::randn({batch, 16, 64}, cuda());
+      pool.mark_step_begin();
+      auto out = model({x});
+      REQUIRE(out);
+      if (round == 0) CHECK(out->kind() == (batch == 1 ? cgt::CallKind::warmup : cgt::CallKind::recording));
+      if (round == 2) CHECK(out->kind() == cgt::CallKind::replay);
+      c10::IValue expected;
+      {
+        const torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
+        expected = module.clone(/*inplace=*/true).forward({x});
+      }
+      check_same(must(out->value()), expected);
+    }
+  }
+  const cgt::Stats stats = pool.stats();
+  CHECK(stats.warmups == 1);
+  CHECK(stats.recordings == sizes.size());
+  CHECK(stats.eager_calls == 0);
 }
 
 TEST_CASE("torch/models: an exported TorchScript block hands back its tuple and dict, equal to eager",
