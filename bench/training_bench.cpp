@@ -126,19 +126,21 @@ Trainer eager_capturable(Transformer& model, const Data& data) {
           }};
 }
 
-Trainer cgt_whole_step(Transformer& model, const Data& data, bool static_grads) {
-  struct State {
-    cgt::torch::Adam adam;
-    cgt::torch::Pool pool;
-    std::unique_ptr<cgt::torch::TrainingStep> step;
-  };
-  auto state = std::make_shared<State>(
-      State{must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3, .static_grads = static_grads})),
-            must(cgt::torch::make_pool({.device = 0})), nullptr});
-  state->step = std::make_unique<cgt::torch::TrainingStep>(
-      must(cgt::torch::make_training_step(state->pool, state->adam, [model](cgt::torch::Inputs in) mutable {
-        return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])};
-      })));
+// A whole-step graph: the optimizer, the pool and the training step made with them.
+struct WholeStep {
+  cgt::torch::Adam adam;
+  cgt::torch::Pool pool;
+  std::unique_ptr<cgt::torch::TrainingStep> step;
+};
+
+std::shared_ptr<WholeStep> whole_step_state(std::vector<torch::Tensor> params, bool static_grads) {
+  return std::make_shared<WholeStep>(
+      WholeStep{must(cgt::torch::make_adam(std::move(params), {.lr = 1e-3, .static_grads = static_grads})),
+                must(cgt::torch::make_pool({.device = 0})), nullptr});
+}
+
+// One step per call, each a new step of the pool.
+Trainer whole_step_trainer(std::shared_ptr<WholeStep> state, const Data& data) {
   return {state, [state, &data] {
             state->pool.mark_step_begin();
             auto loss = (*state->step)({data.x, data.y});
@@ -147,6 +149,15 @@ Trainer cgt_whole_step(Transformer& model, const Data& data, bool static_grads) 
               std::exit(1);
             }
           }};
+}
+
+Trainer cgt_whole_step(Transformer& model, const Data& data, bool static_grads) {
+  auto state = whole_step_state(model->parameters(), static_grads);
+  state->step = std::make_unique<cgt::torch::TrainingStep>(
+      must(cgt::torch::make_training_step(state->pool, state->adam, [model](cgt::torch::Inputs in) mutable {
+        return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])};
+      })));
+  return whole_step_trainer(std::move(state), data);
 }
 
 // The forward and the backward as one AOTInductor package (scripts/aoti_training.py exports the
@@ -160,25 +171,11 @@ Trainer cgt_whole_step_aoti(Transformer& model, const Data& data, bool static_gr
     for (auto& p : block->parameters()) params.push_back(p);
   }
   for (auto& p : model->norm->parameters()) params.push_back(p);
-  struct State {
-    cgt::torch::Adam adam;
-    cgt::torch::Pool pool;
-    std::unique_ptr<cgt::torch::TrainingStep> step;
-  };
-  auto state =
-      std::make_shared<State>(State{must(cgt::torch::make_adam(params, {.lr = 1e-3, .static_grads = static_grads})),
-                                    must(cgt::torch::make_pool({.device = 0})), nullptr});
+  auto state = whole_step_state(params, static_grads);
   auto gradients = must(cgt::torch::load_aoti_gradients(std::getenv("CGT_TRAINING_PACKAGE"), params));
   state->step = std::make_unique<cgt::torch::TrainingStep>(
       must(cgt::torch::make_training_step_from_gradients(state->pool, state->adam, std::move(gradients))));
-  return {state, [state, &data] {
-            state->pool.mark_step_begin();
-            auto loss = (*state->step)({data.x, data.y});
-            if (!loss) {
-              std::cerr << loss.error().describe() << '\n';
-              std::exit(1);
-            }
-          }};
+  return whole_step_trainer(std::move(state), data);
 }
 
 // Each block, and the final norm with the loss, as a cgt autograd function (forward graph; the

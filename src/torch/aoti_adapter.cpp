@@ -44,22 +44,26 @@ class AotiRunner final : public Model::Runner {
 
 }  // namespace
 
+Result<std::shared_ptr<Loader>> load_package_for_capture(const std::string& path, const std::string& model_name,
+                                                         c10::DeviceIndex device) {
+  try {
+    return std::make_shared<Loader>(path, model_name, /*run_single_threaded=*/true, /*num_runners=*/1, device);
+  } catch (const std::exception& error) {
+    return fail(Errc::invalid_argument, "cannot load the AOTInductor package '" + path + "' (model '" + model_name +
+                                            "'): " + message_of(error));
+  }
+}
+
 Result<Model> add_aoti_package(Pool& pool, const std::string& path, ModelOptions options,
                                const std::string& model_name) {
   auto device = pool.device();
   if (!device) return std::unexpected(std::move(device.error()));
-  std::shared_ptr<Loader> loader;
-  try {
-    // run_single_threaded: the default runner records a CUDA event per run and queries it at the
-    // next, which a capture does not allow.
-    loader = std::make_shared<Loader>(path, model_name, /*run_single_threaded=*/true, /*num_runners=*/1,
-                                      static_cast<c10::DeviceIndex>(device->get().index()));
-  } catch (const std::exception& error) {
-    return fail(Errc::invalid_argument,
-                "cannot load the AOTInductor package '" + path + "' (model '" + model_name + "'): " + message_of(error),
-                options.name);
+  auto loader = load_package_for_capture(path, model_name, static_cast<c10::DeviceIndex>(device->get().index()));
+  if (!loader) {
+    loader.error().function = options.name;
+    return std::unexpected(std::move(loader.error()));
   }
-  return add_aoti_package(pool, std::move(loader), std::move(options));
+  return add_aoti_package(pool, std::move(*loader), std::move(options));
 }
 
 Result<Model> add_aoti_package(Pool& pool, std::shared_ptr<Loader> loader, ModelOptions options) {

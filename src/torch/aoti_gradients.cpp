@@ -4,7 +4,6 @@ module;
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <cstddef>
-#include <exception>
 #include <expected>
 #include <memory>
 #include <string>
@@ -26,19 +25,11 @@ Result<Callable> load_aoti_gradients(const std::string& path, std::vector<at::Te
                                               ": the package's graph reads the parameters where they are");
     }
   }
-  using Loader = ::torch::inductor::AOTIModelPackageLoader;
-  std::shared_ptr<Loader> loader;
-  try {
-    // run_single_threaded: the default runner records a CUDA event per run and queries it at the
-    // next, which a capture does not allow.
-    loader = std::make_shared<Loader>(path, model_name, /*run_single_threaded=*/true, /*num_runners=*/1, device);
-  } catch (const std::exception& error) {
-    return fail(Errc::invalid_argument, "cannot load the AOTInductor package '" + path + "' (model '" + model_name +
-                                            "'): " + message_of(error));
-  }
+  auto loader = load_package_for_capture(path, model_name, device);
+  if (!loader) return std::unexpected(std::move(loader.error()));
   // The parameters are passed by handle: the graph reads them at their addresses, where the
   // optimizer updates them in place.
-  return Callable([loader = std::move(loader), params = std::move(params)](Inputs in) -> Values {
+  return Callable([loader = std::move(*loader), params = std::move(params)](Inputs in) -> Values {
     std::vector<at::Tensor> arguments;
     arguments.reserve(params.size() + in.size());
     arguments.insert(arguments.end(), params.begin(), params.end());

@@ -12,6 +12,10 @@ module;
 #include <unordered_set>
 #include <vector>
 
+namespace torch::inductor {
+class AOTIModelPackageLoader;
+}  // namespace torch::inductor
+
 module cgt.torch:model_runner;
 import cgt.backend;
 import :api;
@@ -92,6 +96,12 @@ struct Model::Runner {
 /// `warm_up_each_shape` is `warm_up_each_shape_by_default` (the format's default).
 [[nodiscard]] Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner,
                                               const ModelOptions& options, bool warm_up_each_shape_by_default);
+
+/// Loads an AOTInductor package for capture, on `device`: `run_single_threaded`, as the default
+/// runner records a CUDA event per run and queries it at the next, which a capture does not
+/// allow. Fails with `invalid_argument` naming the path and the model when it cannot be loaded.
+[[nodiscard]] Result<std::shared_ptr<::torch::inductor::AOTIModelPackageLoader>> load_package_for_capture(
+    const std::string& path, const std::string& model_name, c10::DeviceIndex device);
 
 /// The message of an exception, without libtorch's backtrace.
 [[nodiscard]] std::string message_of(const std::exception& error);

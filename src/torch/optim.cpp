@@ -110,8 +110,8 @@ void Optimizer::step(std::span<const at::Tensor> grads) {
                 p.sizes(), ", ", p.scalar_type(), ", ", p.device(), ")");
     // The fused and multi-tensor kernels read parameter and gradient element for element in
     // memory order: a transposed gradient (a joint graph's weight gradient, say) is put in the
-    // parameter's layout first.
-    given.push_back(g.strides() == p.strides() ? g : at::empty_like(p).copy_(g));
+    // parameter's layout first. Static gradients have it: the copy into them does that.
+    given.push_back(static_grads_ || g.strides() == p.strides() ? g : at::empty_like(p).copy_(g));
   }
   if (static_grads_) {
     at::_foreach_copy_(grads_, given);
