@@ -96,9 +96,12 @@ struct ModelOptions {
   /// calls run it as `torch::jit::setGraphExecutorOptimize(false)` would (on a clone sharing its
   /// parameters; the program's own calls keep their setting): one plan of eager libtorch kernels
   /// serves every shape, so a new batch size is neither primed nor warmed up but recorded at its
-  /// first call, as an AOTInductor package's (`warm_up_each_shape` unset: false). Faster capture
-  /// of many sizes; outputs bit-identical to eager libtorch; the optimised executor's fused
-  /// elementwise kernels are given up.
+  /// first call, as an AOTInductor package's (`warm_up_each_shape` unset: false). The clone's
+  /// `forward` is inlined and its constant expressions folded once, as the optimised executor
+  /// does at its first run: a trace's host constants copied to the device at each call, and
+  /// device constants read back as numbers (`int(x.size(1) + offset)`), would break a capture.
+  /// Faster capture of many sizes; outputs bit-identical to eager libtorch; the optimised
+  /// executor's fused elementwise kernels are given up.
   bool jit_optimize = true;
 };
 

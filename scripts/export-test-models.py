@@ -5,6 +5,11 @@ random weights (fixed seed; nothing is downloaded):
   mlp.pt     TorchScript (torch.jit.script): an MLP, [batch, 256] -> [batch, 64] (a tensor)
   block.pt   TorchScript (torch.jit.script): a small transformer block, [batch, 16, 64] ->
              (logits [batch, 10], {"hidden": [batch, 16, 64], "pooled": [batch, 64]})
+  host_scalars.pt  TorchScript (torch.jit.trace): [batch, tokens <= 128, 64] -> the same shape,
+             traced with two habits of Hugging Face's BERT that a capture without the executor's
+             optimisations does not survive: a slice bound from the input's size plus a Python int
+             (a 0-dim constant: on the device once loaded there, and int() of it synchronises), and
+             torch.tensor(-1.0, device=x.device) (a host constant copied to the device per call)
   block.pt2  AOTInductor (torch._inductor.aoti_compile_and_package), the same block with a
              dynamic batch dimension (1..64); its C++ loader returns the outputs flat:
              [logits, hidden, pooled]. Compiling it takes about a minute (C++ and Triton).
@@ -75,6 +80,20 @@ class Block(torch.nn.Module):
         return self.head(pooled), {"hidden": hidden, "pooled": pooled}
 
 
+class HostScalars(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+        self.register_buffer("positions", torch.arange(128.0).expand(1, -1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = x.size(1)
+        offset = 0
+        position = self.positions[:, offset : tokens + offset]
+        y = self.fc(x) + position.unsqueeze(-1) / 128
+        return torch.where(y > 0, y, torch.tensor(-1.0, device=x.device, dtype=y.dtype))
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -96,6 +115,11 @@ def main():
             print(f"{out}/{name}.pt: TorchScript, {time.time() - start:.1f} s")
             if name == "block" and aoti:
                 export_aoti(model, os.path.join(out, f"{name}.pt2"))
+        if not training_only:
+            path = os.path.join(out, "host_scalars.pt")
+            example = torch.randn(4, 16, 64, device=device)
+            torch.jit.trace(HostScalars().to(device).eval(), (example,), check_trace=False).save(path)
+            print(f"{path}: TorchScript (traced)")
     if aoti:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from aoti_training import export_training_step

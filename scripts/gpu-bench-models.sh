@@ -37,7 +37,8 @@ if has export; then  # AOTInductor compiles C++ and Triton: minutes; one process
   done
 fi
 if has build; then
-  gpu_configure "$build" "$out/configure.log" || exit 1
+  # ON explicitly: a build directory that scripts/gpu-models.sh configured has them OFF.
+  gpu_configure "$build" "$out/configure.log" -DCGT_BUILD_BENCHMARKS=ON || exit 1
   cmake --build "$build" -j "$jobs" --target model_bench >"$out/build.log" 2>&1 ||
     { grep -E "error" -A5 "$out/build.log" | head -60; exit 1; }
   echo "configure + build: $((SECONDS - start)) s"

@@ -1,5 +1,10 @@
 // TorchScript modules as pool functions: the runner calls the module's `forward`.
 module;
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/passes/constant_propagation.h>
+#include <torch/csrc/jit/passes/dead_code_elimination.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
 
@@ -7,7 +12,9 @@ module;
 #include <exception>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -60,6 +67,80 @@ Result<void> check_on_device(const ::torch::jit::Module& module, c10::DeviceInde
   return {};
 }
 
+// Without the executor's optimisations a traced graph runs as recorded, and two of its habits
+// break a capture (Hugging Face's BERT has both); the optimised executor removes them at its first
+// run by specialising to the shapes, so they must go here, once and for every shape:
+// * `torch.tensor(0.0, device=x.device)` is a host constant and a copy to the device at each
+//   call, a pageable copy: fold every node whose inputs are all constants (after inlining the
+//   submodules' calls, so that it sees them).
+// * `x.size(1) + offset` is a host tensor plus a 0-dim tensor constant, which loading the module
+//   onto the device put there; `int()` of the sum reads it back, a synchronisation: arithmetic
+//   whose result is only converted to a host number gets host copies of its device constants.
+// Both compute the values the call would have.
+bool converts_to_host_number(const ::torch::jit::Node& node) {
+  static const std::unordered_set<c10::Symbol> kinds{
+      c10::Symbol::fromQualString("aten::Int"),         c10::Symbol::fromQualString("aten::Float"),
+      c10::Symbol::fromQualString("aten::Bool"),        c10::Symbol::fromQualString("aten::ScalarImplicit"),
+      c10::Symbol::fromQualString("aten::IntImplicit"), c10::Symbol::fromQualString("aten::FloatImplicit"),
+      c10::Symbol::fromQualString("aten::item")};
+  return kinds.contains(node.kind());
+}
+
+bool is_scalar_arithmetic(const ::torch::jit::Node& node) {
+  static const std::unordered_set<c10::Symbol> kinds{
+      c10::Symbol::fromQualString("aten::add"),       c10::Symbol::fromQualString("aten::sub"),
+      c10::Symbol::fromQualString("aten::rsub"),      c10::Symbol::fromQualString("aten::mul"),
+      c10::Symbol::fromQualString("aten::div"),       c10::Symbol::fromQualString("aten::floor_divide"),
+      c10::Symbol::fromQualString("aten::remainder"), c10::Symbol::fromQualString("aten::neg")};
+  return kinds.contains(node.kind());
+}
+
+// The uses (node, input index) of device constants in the arithmetic that computes `value`, or
+// nullopt where that arithmetic reads anything but constants and host sizes, or where one of its
+// results is also used elsewhere (moving it to the host would change what that use sees).
+using Use = std::pair<::torch::jit::Node*, std::size_t>;
+std::optional<std::vector<Use>> device_constants_of(::torch::jit::Value* value) {
+  ::torch::jit::Node* node = value->node();
+  if (node->kind() == c10::prim::NumToTensor) return std::vector<Use>{};  // a host tensor
+  if (!is_scalar_arithmetic(*node) || value->uses().size() != 1) return std::nullopt;
+  std::vector<Use> found;
+  for (std::size_t i = 0; i < node->inputs().size(); ++i) {
+    ::torch::jit::Value* input = node->input(i);
+    if (!input->type()->isSubtypeOf(*c10::TensorType::get())) continue;  // alpha, rounding mode
+    if (input->node()->kind() == c10::prim::Constant) {
+      const std::optional<c10::IValue> constant = ::torch::jit::toIValue(input);
+      if (!constant || !constant->isTensor() || constant->toTensor().dim() != 0) return std::nullopt;
+      if (!constant->toTensor().is_cpu()) found.emplace_back(node, i);
+      continue;
+    }
+    std::optional<std::vector<Use>> deeper = device_constants_of(input);
+    if (!deeper) return std::nullopt;
+    found.insert(found.end(), deeper->begin(), deeper->end());
+  }
+  return found;
+}
+
+void keep_host_numbers_on_host(::torch::jit::Graph& graph) {
+  for (::torch::jit::Node* node : graph.nodes()) {  // the top block: a trace has no other
+    if (!converts_to_host_number(*node)) continue;
+    const std::optional<std::vector<Use>> uses = device_constants_of(node->input(0));
+    if (!uses) continue;
+    for (const auto& [user, index] : *uses) {
+      const ::torch::jit::WithInsertPoint before(user);
+      user->replaceInput(index, graph.insertConstant(::torch::jit::toIValue(user->input(index))->toTensor().cpu()));
+    }
+  }
+}
+
+void make_capturable_unoptimised(::torch::jit::Module& module) {
+  std::shared_ptr<::torch::jit::Graph> graph =
+      ::torch::jit::toGraphFunction(module.get_method("forward").function()).graph();
+  ::torch::jit::Inline(*graph);
+  ::torch::jit::ConstantPropagation(graph);
+  keep_host_numbers_on_host(*graph);
+  ::torch::jit::EliminateDeadCode(graph);
+}
+
 }  // namespace
 
 Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, ModelOptions options) {
@@ -83,11 +164,15 @@ Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, Mod
   ::torch::jit::Module runs = module;
   if (!options.jit_optimize) {
     // An executor that built its optimised plan (the program ran the module before) keeps it
-    // whatever the setting: a clone has executors of its own and shares the parameters.
+    // whatever the setting: a clone has executors (and graphs) of its own and shares the
+    // parameters.
     try {
       runs = module.clone(/*inplace=*/true);
+      make_capturable_unoptimised(runs);
     } catch (const std::exception& error) {
-      return fail(Errc::invalid_argument, "the TorchScript module cannot be cloned: " + message_of(error),
+      return fail(Errc::invalid_argument,
+                  "the TorchScript module cannot be prepared to run unoptimised (cloned, its constants folded): " +
+                      message_of(error),
                   options.name);
     }
   }

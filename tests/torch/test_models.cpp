@@ -289,6 +289,48 @@ TEST_CASE("torch/models: a TorchScript block without the executor's optimisation
   CHECK(stats.eager_calls == 0);
 }
 
+// A traced module with Hugging Face BERT's two capture breakers (scripts/export-test-models.py,
+// HostScalars): unoptimised, an int() of a device constant plus the input's size (a
+// synchronisation) and a host constant copied to the device at each call. cgt's clone folds
+// them, so every size records (none runs eagerly), with outputs equal to the module run
+// unoptimised; the program's own module is left as it was.
+TEST_CASE("torch/models: a traced module that synchronises and copies from the host unoptimised records every size",
+          "[gpu][models]") {
+  const std::string path = exported_model("host_scalars.pt");
+  const torch::NoGradGuard no_grad;
+  torch::jit::Module module = torch::jit::load(path, torch::Device(torch::kCUDA, 0));
+  module.eval();
+  const auto nodes_of = [](const torch::jit::Module& m) {
+    std::size_t count = 0;
+    for (const torch::jit::Node* node : m.get_method("forward").graph()->nodes()) count += node != nullptr ? 1 : 0;
+    return count;
+  };
+  const std::size_t nodes_before = nodes_of(module);
+  auto pool = must(cgt::torch::make_pool());
+  auto model = must(cgt::torch::add_jit_module(pool, module, {.name = "host_scalars", .jit_optimize = false}));
+  CHECK(nodes_of(module) == nodes_before);
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{{1, 16}, {3, 16}, {8, 16}, {3, 40}};
+  for (int round = 0; round < 3; ++round) {
+    for (const auto& [batch, tokens] : shapes) {
+      const at::Tensor x = at::randn({batch, tokens, 64}, cuda());
+      pool.mark_step_begin();
+      auto out = model({x});
+      REQUIRE(out);
+      // The first shape warms up (the model's first call), then records at its next.
+      if (round == 0) CHECK(out->kind() == (batch == 1 ? cgt::CallKind::warmup : cgt::CallKind::recording));
+      if (round == 2) CHECK(out->kind() == cgt::CallKind::replay);
+      c10::IValue expected;
+      {
+        const torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
+        expected = module.clone(/*inplace=*/true).forward({x});
+      }
+      check_same(must(out->value()), expected);
+    }
+  }
+  CHECK(pool.stats().eager_calls == 0);
+  CHECK(pool.stats().recordings == shapes.size());
+}
+
 TEST_CASE("torch/models: an exported TorchScript block hands back its tuple and dict, equal to eager",
           "[gpu][models]") {
   const std::string path = exported_model("block.pt");
