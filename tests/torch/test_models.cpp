@@ -253,6 +253,34 @@ TEST_CASE("torch/models: an exported TorchScript MLP serves two batch sizes, equ
   for (const cgt::Node& root : roots) CHECK(root.copied_inputs() == std::vector<std::size_t>{0});
 }
 
+namespace {
+
+/// Three rounds of calls, one per input shape, through `model` (`module` registered with
+/// jit_optimize = false). In the first round the first shape warms up (the model's first call)
+/// and every other records at its first call; in the third every call replays. Every output
+/// equals `module` run unoptimised.
+void serve_unoptimised(cgt::torch::Pool& pool, const cgt::torch::Model& model, const torch::jit::Module& module,
+                       const std::vector<std::vector<std::int64_t>>& shapes) {
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      const at::Tensor x = at::randn(shapes[i], cuda());
+      pool.mark_step_begin();
+      auto out = model({x});
+      REQUIRE(out);
+      if (round == 0) CHECK(out->kind() == (i == 0 ? cgt::CallKind::warmup : cgt::CallKind::recording));
+      if (round == 2) CHECK(out->kind() == cgt::CallKind::replay);
+      c10::IValue expected;
+      {
+        const torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
+        expected = module.clone(/*inplace=*/true).forward({x});
+      }
+      check_same(must(out->value()), expected);
+    }
+  }
+}
+
+}  // namespace
+
 // jit_optimize = false: one plan of eager kernels serves every shape, so each new batch size
 // records at its first call (one warm-up in all, at the first), even after the program ran the
 // module optimised (its executor has an optimised plan: cgt runs a clone). Outputs equal the
@@ -266,26 +294,11 @@ TEST_CASE("torch/models: a TorchScript block without the executor's optimisation
   for (int i = 0; i < 3; ++i) (void)module.forward({at::randn({2, 16, 64}, cuda())});  // profiled, optimised
   auto pool = must(cgt::torch::make_pool());
   auto model = must(cgt::torch::add_jit_module(pool, module, {.name = "block", .jit_optimize = false}));
-  const std::vector<std::int64_t> sizes{1, 3, 8, 5, 16};
-  for (int round = 0; round < 3; ++round) {
-    for (const std::int64_t batch : sizes) {
-      const at::Tensor x = at::randn({batch, 16, 64}, cuda());
-      pool.mark_step_begin();
-      auto out = model({x});
-      REQUIRE(out);
-      if (round == 0) CHECK(out->kind() == (batch == 1 ? cgt::CallKind::warmup : cgt::CallKind::recording));
-      if (round == 2) CHECK(out->kind() == cgt::CallKind::replay);
-      c10::IValue expected;
-      {
-        const torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
-        expected = module.clone(/*inplace=*/true).forward({x});
-      }
-      check_same(must(out->value()), expected);
-    }
-  }
+  const std::vector<std::vector<std::int64_t>> shapes{{1, 16, 64}, {3, 16, 64}, {8, 16, 64}, {5, 16, 64}, {16, 16, 64}};
+  serve_unoptimised(pool, model, module, shapes);
   const cgt::Stats stats = pool.stats();
   CHECK(stats.warmups == 1);
-  CHECK(stats.recordings == sizes.size());
+  CHECK(stats.recordings == shapes.size());
   CHECK(stats.eager_calls == 0);
 }
 
@@ -309,24 +322,8 @@ TEST_CASE("torch/models: a traced module that synchronises and copies from the h
   auto pool = must(cgt::torch::make_pool());
   auto model = must(cgt::torch::add_jit_module(pool, module, {.name = "host_scalars", .jit_optimize = false}));
   CHECK(nodes_of(module) == nodes_before);
-  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{{1, 16}, {3, 16}, {8, 16}, {3, 40}};
-  for (int round = 0; round < 3; ++round) {
-    for (const auto& [batch, tokens] : shapes) {
-      const at::Tensor x = at::randn({batch, tokens, 64}, cuda());
-      pool.mark_step_begin();
-      auto out = model({x});
-      REQUIRE(out);
-      // The first shape warms up (the model's first call), then records at its next.
-      if (round == 0) CHECK(out->kind() == (batch == 1 ? cgt::CallKind::warmup : cgt::CallKind::recording));
-      if (round == 2) CHECK(out->kind() == cgt::CallKind::replay);
-      c10::IValue expected;
-      {
-        const torch::jit::GraphOptimizerEnabledGuard unoptimised(false);
-        expected = module.clone(/*inplace=*/true).forward({x});
-      }
-      check_same(must(out->value()), expected);
-    }
-  }
+  const std::vector<std::vector<std::int64_t>> shapes{{1, 16, 64}, {3, 16, 64}, {8, 16, 64}, {3, 40, 64}};
+  serve_unoptimised(pool, model, module, shapes);
   CHECK(pool.stats().eager_calls == 0);
   CHECK(pool.stats().recordings == shapes.size());
 }
