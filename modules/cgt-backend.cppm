@@ -49,6 +49,10 @@ struct ArgDesc {
   /// static or pool input with the layout it was recorded with.
   const std::int64_t* strides = nullptr;
   std::uint32_t expanded = 0;  ///< bit d set: dimension d has stride 0 (broadcast)
+  /// Backend-defined bits that change what the memory's bytes mean (a lazily conjugated or
+  /// negated view). Part of the shape key: a graph reads a static or pool input's bytes as it was
+  /// recorded, so the same address with another bit needs a graph of its own.
+  std::uint8_t view = 0;
   std::int64_t scalar = 0;
   std::uint16_t dtype = 0;  ///< backend's element-type code
   std::uint8_t rank = 0;

@@ -41,10 +41,15 @@ std::int64_t key_stride(const backend::ArgDesc& desc, std::size_t d) noexcept {
   return desc.sizes[d] == 1 ? 0 : desc.strides[d];
 }
 
-// The key of a call's input shapes: sizes, strides and broadcast dimensions of every value, and
-// every scalar (a scalar is baked into a graph, like PyTorch's int inputs). Strides belong to it: a
-// graph reads a static or pool-managed input in place, with the layout it was recorded with, so a
-// matrix and its transpose at one address need graphs of their own.
+// The key of a call's input shapes: sizes, strides, broadcast dimensions and view bits of every
+// value, and every scalar (a scalar is baked into a graph, like PyTorch's int inputs). Strides and
+// view bits belong to it: a graph reads a static or pool-managed input in place, with the layout
+// it was recorded with, so a matrix and its transpose (or its lazy conjugate) at one address need
+// graphs of their own.
+std::int64_t key_layout_bits(const backend::ArgDesc& desc) noexcept {
+  return static_cast<std::int64_t>(desc.expanded) | (static_cast<std::int64_t>(desc.view) << 32);
+}
+
 void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_t>& key) {
   for (const auto& desc : descs) {
     if (desc.kind == backend::ArgKind::scalar) {
@@ -53,7 +58,7 @@ void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_
     }
     key.insert(key.end(), desc.sizes, desc.sizes + desc.rank);
     for (std::size_t d = 0; d < desc.rank; ++d) key.push_back(key_stride(desc, d));
-    key.push_back(desc.expanded);
+    key.push_back(key_layout_bits(desc));
   }
 }
 
@@ -72,7 +77,7 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
       if (key[at + d] != desc.sizes[d] || key[at + rank + d] != key_stride(desc, d)) return false;
     }
     at += 2 * rank;
-    if (key[at] != desc.expanded) return false;
+    if (key[at] != key_layout_bits(desc)) return false;
     ++at;
   }
   return at == key.size();

@@ -302,6 +302,8 @@ Result<void> Backend::describe(const at::Tensor& tensor, backend::ArgDesc& desc)
     if (strides[d] == 0 && sizes[d] > 1) desc.expanded |= 1U << d;
   }
   desc.dtype = static_cast<std::uint16_t>(tensor.scalar_type());
+  // A lazily conjugated or negated view (`z.conj()`) at a static input's address is another input.
+  desc.view = static_cast<std::uint8_t>((tensor.is_conj() ? 1U : 0U) | (tensor.is_neg() ? 2U : 0U));
   desc.device = tensor.is_cuda() ? tensor.get_device() : -1;
   return {};
 }

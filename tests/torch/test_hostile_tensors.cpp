@@ -402,7 +402,8 @@ TEST_CASE("torch/hostile: integer and bool inputs and outputs", "[gpu][hostile]"
 // Lazily conjugated and negated views (`z.conj()`, `at::_neg_view`): contiguous, but their bytes are
 // not their values. A graph's copy node copied the bytes, so the function saw z instead of its
 // conjugate (at the recording, whose first run the copy node makes, and at every replay); copy_
-// applies the bit. Views and plain tensors alternate at the same shape key (the bits are not in it).
+// applies the bit. The bits are part of the shape key: views, then plain tensors of the same
+// sizes, each warm up and record a graph of their own.
 TEST_CASE("torch/hostile: conjugate and negative views as inputs", "[gpu][hostile]") {
   REQUIRE_GPU();
   auto pool = new_pool();
@@ -410,19 +411,38 @@ TEST_CASE("torch/hostile: conjugate and negative views as inputs", "[gpu][hostil
     return Values{in[0] * 2, at::real(in[0]) + at::imag(in[0]), in[1] + 1, in[1]};
   };
   auto f = add(pool, body, {.name = "conjugates"});
-  const std::vector<bool> conjugated{true, true, true, false, true, false};  // recorded with a view
-  const std::vector<bool> negated{false, false, true, false, true, true};    // recorded without
   const auto kinds = run_steps(
       pool, f, body,
       [&](int step) {
-        const auto s = static_cast<std::size_t>(step);
+        const bool views = step < 3;
         const at::Tensor z = at::randn({8, 4}, cuda(at::kComplexFloat));
         const at::Tensor r = at::randn({8, 4}, cuda());
-        return Tensors{conjugated[s] ? z.conj() : z, negated[s] ? at::_neg_view(r) : r};
+        return Tensors{views ? z.conj() : z, views ? at::_neg_view(r) : r};
       },
       6);
-  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay, K::replay, K::replay});
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::warmup, K::recording, K::replay});
   CHECK(pool.roots().at(0).copied_inputs() == std::vector<std::size_t>{0, 1});
+}
+
+// A static input is read in place, as its bytes were when recorded. Its lazy conjugate (or negated
+// view) has the same address and sizes: it must not replay the graph recorded for the plain
+// tensor, which would hand back the function of z for the function of conj(z).
+TEST_CASE("torch/hostile: a static input's conjugate at the same address is another input", "[gpu][hostile]") {
+  REQUIRE_GPU();
+  auto pool = new_pool();
+  const Body body = [](const Tensors& in) { return Values{in[0] * 2 + 1, at::imag(in[0]), in[1] * 3}; };
+  auto f = add(pool, body, {.name = "static_conjugates", .static_inputs = {0, 1}});
+  const at::Tensor z = at::randn({8, 4}, cuda(at::kComplexFloat));
+  const at::Tensor r = at::randn({8, 4}, cuda());
+  const auto kinds = run_steps(
+      pool, f, body,
+      [&](int step) {
+        const bool views = step % 4 >= 2;  // plain, plain, views, views, plain, plain, views, views
+        return Tensors{views ? z.conj() : z, views ? at::_neg_view(r) : r};
+      },
+      8);
+  CHECK(kinds ==
+        std::vector{K::warmup, K::recording, K::warmup, K::recording, K::replay, K::replay, K::replay, K::replay});
 }
 
 // ---- outputs ----------------------------------------------------------------------------------
