@@ -18,7 +18,9 @@ namespace cgt::torch {
 
 namespace {
 
-Result<void> check_training_step_options(const FunctionOptions& options) {
+// What both kinds of training step share: the options a whole step allows, the optimizer's
+// gradients attached, the step registered as a pool function.
+Result<Function> add_training_step(Pool& pool, Optimizer& optimizer, Callable step, FunctionOptions options) {
   if (options.mode != FunctionMode::inference) {
     return fail(Errc::invalid_argument,
                 "a training step is a whole step (forward, backward and update): its mode must be inference");
@@ -29,14 +31,13 @@ Result<void> check_training_step_options(const FunctionOptions& options) {
                 "a training step trains on the whole batch it is given: buckets would train on padded rows, and "
                 "graph_sizes is for inference; record each batch size (calls of a new size record a graph)");
   }
-  return {};
+  if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  return pool.add_function(std::move(step), std::move(options));
 }
 
 }  // namespace
 
 Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss, FunctionOptions options) {
-  if (auto checked = check_training_step_options(options); !checked) return std::unexpected(std::move(checked.error()));
-  if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   auto step = [optimizer = &optimizer, loss = std::move(loss)](Inputs in) mutable -> Values {
     const c10::AutoGradMode grad_on(true);
     // Static gradients are zeroed in place, at their addresses; per-step ones are set to none, so
@@ -54,15 +55,13 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
     }
     return out;
   };
-  auto function = pool.add_function(std::move(step), std::move(options));
+  auto function = add_training_step(pool, optimizer, std::move(step), std::move(options));
   if (!function) return std::unexpected(std::move(function.error()));
   return TrainingStep(std::move(*function), optimizer);
 }
 
 Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& optimizer, Callable loss_and_gradients,
                                                        FunctionOptions options) {
-  if (auto checked = check_training_step_options(options); !checked) return std::unexpected(std::move(checked.error()));
-  if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   auto step = [optimizer = &optimizer, function = std::move(loss_and_gradients)](Inputs in) mutable -> Values {
     const c10::NoGradGuard no_autograd;  // the function computes the gradients itself
     Values out = function(in);
@@ -75,7 +74,7 @@ Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& op
     out.erase(out.begin() + 1, out.begin() + static_cast<std::ptrdiff_t>(1 + n));
     return out;
   };
-  auto function = pool.add_function(std::move(step), std::move(options));
+  auto function = add_training_step(pool, optimizer, std::move(step), std::move(options));
   if (!function) return std::unexpected(std::move(function.error()));
   return TrainingStep(std::move(*function), optimizer);
 }

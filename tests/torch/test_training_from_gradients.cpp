@@ -150,6 +150,19 @@ void check_replayed(const cgt::Stats& stats) {
   CHECK(stats.eager_calls == 0);
 }
 
+// With static and with per-step gradients: every step replayed, and the same kernels in the same
+// order as eager, so the same losses and parameters, exactly.
+void check_trains_as_eager(const std::vector<Batch>& data, const Run& eager, const GradientsOf& gradients_of) {
+  for (const bool static_grads : {true, false}) {
+    INFO("static_grads " << static_grads);
+    const Run graph = train_from_gradients(data, gradients_of, static_grads);
+    check_replayed(graph.stats);
+    const Difference d = difference(graph, eager);
+    CHECK(d.loss == 0);
+    CHECK(d.param == 0);
+  }
+}
+
 }  // namespace
 
 TEST_CASE("training/gradients_given_by_the_program_train_as_eager", "[gpu][training]") {
@@ -157,15 +170,7 @@ TEST_CASE("training/gradients_given_by_the_program_train_as_eager", "[gpu][train
   const auto data = batches();
   const Run eager = train_eagerly(data);
   CHECK(eager.losses.back() < eager.losses.front());  // it learns something
-  for (const bool static_grads : {true, false}) {
-    INFO("static_grads " << static_grads);
-    const Run graph = train_from_gradients(data, autograd_gradients(), static_grads);
-    check_replayed(graph.stats);
-    // The same kernels in the same order: the same numbers.
-    const Difference d = difference(graph, eager);
-    CHECK(d.loss == 0);
-    CHECK(d.param == 0);
-  }
+  check_trains_as_eager(data, eager, autograd_gradients());
 }
 
 // Gradients in another layout than their parameters (a joint graph's transposed weight
@@ -176,14 +181,7 @@ TEST_CASE("training/gradients_in_another_layout_are_put_in_the_parameters", "[gp
   const auto data = batches();
   const Run eager = train_eagerly(data);
   const auto transposed = [](const torch::Tensor& g) { return g.dim() == 2 ? g.t().contiguous().t() : g; };
-  for (const bool static_grads : {true, false}) {
-    INFO("static_grads " << static_grads);
-    const Run graph = train_from_gradients(data, autograd_gradients(transposed), static_grads);
-    check_replayed(graph.stats);
-    const Difference d = difference(graph, eager);
-    CHECK(d.loss == 0);
-    CHECK(d.param == 0);
-  }
+  check_trains_as_eager(data, eager, autograd_gradients(transposed));
 }
 
 TEST_CASE("training/gradients_that_do_not_match_fail_the_call", "[gpu][training]") {
