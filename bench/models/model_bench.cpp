@@ -283,6 +283,12 @@ NodeTypes node_types(cudaGraph_t graph) {
   return types;
 }
 
+// The launch line of a model that could not be captured raw (report.py leaves it out).
+void print_raw_capture_failed(const std::string& model, std::int64_t batch, const Format& format) {
+  std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0,0,0,0\n", model.c_str(),
+              static_cast<long long>(batch), format.label.c_str());
+}
+
 // The model captured by libtorch's CUDAGraph as it is (no rewrite), launched raw: the CPU of one
 // cudaGraphLaunch with the GPU idle, the yardstick of issue 12's launch-cost target.
 void raw_launch(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x, int calls,
@@ -296,15 +302,14 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
     graph.capture_begin();
     format.run_capturable(x);
     graph.capture_end();
-  } catch (const std::exception& error) {
+  } catch (const std::exception&) {
     // The model threw inside the capture: end the stream's capture, or every later CUDA call of
     // the process fails (libtorch's generator state may stay broken all the same).
     try {
       graph.capture_end();
     } catch (const std::exception&) {  // invalidated: ended all the same
     }
-    std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0,0,0,0\n", model.c_str(),
-                static_cast<long long>(batch), format.label.c_str());
+    print_raw_capture_failed(model, batch, format);
     (void)cudaGetLastError();
     return;
   }
@@ -421,8 +426,7 @@ void bench_format(const std::string& dir, const std::string& model, const Format
     const std::uint64_t eager_before = pool.stats().eager_calls;
     methods[1].call(x);
     if (first_pass && pool.stats().eager_calls > eager_before) {
-      std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0,0,0,0\n", model.c_str(),
-                  static_cast<long long>(batch), format.label.c_str());
+      print_raw_capture_failed(model, batch, format);
     } else if (first_pass && format.run_capturable) {
       raw_launch(model, batch, format, x, calls, [&] { methods[1].call(x); });
     }
