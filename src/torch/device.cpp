@@ -114,8 +114,9 @@ bool Device::contains(std::uintptr_t address) const {
 Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
   return guarded("checkpointing the pool", [&]() -> Result<std::unique_ptr<backend::Checkpoint>> {
     c10::cuda::CUDAGuard device_guard(state_->index);
-    // The pool's work finishes first (never the whole device's: another thread may be capturing).
-    synchronize_pool_streams(*state_);
+    // Only the allocator's books, which the pool's queued work does not change: no waiting for it.
+    // (A restore waits, since it frees blocks that work may still use.) A warm-up or recording
+    // starts without waiting for the previous call's graph to finish.
     return std::make_unique<TorchCheckpoint>(allocator::getCheckpointState(state_->index, state_->pool));
   });
 }

@@ -609,9 +609,12 @@ Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Plac
       // replays launch it directly, without CUDAGraph::replay's generator bookkeeping.
       direct_launch = philox_offset(state.index) == offset_before;
     }
-    // The slots' memory is free for the pool again (outputs may keep some) once the run has read
-    // them: the pool's stream may reuse it at once.
-    current.synchronize();
+    // The slots' memory goes back to the pool (outputs may keep some) while this run may still be
+    // reading it. The pool's stream, where the pool's next allocations run (a warm-up, the next
+    // recording's slots), waits for the run; a later graph reuses it in the caller's stream order,
+    // as it reuses any graph's memory. No host synchronisation: a loop recording one size after
+    // another captures the next size while this one runs.
+    follow(state.stream, current);
     capture.inputs.values.clear();
     capture.slots.clear();
     backend::Recorded recorded;
