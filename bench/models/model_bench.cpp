@@ -11,6 +11,8 @@
 //     first replay of each CAPTURE_SIZES batch in turn (priming runs included), timed per size;
 //     the format's default, and AOTI also with `warm_up_each_shape = true` (as PyTorch's trees);
 //     TorchScript also with `jit_optimize = false` (no executor optimisations, served too);
+//     then, on fresh pools, the same sizes as one startup loop synchronised at its ends only, and
+//     sizes 4-32 likewise after 1 and 2;
 //   * serve, per batch of SIZES: eager libtorch and cgt.torch, CPU per call with the GPU idle,
 //     wall per call back to back, latency of one request (call + synchronise), max |difference|
 //     from eager PyTorch; the methods interleaved in rounds, each cell the median round;
@@ -49,6 +51,7 @@
 #include <memory>
 #include <map>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -230,6 +233,46 @@ void time_capture(const std::string& model, const Format& format, std::optional<
     }
   }
   print_capture(model, "cgt.torch (" + format.label + suffix + ")", per_size);
+}
+
+// Records each of `sizes` in turn through `fn` (calls until the recording), as a server's startup
+// loop does: synchronised at its start and end only, so a size's capture may overlap the previous
+// size's first replay. Milliseconds.
+double record_in_one_loop(cgt::torch::Pool& pool, const cgt::torch::Model& fn, const std::string& model,
+                          std::span<const std::int64_t> sizes) {
+  std::vector<at::Tensor> requests;
+  for (const std::int64_t batch : sizes) requests.push_back(any_request(model, batch));
+  synchronize();
+  const auto start = Clock::now();
+  for (const at::Tensor& x : requests) {
+    cgt::CallKind kind = cgt::CallKind::warmup;
+    for (int call = 0; call < 6 && kind != cgt::CallKind::recording; ++call) {
+      pool.mark_step_begin();
+      kind = must(fn({x}), "capture call").kind();
+    }
+  }
+  synchronize();
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// The startup loop over every capture size on a fresh pool, and, on another, sizes 4-32 as one
+// loop after 1 and 2 (where reduce-overhead compiles; models.py times its recordings alike).
+void time_capture_loop(const std::string& model, const Format& format) {
+  const std::string method = "cgt.torch (" + format.label + "; one loop";
+  {
+    cgt::torch::Pool pool = must(cgt::torch::make_pool({.device = 0}), "making a pool");
+    const cgt::torch::Model fn = format.add_to(pool, std::nullopt);
+    const double total = record_in_one_loop(pool, fn, model, capture_sizes);
+    std::printf("capture,%s,%s),1 2 4 8 16 32,%.1f,-\n", model.c_str(), method.c_str(), total);
+  }
+  {
+    cgt::torch::Pool pool = must(cgt::torch::make_pool({.device = 0}), "making a pool");
+    const cgt::torch::Model fn = format.add_to(pool, std::nullopt);
+    (void)record_in_one_loop(pool, fn, model, std::span(capture_sizes).first(2));
+    const double total = record_in_one_loop(pool, fn, model, std::span(capture_sizes).subspan(2));
+    std::printf("capture,%s,%s after 1 2),4 8 16 32,%.1f,-\n", model.c_str(), method.c_str(), total);
+  }
+  std::fflush(stdout);
 }
 
 struct NodeTypes {
@@ -441,6 +484,7 @@ void bench_format(const std::string& dir, const std::string& model, const Format
     // The format's default (AOTI: only the first shape warms up; TorchScript: every shape does),
     // and AOTI with a warm-up per shape, as PyTorch's trees do.
     time_capture(model, format, std::nullopt, "");
+    time_capture_loop(model, format);
     if (format.label == "AOTI") time_capture(model, format, true, " warm_up_each_shape true");
   }
 }

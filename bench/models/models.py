@@ -20,6 +20,9 @@ bench/models/model_bench.cpp):
         serve,MODEL,BATCH,METHOD,cpu_us,wall_us,latency_us,max_difference
         pool,MODEL,METHOD,reserved_bytes
         capture,MODEL,METHOD,SIZES,total_ms,per-size ms separated by spaces
+      With SECOND_PASS set (serving again, against drift), the capture lines are the startup loops
+      instead: the trees over every size, and reduce-overhead's sizes 4-32 after 1 and 2, each as
+      one loop synchronised at its ends only (per-size: -).
 
 The models: bert = Hugging Face BertModel (bert-base config: 12 layers, hidden 768, 12 heads,
 eager attention) over 128 tokens, outputs (last_hidden_state, pooler_output); resnet =
@@ -231,6 +234,11 @@ def measure(directory, names, calls, second_pass):
             if per_size and len(per_size) == len(CAPTURE_SIZES):
                 print(f"capture,{name},PyTorch trees (Python; no compile),{sizes},{sum(per_size):.1f},"
                       f"{' '.join(f'{t:.1f}' for t in per_size)}", flush=True)
+            if second_pass:
+                total = trees_in_one_loop(model, name)
+                if total is not None:
+                    print(f"capture,{name},PyTorch trees (Python; no compile; one loop),{sizes},{total:.1f},-",
+                          flush=True)
             cudagraph_trees.reset_cudagraph_trees()
             torch._dynamo.reset()
 
@@ -242,8 +250,10 @@ def measure(directory, names, calls, second_pass):
                 torch.compiler.cudagraph_mark_step_begin()
                 return compiled(x)
 
+            # The second pass times sizes 4-32 as one startup loop after the compiling sizes 1 and 2
+            # (the first pass, each size alone).
             per_size = []
-            for batch in CAPTURE_SIZES:
+            for batch in CAPTURE_SIZES[:2] if second_pass else CAPTURE_SIZES:
                 x = make_input(name, batch)
                 torch.cuda.synchronize()
                 start = time.perf_counter_ns()
@@ -255,6 +265,17 @@ def measure(directory, names, calls, second_pass):
             if not second_pass:
                 print(f"capture,{name},PyTorch reduce-overhead (Python; compile included),{sizes},{sum(per_size):.1f},"
                       f"{' '.join(f'{t:.1f}' for t in per_size)}", flush=True)
+            else:
+                loop = [make_input(name, batch) for batch in CAPTURE_SIZES[2:]]
+                torch.cuda.synchronize()
+                start = time.perf_counter_ns()
+                for x in loop:
+                    for _ in range(2):  # warm-up, recording
+                        call(x)
+                torch.cuda.synchronize()
+                total = (time.perf_counter_ns() - start) / 1e6
+                print(f"capture,{name},PyTorch reduce-overhead (Python; one loop after 1 2),"
+                      f"{' '.join(map(str, CAPTURE_SIZES[2:]))},{total:.1f},-", flush=True)
             for batch in SIZES:
                 x = requests[batch]
                 cpu, wall, latency = timed(lambda: call(x), calls)
@@ -282,6 +303,30 @@ def tree_function(model, example):
         return list(out) if isinstance(out, (tuple, list)) else [out]
 
     return cudagraph_trees.cudagraphify_impl(run, [example], [], device_index=0, is_backward=False, is_inference=True)
+
+
+def trees_in_one_loop(model, name):
+    """Milliseconds for PyTorch's trees to warm up and record every capture size as one startup
+    loop, synchronised at its ends only (the trees synchronise around each recording themselves);
+    None when they cannot capture the model."""
+    from torch._inductor import cudagraph_trees
+
+    cudagraph_trees.reset_cudagraph_trees()
+    requests = [make_input(name, batch) for batch in CAPTURE_SIZES]
+    functions = []
+    torch.cuda.synchronize()
+    start = time.perf_counter_ns()
+    try:
+        for x in requests:
+            functions.append(tree_function(model, x))
+            functions[-1]([x])
+        torch.cuda.synchronize()
+    except Exception:  # reported by the first pass
+        return None
+    finally:
+        del functions
+        cudagraph_trees.reset_cudagraph_trees()
+    return (time.perf_counter_ns() - start) / 1e6
 
 
 def main():
