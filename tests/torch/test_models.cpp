@@ -54,6 +54,13 @@ std::string exported_model(const std::string& file) {
   return path;
 }
 
+// An exported TorchScript module (exported_model), loaded onto GPU 0 in eval mode.
+torch::jit::Module load_exported_module(const std::string& file) {
+  torch::jit::Module module = torch::jit::load(exported_model(file), torch::Device(torch::kCUDA, 0));
+  module.eval();
+  return module;
+}
+
 /// `got` has `expected`'s structure (tuples, lists, dicts with the same keys, None) and every
 /// tensor of it is bit-identical.
 void check_same(const c10::IValue& got, const c10::IValue& expected, const std::string& path = "output") {
@@ -202,10 +209,8 @@ def forward(self, x: Tensor):
 
 TEST_CASE("torch/models: an exported TorchScript MLP serves two batch sizes, equal to eager, its parameters in place",
           "[gpu][models]") {
-  const std::string path = exported_model("mlp.pt");
   const torch::NoGradGuard no_grad;
-  torch::jit::Module module = torch::jit::load(path, torch::Device(torch::kCUDA, 0));
-  module.eval();
+  torch::jit::Module module = load_exported_module("mlp.pt");
   std::size_t parameter_bytes = 0;
   std::vector<std::uintptr_t> parameters;
   for (const at::Tensor& parameter : module.parameters()) {
@@ -287,10 +292,8 @@ void serve_unoptimised(cgt::torch::Pool& pool, const cgt::torch::Model& model, c
 // unoptimised module's run eagerly.
 TEST_CASE("torch/models: a TorchScript block without the executor's optimisations records each new size at once",
           "[gpu][models]") {
-  const std::string path = exported_model("block.pt");
   const torch::NoGradGuard no_grad;
-  torch::jit::Module module = torch::jit::load(path, torch::Device(torch::kCUDA, 0));
-  module.eval();
+  torch::jit::Module module = load_exported_module("block.pt");
   for (int i = 0; i < 3; ++i) (void)module.forward({at::randn({2, 16, 64}, cuda())});  // profiled, optimised
   auto pool = must(cgt::torch::make_pool());
   auto model = must(cgt::torch::add_jit_module(pool, module, {.name = "block", .jit_optimize = false}));
@@ -309,10 +312,8 @@ TEST_CASE("torch/models: a TorchScript block without the executor's optimisation
 // unoptimised; the program's own module is left as it was.
 TEST_CASE("torch/models: a traced module that synchronises and copies from the host unoptimised records every size",
           "[gpu][models]") {
-  const std::string path = exported_model("host_scalars.pt");
   const torch::NoGradGuard no_grad;
-  torch::jit::Module module = torch::jit::load(path, torch::Device(torch::kCUDA, 0));
-  module.eval();
+  torch::jit::Module module = load_exported_module("host_scalars.pt");
   const auto nodes_of = [](const torch::jit::Module& m) {
     std::size_t count = 0;
     for (const torch::jit::Node* node : m.get_method("forward").graph()->nodes()) count += node != nullptr ? 1 : 0;
@@ -330,10 +331,8 @@ TEST_CASE("torch/models: a traced module that synchronises and copies from the h
 
 TEST_CASE("torch/models: an exported TorchScript block hands back its tuple and dict, equal to eager",
           "[gpu][models]") {
-  const std::string path = exported_model("block.pt");
   const torch::NoGradGuard no_grad;
-  torch::jit::Module module = torch::jit::load(path, torch::Device(torch::kCUDA, 0));
-  module.eval();
+  torch::jit::Module module = load_exported_module("block.pt");
   auto pool = must(cgt::torch::make_pool());
   auto model = must(cgt::torch::add_jit_module(pool, module, {.name = "block"}));
   for (int round = 0; round < 4; ++round) {
