@@ -209,6 +209,15 @@ void print_capture(const std::string& model, const std::string& method, const st
   std::fflush(stdout);
 }
 
+// Calls `fn` on `x`, a step each, until the call records (warm-ups and priming first).
+void call_until_recorded(cgt::torch::Pool& pool, const cgt::torch::Model& fn, const at::Tensor& x) {
+  cgt::CallKind kind = cgt::CallKind::warmup;
+  for (int call = 0; call < 6 && kind != cgt::CallKind::recording; ++call) {
+    pool.mark_step_begin();
+    kind = must(fn({x}), "capture call").kind();
+  }
+}
+
 // Warm-up + recording of every capture size in turn on a fresh pool, timed per size up to the end
 // of the recording call (synchronised); the first replay follows, untimed.
 void time_capture(const std::string& model, const Format& format, std::optional<bool> warm_up_each_shape,
@@ -221,11 +230,7 @@ void time_capture(const std::string& model, const Format& format, std::optional<
       const at::Tensor x = any_request(model, batch);
       synchronize();
       const auto start = Clock::now();
-      cgt::CallKind kind = cgt::CallKind::warmup;
-      for (int call = 0; call < 6 && kind != cgt::CallKind::recording; ++call) {
-        pool.mark_step_begin();
-        kind = must(fn({x}), "capture call").kind();
-      }
+      call_until_recorded(pool, fn, x);
       synchronize();
       per_size.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
       pool.mark_step_begin();
@@ -244,13 +249,7 @@ double record_in_one_loop(cgt::torch::Pool& pool, const cgt::torch::Model& fn, c
   for (const std::int64_t batch : sizes) requests.push_back(any_request(model, batch));
   synchronize();
   const auto start = Clock::now();
-  for (const at::Tensor& x : requests) {
-    cgt::CallKind kind = cgt::CallKind::warmup;
-    for (int call = 0; call < 6 && kind != cgt::CallKind::recording; ++call) {
-      pool.mark_step_begin();
-      kind = must(fn({x}), "capture call").kind();
-    }
-  }
+  for (const at::Tensor& x : requests) call_until_recorded(pool, fn, x);
   synchronize();
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
