@@ -11,6 +11,16 @@ mapfile -t sources < <(git ls-files 'modules/*.cppm' 'src/*.cppm' 'src/*.cpp' | 
 clang-format-19 --dry-run --Werror "${sources[@]}"
 echo "clang-format: ${#sources[@]} files clean"
 
+# Code is ASCII: outside comments and string literals, no character above 0x7F. This stands in for
+# clang-tidy's Unicode look-alike checks (misc-confusable-identifiers and the like; see .clang-tidy).
+if perl -ne 's{"(?:[^"\\]|\\.)*"}{""}g; s{//.*}{}; if (/[^\x00-\x7F]/) { print "$ARGV:$.: $_"; $bad = 1 }
+             close ARGV if eof; END { exit($bad ? 1 : 0) }' "${sources[@]}"; then
+  echo "ascii: ${#sources[@]} files clean"
+else
+  echo "ascii: the lines above have a character above 0x7F outside comments and strings" >&2
+  exit 1
+fi
+
 mapfile -t compiled < <(for f in "${sources[@]}"; do
   grep -q "\"file\": \"$root/$f\"" "$build/compile_commands.json" && echo "$f"
 done)
