@@ -1,6 +1,7 @@
 // Uses the installed cgt.torch: one function, warmed up, recorded and replayed. The consumer test
 // builds it everywhere and runs it only where a GPU is present.
-#include <torch/torch.h>  // before the imports
+// ATen is all it uses (it parses in half the time of torch/torch.h); included before the imports.
+#include <ATen/ATen.h>
 
 #include <cstdio>
 
