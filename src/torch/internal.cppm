@@ -96,6 +96,8 @@ struct Device::State {
   bool rewrite_memcpy_nodes = false;  ///< `PoolOptions::rewrite_memcpy_nodes`
   GraphCounts graph_counts;
   std::size_t peak_allocated = 0;
+  /// The stream the last call of the pool came from (see follow_last_caller); none before the first.
+  std::optional<c10::cuda::CUDAStream> last_caller;
   /// One record per StorageImpl, so that outputs of several graphs viewing one storage share it.
   std::unordered_map<const c10::StorageImpl*, std::weak_ptr<TorchStorage>> records;
 
@@ -123,6 +125,27 @@ inline void follow(const c10::cuda::CUDAStream& later, const c10::cuda::CUDAStre
   c10::cuda::CUDAEvent done;
   done.record(earlier);
   done.block(later);
+}
+
+/// Orders a call from a stream other than the last call's after everything the pool queued so far:
+/// the caller's stream waits for the last caller's stream and for the pool's (events, no host
+/// wait). Without it a stream switch would race: a recording returns with its first run queued,
+/// a replay's input copy could land before that run reads the slot, and memory whose lease was
+/// dropped is reused in the last caller's stream order. One comparison when the stream is the
+/// same. Not while either stream is capturing (a pool called inside another pool's capture): a
+/// capture cannot wait for work outside it, and the outer capture orders the call.
+inline void follow_last_caller(Device::State& state) {
+  const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
+  if (state.last_caller == current) return;
+  const auto capturing = [](const c10::cuda::CUDAStream& stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    return cudaStreamIsCapturing(stream.stream(), &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
+  };
+  if (state.last_caller && !capturing(current) && !capturing(*state.last_caller)) {
+    follow(current, *state.last_caller);
+    follow(current, state.stream);
+  }
+  state.last_caller = current;
 }
 
 /// Waits on the host for the pool's stream and the caller's current stream: the only streams that

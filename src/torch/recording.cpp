@@ -150,7 +150,8 @@ class TorchRecording final : public backend::Recording {
         outputs_(layouts_.size()),
         bound_(layouts_.size()),
         device_(state.index),
-        counts_(state.graph_counts) {}
+        counts_(state.graph_counts),
+        state_(state) {}
   TorchRecording(const TorchRecording&) = delete;
   TorchRecording& operator=(const TorchRecording&) = delete;
   ~TorchRecording() override {
@@ -167,6 +168,7 @@ class TorchRecording final : public backend::Recording {
     return guarded("replaying a graph", [&]() -> Result<void> {
       ReplayDevice device;
       if (auto entered = device.enter(device_); !entered) return entered;
+      follow_last_caller(state_);
       if (!graph_.is_loaded()) {
         if (auto loaded = checked(graph_.load(), "loading a graph into its shared executable"); !loaded) return loaded;
         ++counts_.switched;
@@ -264,6 +266,7 @@ class TorchRecording final : public backend::Recording {
   std::vector<std::shared_ptr<TorchStorage>> bound_;
   c10::DeviceIndex device_;
   GraphCounts& counts_;
+  Device::State& state_;  ///< the pool's: its last caller's stream (replay)
 };
 
 // Abandons a capture that failed, wherever it stopped (in capture_begin, in the function, in
@@ -633,6 +636,13 @@ Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Plac
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                          const backend::RecordPlan& plan) {
   State& state = *state_;
+  if (auto ordered = guarded("ordering the call after the pool's last caller", [&]() -> Result<void> {
+        follow_last_caller(state);
+        return {};
+      });
+      !ordered) {
+    return std::unexpected(std::move(ordered.error()));
+  }
   Capture capture(args);
   if (auto prepared = prepare_slots(state, capture, args, plan); !prepared) return std::unexpected(prepared.error());
   if (auto captured = capture_function(state, fn, args, plan, capture); !captured) {

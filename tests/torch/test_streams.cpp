@@ -12,6 +12,7 @@
 #undef CHECK
 #include <catch2/catch_test_macros.hpp>
 
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
@@ -199,4 +200,51 @@ TEST_CASE("torch/streams: random numbers drawn behind held work are eager's", "[
     INFO("draw " << i);
     CHECK(at::equal(drawn[i], eager[i]));
   }
+}
+
+// A pool called from a second stream while the work its last call queued on the first is held:
+// the graph's first run, queued behind the gate, reads its input slot, and the replay from the
+// second stream writes that slot. The input is transposed, so the replay's copy into the slot is a
+// copy_ on the caller's stream, outside the graph: unordered with the first stream, it would land
+// before the first run reads the slot and be overwritten by the recording's own copy.
+TEST_CASE("torch/streams: a call from another stream waits for the work the last call queued", "[gpu][streams]") {
+  scenario::skip_unless_available<H>();
+  const auto transposed = [](float value) { return at::full({64, 32}, value, H::cuda()).t(); };
+  {
+    auto scratch = must(H::make_pool());
+    const auto affine = make_affine(scratch);
+    for (int i = 0; i < 3; ++i) {
+      scratch.mark_step_begin();
+      (void)must(affine({transposed(1)}));
+    }
+    must(scratch.shutdown());
+  }
+  const c10::cuda::CUDAStream first = c10::cuda::getStreamFromPool(false, 0);
+  const c10::cuda::CUDAStream second = c10::cuda::getStreamFromPool(false, 0);
+  auto pool = must(H::make_pool());
+  const auto affine = make_affine(pool);
+  std::vector<cgt::CallKind> kinds;
+  at::Tensor replayed;
+  {
+    const c10::cuda::CUDAStreamGuard on_first(first);
+    StreamGate gate(first.stream());
+    REQUIRE(gate.closed_at_start());
+    for (int i = 0; i < 2; ++i) {  // a warm-up and a recording, queued behind the gate
+      pool.mark_step_begin();
+      kinds.push_back(must(affine({transposed(1)})).kind());
+    }
+    {
+      const c10::cuda::CUDAStreamGuard on_second(second);
+      pool.mark_step_begin();
+      auto out = must(affine({transposed(5)}));
+      kinds.push_back(out.kind());
+      replayed = must(out.take(0));
+    }
+    CHECK_FALSE(gate.forced_open());
+    CHECK(gate.release());
+  }
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  using K = cgt::CallKind;
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay});
+  CHECK(at::equal(replayed, at::full({32, 64}, 11.0F, H::cuda())));
 }
