@@ -636,10 +636,11 @@ Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Plac
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                          const backend::RecordPlan& plan) {
   State& state = *state_;
-  if (auto ordered = guarded("ordering the call after the pool's last caller", [&]() -> Result<void> {
-        follow_last_caller(state);
-        return {};
-      });
+  if (auto ordered = guarded("ordering the call after the pool's last caller",
+                             [&]() -> Result<void> {
+                               follow_last_caller(state);
+                               return {};
+                             });
       !ordered) {
     return std::unexpected(std::move(ordered.error()));
   }
