@@ -133,10 +133,11 @@ inline void follow(const c10::cuda::CUDAStream& later, const c10::cuda::CUDAStre
 /// a replay's input copy could land before that run reads the slot, and memory whose lease was
 /// dropped is reused in the last caller's stream order. One comparison when the stream is the
 /// same. Not while either stream is capturing (a pool called inside another pool's capture): a
-/// capture cannot wait for work outside it, and the outer capture orders the call.
-inline void follow_last_caller(Device::State& state) {
+/// capture cannot wait for work outside it, and the outer capture orders the call. Returns the
+/// caller's stream.
+inline c10::cuda::CUDAStream follow_last_caller(Device::State& state) {
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
-  if (state.last_caller == current) return;
+  if (state.last_caller == current) return current;
   const auto capturing = [](const c10::cuda::CUDAStream& stream) {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     return cudaStreamIsCapturing(stream.stream(), &status) != cudaSuccess || status != cudaStreamCaptureStatusNone;
@@ -146,6 +147,7 @@ inline void follow_last_caller(Device::State& state) {
     follow(current, state.stream);
   }
   state.last_caller = current;
+  return current;
 }
 
 /// Waits on the host for the pool's stream and the caller's current stream: the only streams that
@@ -248,6 +250,15 @@ auto guarded(const char* doing, Work&& work) -> decltype(std::forward<Work>(work
   } catch (const std::exception& error) {
     return std::unexpected(backend_failure(doing, error));
   }
+}
+
+/// follow_last_caller, with what libtorch throws as an error: for a warm-up, recording or eager
+/// run (a replay calls it inside its own guard).
+inline Result<void> order_after_last_caller(Device::State& state) {
+  return guarded("ordering the call after the pool's last caller", [&]() -> Result<void> {
+    (void)follow_last_caller(state);
+    return {};
+  });
 }
 
 /// The arguments of a call as the function sees them.

@@ -149,8 +149,6 @@ class TorchRecording final : public backend::Recording {
         layouts_(std::move(layouts)),
         outputs_(layouts_.size()),
         bound_(layouts_.size()),
-        device_(state.index),
-        counts_(state.graph_counts),
         state_(state) {}
   TorchRecording(const TorchRecording&) = delete;
   TorchRecording& operator=(const TorchRecording&) = delete;
@@ -167,20 +165,18 @@ class TorchRecording final : public backend::Recording {
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
       ReplayDevice device;
-      if (auto entered = device.enter(device_); !entered) return entered;
-      follow_last_caller(state_);
+      if (auto entered = device.enter(state_.index); !entered) return entered;
+      const c10::cuda::CUDAStream current = follow_last_caller(state_);
       if (!graph_.is_loaded()) {
         if (auto loaded = checked(graph_.load(), "loading a graph into its shared executable"); !loaded) return loaded;
-        ++counts_.switched;
+        ++state_.graph_counts.switched;
       }
       if (auto pointed = point_copies_at(args); !pointed) return pointed;
       if (!direct_launch_) {
         // Draws random numbers: CUDAGraph advances the generator's offset (unlocked in libtorch).
         const std::lock_guard<std::mutex> lock(generator_registration());
         graph_.shared().owner->replay();
-      } else if (auto ran = checked(cudaGraphLaunch(graph_.exec(), c10::cuda::getCurrentCUDAStream(device_).stream()),
-                                    "launching a graph");
-                 !ran) {
+      } else if (auto ran = checked(cudaGraphLaunch(graph_.exec(), current.stream()), "launching a graph"); !ran) {
         return ran;
       }
       for (std::size_t i = 0; i < bound_.size(); ++i) {
@@ -264,9 +260,7 @@ class TorchRecording final : public backend::Recording {
   std::vector<OutputLayout> layouts_;
   std::vector<at::Tensor> outputs_;  // handed out on replay; never resized (their addresses are registered)
   std::vector<std::shared_ptr<TorchStorage>> bound_;
-  c10::DeviceIndex device_;
-  GraphCounts& counts_;
-  Device::State& state_;  ///< the pool's: its last caller's stream (replay)
+  Device::State& state_;  ///< the pool's: its device, graph counts and last caller's stream
 };
 
 // Abandons a capture that failed, wherever it stopped (in capture_begin, in the function, in
@@ -636,14 +630,7 @@ Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Plac
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                          const backend::RecordPlan& plan) {
   State& state = *state_;
-  if (auto ordered = guarded("ordering the call after the pool's last caller",
-                             [&]() -> Result<void> {
-                               follow_last_caller(state);
-                               return {};
-                             });
-      !ordered) {
-    return std::unexpected(std::move(ordered.error()));
-  }
+  if (auto ordered = order_after_last_caller(state); !ordered) return std::unexpected(std::move(ordered.error()));
   Capture capture(args);
   if (auto prepared = prepare_slots(state, capture, args, plan); !prepared) return std::unexpected(prepared.error());
   if (auto captured = capture_function(state, fn, args, plan, capture); !captured) {

@@ -127,14 +127,7 @@ backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                        backend::RunMode mode) {
   State& state = *state_;
-  if (auto ordered = guarded("ordering the call after the pool's last caller",
-                             [&]() -> Result<void> {
-                               follow_last_caller(state);
-                               return {};
-                             });
-      !ordered) {
-    return std::unexpected(std::move(ordered.error()));
-  }
+  if (auto ordered = order_after_last_caller(state); !ordered) return std::unexpected(std::move(ordered.error()));
   const CallInputs inputs(args);
   if (mode == backend::RunMode::eager) {
     const InputVersions versions(inputs);
