@@ -139,24 +139,19 @@ struct RecordPlan {
   Recording* replaces = nullptr;
 };
 
-/// How a backend's `record` says that the capture itself failed for a reason that will not change
-/// on another call (an operation that cannot be captured, such as a synchronisation with the
-/// host): an error whose message begins with this. The engine then runs that function at those
-/// shapes eagerly from then on (`Reason::capture_failed`).
-inline constexpr std::string_view capture_failed_prefix = "capture failed: ";
-
+/// A backend's `record` says what kind of failure it met in `Error::cause`, never in its message:
+///  * `Cause::uncapturable`: the capture itself failed for a reason that will not change on
+///    another call (an operation that cannot be captured, such as a synchronisation with the
+///    host); the engine runs that function at those shapes eagerly from then on;
+///  * `Cause::wrote_copied_input`, with `Error::input` set: the function wrote to an input it was
+///    given as a copy (a pool slot, `RecordPlan::copy_input`), so the write would never reach the
+///    caller's input; the backend gave the capture up before anything ran (or put back what ran),
+///    and the engine treats the input as mutated and runs the call eagerly.
 [[nodiscard]] inline bool is_capture_failure(const Error& error) noexcept {
-  return error.message.find(capture_failed_prefix) != std::string::npos;
+  return error.cause == Cause::uncapturable;
 }
-
-/// How a backend's `record` says that the function wrote to an input it was given as a copy (a
-/// pool slot, `RecordPlan::copy_input`): the write would never reach the caller's input, so the
-/// backend gave the capture up before anything ran, and fails with this prefix and `Error::input`
-/// set to that input. The engine then treats the input as mutated and runs the call eagerly.
-inline constexpr std::string_view wrote_copied_input_prefix = "wrote a copied input: ";
-
 [[nodiscard]] inline bool is_write_to_copy(const Error& error) noexcept {
-  return error.input >= 0 && error.message.find(wrote_copied_input_prefix) != std::string::npos;
+  return error.cause == Cause::wrote_copied_input && error.input >= 0;
 }
 
 /// A recording and the outputs of its first run.

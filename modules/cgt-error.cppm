@@ -42,13 +42,32 @@ enum class Errc : std::uint8_t {
 /// The name of a code, e.g. "output_overwritten".
 [[nodiscard]] std::string_view to_string(Errc code) noexcept;
 
+/// What kind of failure an error is, where the pool acts on the difference. Set by whoever
+/// failed (a backend, the engine); the pool decides on this field alone, never on the message.
+enum class Cause : std::uint8_t {
+  /// Nothing the pool treats apart: the call fails with the error.
+  unspecified = 0,
+  /// The function did something a graph cannot hold (a synchronisation with the host, a copy to
+  /// it, work on a stream it did not join back): its recording broke, and would again at these
+  /// shapes, so they run eagerly from then on (`Reason::capture_failed`).
+  uncapturable,
+  /// The function wrote an input that its graph would read through a copy (`Error::input` says
+  /// which): the write would never reach the caller, so the call runs eagerly instead.
+  wrote_copied_input,
+  /// The function called a function of another pool while this pool recorded it: one pool's
+  /// graph cannot hold another pool's call with its leases. The inner call fails with this
+  /// cause, and the outer function runs eagerly at those shapes (`Reason::nested_pool`).
+  nested_pool,
+};
+
 /// A failure: the code, a message that says what happened and what to do, and where it happened.
 struct Error {
   Errc code{};
   std::string message;
-  std::string function;     ///< name of the function involved, if any
-  std::int64_t node = -1;   ///< id of the tree node involved, or -1
-  std::int32_t input = -1;  ///< index of the input involved, or -1
+  Cause cause = Cause::unspecified;  ///< what the pool makes of it (see `Cause`)
+  std::string function;              ///< name of the function involved, if any
+  std::int64_t node = -1;            ///< id of the tree node involved, or -1
+  std::int32_t input = -1;           ///< index of the input involved, or -1
 
   /// One line with all of the above, for logs.
   [[nodiscard]] std::string describe() const;
@@ -61,8 +80,17 @@ using Result = std::expected<T, Error>;
 /// Shorthand for returning an error: `return cgt::fail(Errc::wrong_shape, "...")`.
 [[nodiscard]] inline std::unexpected<Error> fail(Errc code, std::string message, std::string function = {},
                                                  std::int64_t node = -1, std::int32_t input = -1) {
-  return std::unexpected(Error{
-      .code = code, .message = std::move(message), .function = std::move(function), .node = node, .input = input});
+  return std::unexpected(Error{.code = code,
+                               .message = std::move(message),
+                               .cause = Cause::unspecified,
+                               .function = std::move(function),
+                               .node = node,
+                               .input = input});
+}
+
+/// An error of a kind the pool acts on: `return cgt::fail(Cause::uncapturable, Errc::function_failed, "...")`.
+[[nodiscard]] inline std::unexpected<Error> fail(Cause cause, Errc code, std::string message, std::int32_t input = -1) {
+  return std::unexpected(Error{.code = code, .message = std::move(message), .cause = cause, .input = input});
 }
 
 }  // namespace cgt

@@ -78,6 +78,12 @@ struct Cell {  // a struct: declared so in :detail
     reclaimed_ = true;
     copied_out_ = std::move(copy);
   }
+  /// The call that began the step failed before its work, with the memory never released: the
+  /// leases read it again, and the copy goes (`Engine::restore_ended_path`).
+  inline void unmark_reclaimed() noexcept {
+    reclaimed_ = false;
+    copied_out_.reset();
+  }
 
  private:
   friend class CellRef;
@@ -370,6 +376,21 @@ struct PoolSnapshot {
   std::vector<std::uintptr_t> owned_live;  ///< storages the allocator owned for live leases then
 };
 
+/// The path a new step ended, while the call that began the step has not done its work yet
+/// (`Engine::ended_path`). Its live outputs already read as reclaimed, but their memory is still
+/// allocated: a warm-up or a recording allocates around it, and a failing call puts the path back
+/// as it was, so that a call that fails changes nothing the caller holds.
+struct EndedPath {
+  TreeNode* current = nullptr;
+  PathState state = PathState::none;
+  std::uint64_t step = 0;
+  std::vector<std::unique_ptr<TreeNode>> warmup_chain;
+  std::vector<CellRef> cells;           ///< the outputs live when the path ended
+  std::uint64_t leases_copied_out = 0;  ///< leases on them then, for `Stats` once released
+  std::uint64_t leases_invalidated = 0;
+  bool memory_held = false;  ///< `Engine::hold_ended_path_memory` ran
+};
+
 /// How a bucketed call padded its arguments (`CallFrame::padding`).
 struct Padding {
   std::span<const backend::ArgSlot> caller_args;
@@ -467,13 +488,21 @@ class Engine {
   bool pending_backward = false;
   std::uint64_t generations = 0;   ///< the last Cell::generation given out
   std::uint64_t current_step = 0;  ///< the step in which the current path last ran
+  /// Set by `end_path_if_over` when a new step ends a path with live outputs; cleared before the
+  /// call does work that may reuse their memory (`release_ended_path`: a replay, a recording's
+  /// checkpoint, a warm-up or eager run that succeeded), or when the call fails before that
+  /// (`restore_ended_path`). Never set between calls.
+  std::optional<EndedPath> ended_path;
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
   /// A forward's call begins a new step when no backward is pending and the program never marks
   /// steps itself (PyTorch's `can_start_new_generation`); else it may warn that pending backwards
-  /// keep the function off the fast path.
-  void begin_step_for_forward(FunctionRecord& function);
+  /// keep the function off the fast path. Returns whether it began one.
+  bool begin_step_for_forward(FunctionRecord& function);
+  /// The forward's call that began step `begun` failed before its work: the step is not begun
+  /// (unless another one was marked since).
+  void take_back_step(std::uint64_t begun) noexcept;
   /// Whether a call of `function` now would begin a new step (`begin_step_for_forward`).
   [[nodiscard]] bool forward_begins_step(const FunctionRecord& function) const noexcept;
   /// Whether a call of `function` now would begin a new step but for a pending backward: a
@@ -493,6 +522,8 @@ class Engine {
   [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
   std::optional<Reason> fallback_reason(CallFrame& frame);
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
+  /// Whether `storage` is the memory of an output of the path this call's new step ended.
+  [[nodiscard]] bool is_output_of_ended_path(std::uintptr_t storage) const noexcept;
   bool mutates_unmanaged_input(CallFrame& frame);
   [[nodiscard]] bool needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept;
 
@@ -568,7 +599,21 @@ class Engine {
   void end_path_if_over(std::uint64_t step_now, PathCheck when);
   [[nodiscard]] bool all_outputs_dead() const;
   void end_path();
+  /// Reclaims the whole path now (shutdown): leases read as reclaimed, memory released.
   void reclaim_path();
+  /// Ends the path for a new step: its live outputs read as reclaimed from now on, their memory
+  /// stays allocated until `release_ended_path` (kept in `ended_path`).
+  void end_path_for_new_step();
+  /// Releases the memory of the path a new step ended, if any: the call's work may reuse it now.
+  void release_ended_path() noexcept;
+  /// The call that began a new step failed before `release_ended_path`: the path and its leases
+  /// are as they were before the call.
+  void restore_ended_path() noexcept;
+  /// Before a warm-up or recording while `ended_path` is set: makes its outputs' memory allocated
+  /// in the pool's allocator, so that the call's work allocates around it. (A replayed path's
+  /// outputs are its graphs' memory, which the allocator counts as free: put it at the ended
+  /// node's checkpoint, with them live, as a warm-up after a replay does.)
+  Result<void> hold_ended_path_memory();
   Result<void> restore_checkpoint();
   [[nodiscard]] std::span<TreeNode* const> path() const noexcept;
   [[nodiscard]] std::vector<std::vector<bool>> path_liveness() const;

@@ -137,21 +137,31 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
     }
     if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
   }
-  begin_step_for_forward(function);
+  const bool began_step = begin_step_for_forward(function);
   const std::uint64_t step_now = step.load();
+  const std::uint64_t reclaims_before = stats.steps_reclaimed;
 
   // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
   // be passing in, and the arguments must be read after that.
   end_path_if_over(step_now, PathCheck::call_start);
 
-  if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
-    return std::unexpected(std::move(described.error()));
+  auto out = [&]() -> Result<CallOutputs> {
+    if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
+      return std::unexpected(std::move(described.error()));
+    }
+    if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
+    CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr, .step = step_now};
+    if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
+    return function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
+  }();
+  // A call that failed before its work leaves the last step's outputs as they were, and a step
+  // its forward began is not begun (a call that failed after it reclaimed them cannot undo that).
+  if (out) {
+    release_ended_path();
+  } else {
+    restore_ended_path();
+    if (began_step && stats.steps_reclaimed == reclaims_before) take_back_step(step_now);
   }
-  if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
-
-  CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr, .step = step_now};
-  if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
-  auto out = function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
   if (out && options.debug_checks && out->kind != CallKind::eager) {
     if (auto checked = debug_check("after the call"); !checked) {
       return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
@@ -331,6 +341,14 @@ Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
     // (where the backend stamps values, their generation must be the memory's current one).
     if (const Cell* cell = live_cell_in_path(desc.storage)) {
       if (!stamps_values || desc.generation == cell->generation()) continue;
+    }
+    if (is_output_of_ended_path(desc.storage)) {
+      return fail(Errc::output_overwritten,
+                  "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
+                      " is an output of the last step, whose memory the new step this call begins reclaims; the "
+                      "call is refused and the lease stays valid: take() the value before the step begins, or set "
+                      "Options::copy_out_on_new_step",
+                  frame.function->name, -1, static_cast<std::int32_t>(i));
     }
     return fail(Errc::output_overwritten,
                 "input " + std::to_string(i) + " of " + quoted(frame.function->name) +

@@ -36,6 +36,11 @@ Result<void> Engine::check_memory() const {
   for (const Cell* cell : live_path_cells()) {
     if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
   }
+  if (ended_path) {  // a path a new step ended: its memory is released once the call does its work
+    for (const CellRef& cell : ended_path->cells) {
+      if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
+    }
+  }
   std::vector<std::string> problems;
   for (const Block& block : device->live_blocks()) {
     auto found = std::ranges::find(expected, block.address);

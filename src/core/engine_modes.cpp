@@ -25,15 +25,22 @@ bool Engine::forward_begins_step(const FunctionRecord& function) const noexcept 
   return forward_steps_here(function) && !pending_backward;
 }
 
-void Engine::begin_step_for_forward(FunctionRecord& function) {
-  if (!forward_steps_here(function)) return;
+bool Engine::begin_step_for_forward(FunctionRecord& function) {
+  if (!forward_steps_here(function)) return false;
   if (pending_backward) {
     // The outputs a backward will read stay live: the forward goes on down the path.
     warn_if_pending_backward_repeats(function);
-    return;
+    return false;
   }
   step.fetch_add(1);
   ++stats.steps_begun_by_forward;
+  return true;
+}
+
+void Engine::take_back_step(std::uint64_t begun) noexcept {
+  // A mark_step_begin() since (from the function, another thread) stands: so does this step then.
+  std::uint64_t expected = begun;
+  if (step.compare_exchange_strong(expected, begun - 1)) --stats.steps_begun_by_forward;
 }
 
 void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {

@@ -123,7 +123,7 @@ void Engine::end_path() {
 void Engine::end_path_if_over(std::uint64_t step_now, PathCheck when) {
   if (current == nullptr) return;
   if (current_step != step_now) {
-    reclaim_path();
+    end_path_for_new_step();
     return;
   }
   // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
@@ -132,19 +132,87 @@ void Engine::end_path_if_over(std::uint64_t step_now, PathCheck when) {
 }
 
 void Engine::reclaim_path() {
+  end_path_for_new_step();
+  release_ended_path();
+}
+
+void Engine::end_path_for_new_step() {
   const std::vector<Cell*> live = live_path_cells();
-  if (!live.empty()) ++stats.steps_reclaimed;
+  if (live.empty()) {
+    end_path();
+    return;
+  }
+  // Marked now: the call's arguments are read after this, and a held output passed in must read
+  // as reclaimed (or as its copy). Released once the call's work may reuse the memory.
+  EndedPath ended{.current = current, .state = state, .step = current_step, .warmup_chain = std::move(warmup_chain)};
+  ended.cells.reserve(live.size());
   for (Cell* cell : live) {
     std::shared_ptr<void> copy;
     if (options.copy_out_on_new_step) {
       if (auto rescued = device->rescue(cell->storage)) copy = std::move(*rescued);
     }
-    (copy != nullptr ? stats.leases_copied_out : stats.leases_invalidated) += cell->leases();
+    (copy != nullptr ? ended.leases_copied_out : ended.leases_invalidated) += cell->leases();
     cell->mark_reclaimed(std::move(copy));
+    ended.cells.emplace_back(cell);
+  }
+  end_path();
+  ended_path = std::move(ended);
+}
+
+Result<void> Engine::hold_ended_path_memory() {
+  if (!ended_path || ended_path->memory_held) return {};
+  ended_path->memory_held = true;
+  if (ended_path->state != PathState::execution) return {};  // warm-ups and recordings allocated it
+  // The path's checkpoint, restored as if it had not ended (its outputs live), then ended again.
+  EndedPath ended = std::move(*ended_path);
+  ended_path.reset();
+  std::vector<std::shared_ptr<void>> copies;
+  copies.reserve(ended.cells.size());
+  for (const CellRef& cell : ended.cells) {
+    copies.push_back(cell->copied_out());
+    cell->unmark_reclaimed();
+  }
+  current = ended.current;
+  auto restored = restore_checkpoint();
+  current = nullptr;
+  for (std::size_t i = 0; i < copies.size(); ++i) ended.cells[i]->mark_reclaimed(std::move(copies[i]));
+  // Outputs whose last lease went since the path ended are free in the checkpoint restored: the
+  // call may allocate their memory, and nothing of the ended path may release it again.
+  std::erase_if(ended.cells, [](const CellRef& cell) { return cell->leases() == 0; });
+  ended_path = std::move(ended);
+  return restored;
+}
+
+bool Engine::is_output_of_ended_path(std::uintptr_t storage) const noexcept {
+  return ended_path && std::ranges::any_of(ended_path->cells,
+                                           [storage](const CellRef& cell) { return cell->storage.address == storage; });
+}
+
+void Engine::release_ended_path() noexcept {
+  if (!ended_path) return;
+  ++stats.steps_reclaimed;
+  stats.leases_copied_out += ended_path->leases_copied_out;
+  stats.leases_invalidated += ended_path->leases_invalidated;
+  for (const CellRef& cell : ended_path->cells) {
     device->release(cell->storage, backend::Release::reclaimed, functions[cell->function]->name);
     cell->storage.owned_by_allocator = false;
   }
-  end_path();
+  ended_path.reset();  // the warm-up nodes of the ended path go with it
+}
+
+void Engine::restore_ended_path() noexcept {
+  if (!ended_path) return;
+  EndedPath ended = std::move(*ended_path);
+  ended_path.reset();
+  // Nothing of the call is on the path any more: whatever it made died with its failure.
+  current = ended.current;
+  state = ended.state;
+  current_step = ended.step;
+  warmup_chain = std::move(ended.warmup_chain);
+  for (const CellRef& cell : ended.cells) {
+    cell->unmark_reclaimed();
+    if (cell->leases() == 0) cell_died(*cell.get());  // its last lease went during the call
+  }
 }
 
 Result<void> Engine::restore_checkpoint() {

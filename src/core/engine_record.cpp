@@ -104,6 +104,9 @@ TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
 
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   FunctionRecord& function = *frame.function;
+  if (auto held = hold_ended_path_memory(); !held) {
+    return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
+  }
   auto node = std::make_unique<TreeNode>(NodeKind::graph, static_cast<std::int64_t>(graph_nodes.size()), reason,
                                          frame.variant->id, current);
   const std::vector<InputUse> uses = classify_inputs(frame);
@@ -116,6 +119,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     if (backend::is_write_to_copy(recorded.error())) return after_write_to_copy(frame, recorded.error());
     return std::unexpected(std::move(recorded.error()));
   }
+  release_ended_path();  // before the checkpoint below: the last step's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
   node->take_outputs(*this, recorded->first_outputs.outputs, function.id);
   CallOutputs out = hand_out(*node, recorded->first_outputs, frame, CallKind::recording);

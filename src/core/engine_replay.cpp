@@ -145,6 +145,7 @@ void TreeNode::bind_outputs_for_replay(Engine& engine) {
 
 Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   const FunctionRecord& function = *frame.function;
+  release_ended_path();  // the graph writes where the last step's outputs were
   node.bind_outputs_for_replay(*this);
   backend::Recording& recording = *node.recording();
   if (auto replayed = recording.replay(frame.args); !replayed) {

@@ -129,6 +129,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));
   if (auto taken = take_writes(frame, result->written_inputs); !taken) return std::unexpected(std::move(taken.error()));
   if (auto ours = check_outputs_are_ours(*result, frame); !ours) return std::unexpected(std::move(ours.error()));
+  release_ended_path();
   CallOutputs out;
   out.kind = CallKind::eager;
   out.leases.reserve(result->values.size());
@@ -153,10 +154,14 @@ NodeReason Engine::warmup_reason(const Variant& variant) const noexcept {
 Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   Variant& variant = *frame.variant;
+  if (auto held = hold_ended_path_memory(); !held) {
+    return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
+  }
   auto result = run_in_pool<backend::RunResult>(
       frame, "warming up", [&] { return device->run(*function.invoker, frame.args, backend::RunMode::warmup); },
       std::identity{});  // a warm-up's result is its outputs
   if (!result) return std::unexpected(std::move(result.error()));
+  release_ended_path();  // the warm-up allocated around the last step's outputs: free them now
 
   auto node =
       std::make_unique<TreeNode>(NodeKind::warmup, next_warmup_id--, warmup_reason(variant), variant.id, current);

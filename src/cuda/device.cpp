@@ -318,9 +318,16 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     graph.reset();
     (void)cudaGetLastError();
     backend::free_all(*arena_, context.allocations_);
-    if (!outputs) return std::unexpected(std::move(outputs.error()));
-    return fail(Errc::function_failed,
-                std::string("the function's work cannot be captured into a graph: ") + cudaGetErrorString(ended));
+    // A function that failed in an intact capture fails as it did; a capture that cannot end was
+    // broken by the function (a synchronisation, a copy to the host), and would be again at these
+    // shapes: the engine runs them eagerly, as on the other backends.
+    if (ended == cudaSuccess) return std::unexpected(std::move(outputs.error()));
+    return fail(Cause::uncapturable, Errc::function_failed,
+                std::string("capture failed: ") + cudaGetErrorName(ended) + " (" + cudaGetErrorString(ended) +
+                    "): the function's work cannot be captured into a graph (a synchronisation such as "
+                    "cudaDeviceSynchronize or cudaStreamSynchronize, a copy to pageable host memory, work on a "
+                    "stream it does not join back)" +
+                    (outputs ? std::string() : "; the function reported: " + outputs.error().message));
   }
   // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_
   // until the recording is made (any failure on the way frees it too: the pool is as before).

@@ -236,10 +236,12 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
   if (!outputs || broken) {
     stream_.discard_capture();
     backend::free_all(*arena_, context.allocations_);
-    if (!outputs) return std::unexpected(std::move(outputs.error()));
-    return fail(Errc::function_failed, std::string(backend::capture_failed_prefix) +
-                                           "the function synchronised with the host during its capture "
-                                           "(Context::synchronize)");
+    // A function that failed in an intact capture fails as it did; one that broke its capture
+    // would break it again (whatever it then returned): that is the cause the engine acts on.
+    if (!broken) return std::unexpected(std::move(outputs.error()));
+    return fail(Cause::uncapturable, Errc::function_failed,
+                "capture failed: the function synchronised with the host during its capture (Context::synchronize)" +
+                    (outputs ? std::string() : "; then it failed: " + outputs.error().message));
   }
   Graph graph = stream_.end_capture();
   // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_.
@@ -271,10 +273,9 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
       return !in_pool(inputs.values[i]) || arena_->is_allocated(address_of(inputs.values[i].storage()));
     });
     backend::free_all(*arena_, context.allocations_);
-    return fail(Errc::function_failed,
-                std::string(backend::wrote_copied_input_prefix) + "input " + std::to_string(*to_slot) +
-                    " was written, but the graph reads it through a copy",
-                {}, -1, static_cast<std::int32_t>(*to_slot));
+    return fail(Cause::wrote_copied_input, Errc::function_failed,
+                "input " + std::to_string(*to_slot) + " was written, but the graph reads it through a copy",
+                static_cast<std::int32_t>(*to_slot));
   }
   std::erase_if(written, [&](std::uint32_t i) { return in_pool(inputs.values[i]); });
   backend::Recorded recorded;

@@ -315,13 +315,14 @@ cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
 }
 
 // The error for a capture that broke: permanent for this function and shape (the engine runs it
-// eagerly from then on), and so distinguishable by its first words.
+// eagerly from then on, told so by the cause).
 Error capture_failed(cudaError_t why, const std::string& detail) {
   return Error{.code = Errc::function_failed,
                .message = std::string("capture failed: ") + cudaGetErrorName(why) + " (" + cudaGetErrorString(why) +
                           "): the function does something a CUDA graph cannot capture (a synchronisation such as "
                           ".item() or nonzero, a copy to the host, work on a stream it does not join back); " +
-                          detail};
+                          detail,
+               .cause = Cause::uncapturable};
 }
 
 // Slots in the pool for the inputs that are copied, with the same layout as the inputs.
@@ -460,10 +461,10 @@ Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::s
   capture.written = versions.written(capture.inputs);
   for (const std::uint32_t input : capture.written) {
     if (!plan.copy_input[input]) continue;
-    return fail(Errc::function_failed,
-                std::string(backend::wrote_copied_input_prefix) + "input " + std::to_string(input) +
+    return fail(Cause::wrote_copied_input, Errc::function_failed,
+                "input " + std::to_string(input) +
                     " was written in place (its version counter moved), but the graph reads it through a copy",
-                {}, -1, static_cast<std::int32_t>(input));
+                static_cast<std::int32_t>(input));
   }
   return outputs;
 }

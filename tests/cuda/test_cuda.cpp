@@ -173,23 +173,41 @@ TEST_CASE("cuda/take copies an output after the pool's work, on a non-blocking s
   }
 }
 
-TEST_CASE("cuda/work that cannot be captured fails the recording, and the pool stays usable",
+// A function that synchronises cannot be captured. Its recording's failure carries the cause
+// `uncapturable` (as on the host and torch backends), so the engine runs it eagerly at those
+// shapes from then on, with Reason::capture_failed logged once, and its values are right; the
+// pool holds nothing of the broken capture and still records other functions.
+TEST_CASE("cuda/work that cannot be captured runs eagerly with Reason::capture_failed, and the pool stays usable",
           "[gpu][provokes-api-errors]") {
   REQUIRE_GPU();
-  auto pool = must(H::make_pool({.skip_warmup = true}));
+  std::vector<cgt::Reason> logged;
+  cgt::Options options{.skip_warmup = true};
+  options.log_sink = [&logged](const cgt::Event& event) { logged.push_back(event.reason); };
+  auto pool = must(H::make_pool(std::move(options)));
   auto syncing = must(pool.add_function(
-      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) -> cgt::Result<cgt::cuda::Values> {
         cgt::cuda::Buffer y = ctx.allocate_like(in[0]);
+        const auto n = static_cast<std::int64_t>(in[0].numel());
+        (void)cudaMemsetAsync(y.data(), 0, n * sizeof(float), ctx.stream());
+        (void)cgt_test::sum_inputs(in[0].as<float>(), in[0].as<float>(), nullptr, nullptr, y.as<float>(), n,
+                                   ctx.stream());
         (void)cudaDeviceSynchronize();  // not allowed while the stream is captured
         return cgt::cuda::Values{y};
       },
       {.name = "syncing"}));
-  auto out = syncing({H::make(scenario::HostTensor::full({8}, 1))});
-  REQUIRE(!out);
-  CHECK(out.error().code == cgt::Errc::function_failed);
-  CHECK(pool.live_blocks().empty());
+  for (int call = 0; call < 3; ++call) {
+    pool.mark_step_begin();
+    auto out = must(syncing({H::make(scenario::HostTensor::full({8}, 1 + call))}));
+    CHECK(out.kind() == cgt::CallKind::eager);
+    CHECK(H::read(must(out.get(0)).get()).data[0] == 2 * (1 + call));
+  }
+  CHECK(std::ranges::count(logged, cgt::Reason::capture_failed) == 1);
+  CHECK(pool.stats().by_reason[static_cast<std::size_t>(cgt::Reason::capture_failed)] >= 1);
+  CHECK(pool.stats().recordings == 0);
   auto f = must(H::add(pool, scenario::unary("f", scenario::in(0) * 2)));
+  pool.mark_step_begin();
   const auto out_f = must(f({H::make(scenario::HostTensor::full({8}, 3))}));
+  CHECK(out_f.kind() == cgt::CallKind::recording);
   CHECK(H::read(must(out_f.get(0)).get()).data[0] == 6);
 }
 

@@ -613,7 +613,6 @@ class Sequence {
     fn->control->before_throw = nullptr;
     ++figures_.calls;
     (void)before_calls;
-    last_attempt_step_ = step_;
 
     if (def.keeps_pool_buffer) user_wrote_kept_block(*fn);
     std::vector<std::size_t> gone;  // held entries to forget
@@ -624,7 +623,7 @@ class Sequence {
       log("  -> " + result.error().describe());
       expect(allowed.contains(code),
              "call " + text + " failed with an error it may not give here: " + result.error().describe());
-      if (begins_step) step_not_begun_if_refused(inputs, code);
+      if (begins_step) step_not_begun();
       for (const Input& input : inputs) {
         if (!input.moved) continue;
         if (moves_.moved_lease_into_failing_call) {
@@ -825,10 +824,11 @@ class Sequence {
       if (!got) {
         const Errc code = got.error().code;
         if (shut_down_ && code == Errc::pool_shut_down) continue;
-        const bool reclaimed = held.reclaimable && held.step < last_attempt_step_ && !copy_out_;
+        // Reclaimed only by a call that succeeded: a failing call changes nothing the caller holds.
+        const bool reclaimed = held.reclaimable && held.step < last_call_step_ && !copy_out_;
         expect(code == Errc::output_overwritten && reclaimed,
                name + " fails " + when + " with " + got.error().describe() +
-                   (reclaimed ? "" : ", though no new step reclaimed it (or copy_out_on_new_step is on)"));
+                   (reclaimed ? "" : ", though no call of a new step succeeded since (or copy_out_on_new_step is on)"));
         continue;
       }
       if (shut_down_ && held.reclaimable) broken(name + " still gives a value after shutdown()");
@@ -907,16 +907,10 @@ class Sequence {
     return true;
   }
 
-  /// A forward's call that failed because a lease passed to it had been reclaimed before the call
-  /// (by an earlier step) was refused before it began its step: the pool checks the arguments
-  /// first. (A lease that only this call's step reclaims fails after the step began.)
-  void step_not_begun_if_refused(const std::vector<Input>& inputs, Errc code) {
-    if (code != Errc::output_overwritten) return;
-    const bool refused = std::ranges::any_of(inputs, [this](const Input& input) {
-      return input.as_lease && input.held && held_[*input.held].reclaimable && held_[*input.held].step + 1 < step_;
-    });
-    if (!refused) return;
-    log("  (refused before its step began: the step is still " + std::to_string(step_ - 1) + ")");
+  /// A forward's call that began a step failed: the pool takes the step back, and the last
+  /// step's outputs stay as they were (a call that fails changes nothing the caller holds).
+  void step_not_begun() {
+    log("  (failed: its step is not begun, the step is still " + std::to_string(step_ - 1) + ")");
     --figures_.forward_steps;
     --step_;
   }
@@ -977,7 +971,6 @@ class Sequence {
     ++figures_.errors[std::string(cgt::to_string(code))];
     expect(shut_down_ ? code == Errc::pool_shut_down : code == want,
            "the call " + text + " gave " + result.error().describe());
-    last_attempt_step_ = step_;
     verify_all("after a wrong call");
   }
 
@@ -1038,10 +1031,10 @@ class Sequence {
       }
       if (reused) continue;
       log(fn->name + "(escaped value of reclaimed lease " + std::to_string(h) + ")");
-      before_pool_call(*fn);
+      const bool begins_step = before_pool_call(*fn);
       auto result = (*fn->handle)({held.escaped});
       ++figures_.calls;
-      last_attempt_step_ = step_;
+      if (!result && begins_step) step_not_begun();
       expect(!result && result.error().code == Errc::output_overwritten,
              "an escaped value of a reclaimed lease (output of " + held.from + " in step " + std::to_string(held.step) +
                  ", " + std::to_string(held.escaped.numel()) + " elements at offset " +
@@ -1131,11 +1124,10 @@ class Sequence {
   std::vector<Template> script_;
   std::size_t script_at_ = 0;
   std::uint64_t step_ = 0;
-  std::uint64_t last_call_step_ = 0;     // step of the last successful call
-  std::uint64_t last_attempt_step_ = 0;  // step of the last call, failed or not
-  bool pending_backward_ = false;        // a forward ran and no backward since (the pool says the same)
-  bool program_marks_steps_ = false;     // mark_step_begin() was called: forwards begin no step
-  bool never_marks_steps_ = false;       // the program leaves steps to its forwards
+  std::uint64_t last_call_step_ = 0;  // step of the last successful call
+  bool pending_backward_ = false;     // a forward ran and no backward since (the pool says the same)
+  bool program_marks_steps_ = false;  // mark_step_begin() was called: forwards begin no step
+  bool never_marks_steps_ = false;    // the program leaves steps to its forwards
   std::size_t action_ = 0;
   std::uint64_t events_ = 0;
   bool limited_arena_ = false, or_error_ = false, static_error_ = false, copy_out_ = false;

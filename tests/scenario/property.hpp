@@ -147,10 +147,10 @@ PropertyReport walk_random_calls(std::uint64_t seed, std::size_t steps) {
         }
       }
     } else if (action < 62) {
-      // Passing a lease that a new step reclaimed fails, and changes nothing.
+      // Passing a lease that a new step reclaims fails, and changes nothing: a call that fails
+      // does not begin its step, so the leases of the last one stay valid until a call succeeds.
       auto stale = std::find_if(held.begin(), held.end(), [&](const Held& item) { return is_stale(item); });
       if (stale != held.end()) {
-        last_call_step = step_number;
         const auto calls = env.pool.stats().calls;
         auto outs = functions[0]({stale->lease});
         REQUIRE(!outs);
