@@ -37,6 +37,12 @@ enum class Errc : std::uint8_t {
   invalid_argument,
   /// An internal consistency check failed (only with `Options::debug_checks`); please report it.
   invariant_violation,
+  /// A function of this pool was called while another pool recorded a function on the same
+  /// thread (a pool function calling another pool's): one pool's graph cannot hold another
+  /// pool's call and its leases. The recording pool runs its function eagerly instead
+  /// (`Reason::nested_pool`), where this call then succeeds: call the inner function before or
+  /// after the outer one, or give both functions one pool.
+  nested_capture,
 };
 
 /// The name of a code, e.g. "output_overwritten".

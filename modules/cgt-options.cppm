@@ -25,6 +25,9 @@ enum class Reason : std::uint8_t {
   input_on_other_device,  ///< an input is on another device or in host memory
   capture_failed,         ///< its capture failed for a reason that will not change (a synchronisation
                           ///< inside the function): that shape runs eagerly from then on
+  nested_pool,            ///< it called a function of another pool while this pool recorded it (that
+                          ///< call fails with `Errc::nested_capture`): that shape runs eagerly from then
+                          ///< on, where the inner call works; give both functions one pool to graph them
   // Re-recordings: the call records a new graph instead of replaying one.
   static_input_moved,   ///< a static input is at a new address
   managed_input_moved,  ///< an input that is an output of an earlier graph is at a new address

@@ -153,9 +153,11 @@ struct Variant {
   std::uint32_t function = 0;
   std::vector<std::int64_t> key;
   bool warmed_up = false;
-  /// Its capture failed for a reason that will not change (a synchronisation inside the function):
-  /// it runs eagerly from then on (`Reason::capture_failed`), with the backend's message kept here.
+  /// Its capture failed for a reason that will not change (a synchronisation inside the function,
+  /// a call of another pool): it runs eagerly from then on, for `capture_failure_reason`
+  /// (`Reason::capture_failed` or `nested_pool`), with the backend's message kept here.
   std::optional<std::string> capture_failure;
+  Reason capture_failure_reason = Reason::capture_failed;
 };
 
 /// The argument signature a function is held to: set by its first call.
@@ -577,6 +579,9 @@ class Engine {
   /// After a failed capture: a shape that recorded without its own warm-up warms up (and records
   /// at its next call); otherwise the failure will not go away and the shape runs eagerly from now on.
   Result<CallOutputs> after_failed_capture(CallFrame& frame, const Error& error);
+  /// After a capture in which the function called another pool (`RecordingScope`): that shape
+  /// runs eagerly from now on (`Reason::nested_pool`), said once.
+  Result<CallOutputs> after_nested_call(CallFrame& frame, const Error& error);
 
   // --- writes to inputs that the options do not declare (engine_writes.cpp) ---
   /// Treats input `input` of `function` as mutated from now on, and says so once.
@@ -653,6 +658,28 @@ class Engine {
   /// Frees the tree and the device's memory; returns the functions' callables, for the caller to
   /// destroy once it let go of the state.
   [[nodiscard]] std::vector<std::unique_ptr<backend::Invoker>> shutdown();
+};
+
+/// Marks the thread as recording `function` of `engine` while it lives (PyTorch's trees are one
+/// per device and cannot nest; cgt's pools can be many). A call of another pool's function on
+/// this thread meanwhile is refused (`other_recording`), and the scope remembers that it was:
+/// the recording lacks that call's work, whatever the function made of the refusal.
+class RecordingScope {
+ public:
+  RecordingScope(const Engine& engine, const FunctionRecord& function) noexcept;
+  ~RecordingScope();
+  RecordingScope(const RecordingScope&) = delete;
+  RecordingScope& operator=(const RecordingScope&) = delete;
+  /// A call of another pool was refused during this scope.
+  [[nodiscard]] bool refused_a_call() const noexcept;
+  /// The function that another pool than `engine` records on this thread, or null; a non-null
+  /// answer counts as a refused call of that recording.
+  [[nodiscard]] static const FunctionRecord* other_recording(const Engine& engine) noexcept;
+
+ private:
+  const Engine* previous_engine_;
+  const FunctionRecord* previous_function_;
+  bool previous_refused_;
 };
 
 /// Holds an engine's state for the current thread: a call, a handle drop, a read of a lease or

@@ -101,6 +101,14 @@ Result<void> describe_arguments(const ArgSource& source, const std::string& func
 }  // namespace
 
 Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource& args) {
+  if (const FunctionRecord* outer = RecordingScope::other_recording(engine)) {
+    const std::string name = function_name(engine, function);
+    return fail(Errc::nested_capture,
+                "call of " + quoted(name) + " while another pool records " + quoted(outer->name) +
+                    " on this thread; one pool's graph cannot hold another pool's call, so '" + outer->name +
+                    "' runs eagerly instead, where this call works (or give both functions one pool)",
+                name);
+  }
   bool idle = false;
   if (!engine.busy.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
     const std::string name = function_name(engine, function);
@@ -382,7 +390,7 @@ std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
   // Checked on every call, from this call's inputs: whether an input is pool memory depends on
   // the call, and a graph that copied a mutated input into a slot would lose the mutation.
   if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
-  if (frame.variant->capture_failure) return Reason::capture_failed;
+  if (frame.variant->capture_failure) return frame.variant->capture_failure_reason;
   if (facts_for(frame.variant->id).rerecords > options.rerecord_limit) return Reason::rerecord_limit;
   return std::nullopt;
 }

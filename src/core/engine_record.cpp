@@ -17,6 +17,11 @@ import :engine;
 namespace cgt::detail {
 namespace {
 
+// What this thread records: set by a RecordingScope, read by calls of other pools.
+thread_local const Engine* recording_engine = nullptr;
+thread_local const FunctionRecord* recording_function = nullptr;
+thread_local bool refused_during_recording = false;
+
 std::string moved_message(NodeReason reason, const FunctionRecord& function) {
   const std::string what =
       reason == NodeReason::static_input_moved ? "a static input" : "an input from an earlier graph";
@@ -24,6 +29,41 @@ std::string moved_message(NodeReason reason, const FunctionRecord& function) {
 }
 
 }  // namespace
+
+RecordingScope::RecordingScope(const Engine& engine, const FunctionRecord& function) noexcept
+    : previous_engine_(recording_engine),
+      previous_function_(recording_function),
+      previous_refused_(refused_during_recording) {
+  recording_engine = &engine;
+  recording_function = &function;
+  refused_during_recording = false;
+}
+
+RecordingScope::~RecordingScope() {
+  recording_engine = previous_engine_;
+  recording_function = previous_function_;
+  refused_during_recording = previous_refused_;
+}
+
+bool RecordingScope::refused_a_call() const noexcept {
+  return refused_during_recording;
+}
+
+const FunctionRecord* RecordingScope::other_recording(const Engine& engine) noexcept {
+  if (recording_engine == nullptr || recording_engine == &engine) return nullptr;
+  refused_during_recording = true;
+  return recording_function;
+}
+
+Result<CallOutputs> Engine::after_nested_call(CallFrame& frame, const Error& error) {
+  // The function needs another pool's call, which cannot be part of this pool's graph: it would
+  // fail the same way on every recording. Eagerly, the inner call runs (and graphs) in its pool.
+  frame.variant->capture_failure = error.message;
+  frame.variant->capture_failure_reason = Reason::nested_pool;
+  log(EventKind::eager_fallback, Reason::nested_pool, *frame.function,
+      "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
+  return run_eager(frame, Reason::nested_pool);
+}
 
 Result<CallOutputs> Engine::after_failed_capture(CallFrame& frame, const Error& error) {
   FunctionRecord& function = *frame.function;
@@ -74,7 +114,17 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
       .copy_input = std::span<const bool>(copy_input.get(), inputs),
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr};
   return run_in_pool<backend::Recorded>(
-      frame, "recording", [&] { return device->record(*frame.function->invoker, frame.args, plan); },
+      frame, "recording",
+      [&]() -> Result<backend::Recorded> {
+        const RecordingScope scope(*this, *frame.function);
+        auto recorded = device->record(*frame.function->invoker, frame.args, plan);
+        if (!scope.refused_a_call()) return recorded;
+        recorded = Result<backend::Recorded>();  // without the inner call's work: given up
+        return fail(Cause::nested_pool, Errc::function_failed,
+                    "it called a function of another pool while its own pool recorded it (that call failed with "
+                    "nested_capture); one pool's graph cannot hold another pool's call: give both functions one "
+                    "pool to graph them together");
+      },
       [](const backend::Recorded& recorded) -> const backend::RunResult& { return recorded.first_outputs; });
 }
 
@@ -115,6 +165,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
 
   auto recorded = capture(frame, uses);
   if (!recorded) {
+    if (recorded.error().cause == Cause::nested_pool) return after_nested_call(frame, recorded.error());
     if (backend::is_capture_failure(recorded.error())) return after_failed_capture(frame, recorded.error());
     if (backend::is_write_to_copy(recorded.error())) return after_write_to_copy(frame, recorded.error());
     return std::unexpected(std::move(recorded.error()));

@@ -35,6 +35,8 @@ std::string fallback_message(Reason reason, const std::string& function) {
       return "skipping graphs for " + name + ": an input is on another device or in host memory";
     case Reason::capture_failed:
       return "skipping graphs for " + name + " at these input shapes: its capture failed earlier";
+    case Reason::nested_pool:
+      return "skipping graphs for " + name + " at these input shapes: it calls a function of another pool";
     default: return "skipping graphs for " + name + ": " + std::string(to_string(reason));
   }
 }
@@ -121,7 +123,8 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   ++stats.by_reason[static_cast<std::size_t>(reason)];
   // A mutation, an exceeded re-record limit or a capture that failed is a decision kept, logged when made;
   // the other reasons are decided, and logged, per call.
-  if (reason != Reason::mutated_input && reason != Reason::rerecord_limit && reason != Reason::capture_failed) {
+  if (reason != Reason::mutated_input && reason != Reason::rerecord_limit && reason != Reason::capture_failed &&
+      reason != Reason::nested_pool) {
     log(EventKind::eager_fallback, reason, function, message);
   }
 

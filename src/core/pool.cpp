@@ -232,6 +232,7 @@ std::string_view to_string(Errc code) noexcept {
     case Errc::concurrent_use: return "concurrent_use";
     case Errc::invalid_argument: return "invalid_argument";
     case Errc::invariant_violation: return "invariant_violation";
+    case Errc::nested_capture: return "nested_capture";
   }
   return "unknown";
 }
@@ -256,6 +257,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::managed_input_moved: return "managed_input_moved";
     case Reason::many_shape_keys: return "many_shape_keys";
     case Reason::capture_failed: return "capture_failed";
+    case Reason::nested_pool: return "nested_pool";
     case Reason::pending_backward: return "pending_backward";
     case Reason::undeclared_write: return "undeclared_write";
     case Reason::count_: break;

@@ -5,6 +5,7 @@
 // every held output `output_overwritten`.)
 #include <catch2/catch_test_macros.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -183,4 +184,90 @@ TEST_CASE("after mark_step_begin, a call that throws leaves the last step's outp
   auto next = must(g({filled({4}, 5)}));
   check_reclaimed(held);
   CHECK(output_values(next, 0) == repeat(10));
+}
+
+// Composed pools: an encoder pool's function called by a decoder pool's function. The decoder's
+// recording cannot hold the encoder's call (its graph and leases are the encoder pool's), so the
+// inner call is refused with nested_capture, the decoder runs that shape eagerly with
+// Reason::nested_pool (logged once, never silently), and there the encoder's call works and
+// graphs in its own pool. Values equal eager on every call.
+TEST_CASE("a pool function that calls another pool's function runs eagerly with nested_pool, values right",
+          "[failures][host][nested]") {
+  std::vector<cgt::Reason> logged;
+  std::vector<std::string> messages;
+  cgt::Options outer_options{.debug_checks = true};
+  outer_options.log_sink = [&](const cgt::Event& event) {
+    logged.push_back(event.reason);
+    messages.emplace_back(event.message);
+  };
+  auto inner_pool = poisoned_pool({.debug_checks = true});
+  auto outer_pool = poisoned_pool(std::move(outer_options));
+  bool never = false;
+  auto encoder = doubling(inner_pool, "encoder", &never, FunctionMode::inference);
+  std::vector<cgt::Errc> inner_failures;
+  auto decoder = must(outer_pool.add_function(
+      [&](Context& ctx, Inputs in) {
+        auto encoded = encoder({in[0]});
+        if (!encoded) {
+          inner_failures.push_back(encoded.error().code);
+          throw std::runtime_error(encoded.error().message);
+        }
+        const Buffer code = must(encoded->take(0));  // ordinary memory: kept past the inner lease
+        const Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([code, y] {
+          for (std::size_t i = 0; i < code.numel(); ++i) y.set(i, code.get(i) + 1);
+        });
+        return Values{y};
+      },
+      {.name = "decoder"}));
+  std::vector<cgt::CallKind> kinds;
+  for (int step = 0; step < 4; ++step) {
+    outer_pool.mark_step_begin();
+    inner_pool.mark_step_begin();
+    auto out = must(decoder({filled({4}, step)}));
+    kinds.push_back(out.kind());
+    CHECK(output_values(out, 0) == repeat((2.0 * step) + 1));
+  }
+  using K = cgt::CallKind;
+  CHECK(kinds == std::vector{K::warmup, K::eager, K::eager, K::eager});
+  CHECK(inner_failures == std::vector{cgt::Errc::nested_capture});  // refused once: at the recording
+  CHECK(std::ranges::count(logged, cgt::Reason::nested_pool) == 1);
+  REQUIRE(!messages.empty());
+  CHECK(messages.back().find("another pool") != std::string::npos);
+  CHECK(outer_pool.stats().count(cgt::Reason::nested_pool) == 3);  // one per eager call
+  CHECK(outer_pool.stats().recordings == 0);
+  CHECK(inner_pool.stats().recordings == 1);  // the encoder graphs in its own pool, eagerly called
+  CHECK(inner_pool.stats().replays >= 1);
+}
+
+// A function that swallows the refusal (it returns without the inner call's work) must not
+// leave a graph without that work behind: the recording is given up all the same.
+TEST_CASE("a recording whose function swallowed a refused call of another pool is given up",
+          "[failures][host][nested]") {
+  auto inner_pool = poisoned_pool({});
+  std::vector<cgt::Reason> logged;
+  cgt::Options outer_options{.skip_warmup = true};
+  outer_options.log_sink = [&logged](const cgt::Event& event) { logged.push_back(event.reason); };
+  auto outer_pool = poisoned_pool(std::move(outer_options));
+  bool never = false;
+  auto encoder = doubling(inner_pool, "encoder", &never, FunctionMode::inference);
+  auto decoder = must(outer_pool.add_function(
+      [&](Context& ctx, Inputs in) {
+        const Buffer y = ctx.allocate_like(in[0]);
+        auto encoded = encoder({in[0]});
+        const Buffer code = encoded ? must(encoded->take(0)) : in[0];  // falls back on its input
+        ctx.launch([code, y] {
+          for (std::size_t i = 0; i < code.numel(); ++i) y.set(i, code.get(i));
+        });
+        return Values{y};
+      },
+      {.name = "decoder"}));
+  for (int step = 0; step < 3; ++step) {
+    outer_pool.mark_step_begin();
+    auto out = must(decoder({filled({4}, 3)}));
+    CHECK(out.kind() == cgt::CallKind::eager);
+    CHECK(output_values(out, 0) == repeat(6));  // the encoder's work is in every value
+  }
+  CHECK(outer_pool.stats().recordings == 0);
+  CHECK(logged == std::vector{cgt::Reason::nested_pool});
 }
