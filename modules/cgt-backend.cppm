@@ -359,6 +359,10 @@ class Device {
     return fail(Errc::invalid_argument, why_no_buckets());
   }
 
+  /// The sizes of a value the pool hands out (empty: none, or not known to the backend): the
+  /// engine looks for a bucket's size on the dimensions it does not slice.
+  [[nodiscard]] virtual std::vector<std::int64_t> sizes_of(const void* /*value*/) const { return {}; }
+
   /// Allocated blocks of the pool.
   [[nodiscard]] virtual std::vector<Block> live_blocks() const = 0;
   [[nodiscard]] virtual MemoryInfo memory() const = 0;

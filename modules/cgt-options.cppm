@@ -40,6 +40,11 @@ enum class Reason : std::uint8_t {
   /// backend saw it): the input counts as mutated from then on, so calls that would copy it into
   /// a graph's slot run eagerly (`mutated_input`). Once per input.
   undeclared_write,
+  /// A padded call of a bucketed function handed out an output that `Buckets::output_dims` does
+  /// not declare and that has the bucket's size on a dimension other than the one sliced: its
+  /// padded rows may be in it (a transpose, a [seq, batch] or [n, n] output). Declare where its
+  /// batch is (`output_dims`) or that it has none (`whole_outputs`). Once per function.
+  padded_output,
   count_,  ///< number of reasons (not a reason)
 };
 
@@ -152,7 +157,11 @@ struct Pad {
 ///  * padded: every input that is neither static nor a scalar and whose size along the dimension
 ///    is `n` (the others, weights and tables, are passed as they are);
 ///  * sliced: every output whose size along the dimension is `b`, to its first `n` rows (a view:
-///    its lease keeps the whole bucket's memory live); other outputs are handed out whole.
+///    its lease keeps the whole bucket's memory live); other outputs are handed out whole. An
+///    output whose batch is on another dimension (a transpose, an RNN's [seq, batch] output, an
+///    [n, n] attention map) is declared in `output_dims`: sliced there (on every dimension listed
+///    for it). An undeclared output that still has `b` elements on another dimension may carry the
+///    padded rows: the call warns once (`Reason::padded_output`).
 /// The rules go by size: an input or output that is not batch-shaped but has the batch's size by
 /// coincidence (a [64] mean over the batch with a bucket of 64, a table of n rows) would be
 /// padded or sliced too. Name those in `unpadded_inputs` and `whole_outputs`.
@@ -176,6 +185,11 @@ struct Buckets {
   /// Outputs handed out whole, never sliced, whatever their size (an index past the function's
   /// outputs fails the call with `invalid_argument`).
   std::vector<std::size_t> whole_outputs;
+  /// Where an output's batch is, as (output, dimension) pairs: the output is sliced to the call's
+  /// size on each dimension listed for it, and on no other. An output listed here must have the
+  /// bucket's size there at a padded call, else the call fails with `invalid_argument` (as for an
+  /// index past the function's outputs, or an output that `whole_outputs` lists too).
+  std::vector<std::pair<std::size_t, std::size_t>> output_dims;
 
   /// The padding of input `input`.
   [[nodiscard]] Pad pad_of(std::size_t input) const noexcept {

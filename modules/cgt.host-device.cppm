@@ -165,6 +165,7 @@ class Device final : public backend::Device {
   [[nodiscard]] Result<std::shared_ptr<const void>> slice(const void* value, const backend::StorageHandle* storage,
                                                           std::size_t dim, std::int64_t bucket,
                                                           std::int64_t size) override;
+  [[nodiscard]] std::vector<std::int64_t> sizes_of(const void* value) const override;
   [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
                                         std::int64_t rows) override;
   [[nodiscard]] std::vector<Block> live_blocks() const override;

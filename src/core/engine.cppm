@@ -183,6 +183,7 @@ struct FunctionRecord {
   bool warned_mutation = false;
   bool warned_many_keys = false;
   bool warned_pending_backward = false;
+  bool warned_padded_output = false;
   bool warmed_up_once = false;  ///< some shape of it has warmed up (see `warm_up_each_shape`)
   std::set<Reason> logged;      ///< reasons already printed by the default sink
 };
@@ -535,8 +536,11 @@ class Engine {
   Result<CallOutputs> run_bucketed(CallFrame& frame);
   /// Makes each lease of `out` hand out its value's first `size` rows along `dim`, where the value
   /// has `bucket` of them there; the leases keep holding the whole storage.
-  Result<void> slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket,
-                             std::int64_t size) const;
+  Result<void> slice_outputs(CallOutputs& out, FunctionRecord& function, std::int64_t bucket, std::int64_t size);
+  /// Warns once when output `index` of a padded call (`value`, sliced along `sliced` or not at
+  /// all) has `bucket` elements on another dimension: its padded rows may be in it.
+  void warn_if_padding_shows(FunctionRecord& function, std::size_t index, const void* value,
+                             std::span<const std::size_t> sliced, std::int64_t bucket);
 
   // --- eager fallback and warm-up (engine_warmup.cpp) ---
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);

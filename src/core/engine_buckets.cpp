@@ -22,14 +22,26 @@ bool listed(const std::vector<std::size_t>& list, std::size_t i) noexcept {
   return std::ranges::find(list, i) != list.end();
 }
 
-// An output `whole_outputs` names must exist: a typo would otherwise leave an output sliced.
+// The outputs `whole_outputs` and `output_dims` name must exist, and each in one list only: a
+// typo would otherwise leave an output sliced, or whole.
 Result<CallOutputs> checked_whole_outputs(Result<CallOutputs> out, const FunctionRecord& function) {
   if (!out) return out;
-  for (const std::size_t index : function.options.buckets.whole_outputs) {
-    if (index >= out->leases.size()) {
+  const Buckets& buckets = function.options.buckets;
+  const auto out_of_range = [&](const char* list, std::size_t index) {
+    return fail(Errc::invalid_argument,
+                std::string("buckets.") + list + " names output " + std::to_string(index) + " of '" + function.name +
+                    "', which is out of range: it returned " + std::to_string(out->leases.size()) + " outputs",
+                function.name);
+  };
+  for (const std::size_t index : buckets.whole_outputs) {
+    if (index >= out->leases.size()) return out_of_range("whole_outputs", index);
+  }
+  for (const auto& [index, dim] : buckets.output_dims) {
+    if (index >= out->leases.size()) return out_of_range("output_dims", index);
+    if (listed(buckets.whole_outputs, index)) {
       return fail(Errc::invalid_argument,
-                  "buckets.whole_outputs names output " + std::to_string(index) + " of '" + function.name +
-                      "', which is out of range: it returned " + std::to_string(out->leases.size()) + " outputs",
+                  "buckets.output_dims and buckets.whole_outputs both name output " + std::to_string(index) + " of '" +
+                      function.name + "': an output is sliced on its batch dimensions or handed out whole",
                   function.name);
     }
   }
@@ -115,23 +127,59 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
   return out;
 }
 
-Result<void> Engine::slice_outputs(CallOutputs& out, const FunctionRecord& function, std::int64_t bucket,
-                                   std::int64_t size) const {
-  const std::size_t dim = function.options.size_source.dim;
+Result<void> Engine::slice_outputs(CallOutputs& out, FunctionRecord& function, std::int64_t bucket, std::int64_t size) {
+  const Buckets& buckets = function.options.buckets;
   for (std::size_t o = 0; o < out.leases.size(); ++o) {
     LeaseCore& lease = out.leases[o];
-    if (lease.value == nullptr || listed(function.options.buckets.whole_outputs, o)) continue;
+    if (lease.value == nullptr || listed(buckets.whole_outputs, o)) continue;
+    std::vector<std::size_t> dims;
+    for (const auto& [index, dim] : buckets.output_dims) {
+      if (index == o) dims.push_back(dim);
+    }
+    const bool declared = !dims.empty();
+    if (!declared) dims.push_back(function.options.size_source.dim);
     // The lease keeps its cell: the whole bucket's storage stays live (and protected from
     // replays) while the caller holds the view of its first rows.
     const backend::StorageHandle* storage = lease.cell != nullptr ? &lease.cell->storage : nullptr;
-    auto view = device->slice(lease.value, storage, dim, bucket, size);
-    if (!view)
-      return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
-    if (*view == nullptr) continue;  // not `bucket` rows along `dim`: handed out whole
-    lease.value = view->get();
-    lease.owner = std::move(*view);
+    std::vector<std::size_t> sliced;
+    for (const std::size_t dim : dims) {
+      auto view = device->slice(lease.value, storage, dim, bucket, size);
+      if (!view) {
+        return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
+      }
+      if (*view == nullptr) {
+        if (!declared) continue;  // not `bucket` rows along the input's dimension: handed out whole
+        return fail(Errc::invalid_argument,
+                    "buckets.output_dims says output " + std::to_string(o) + " of '" + function.name +
+                        "' has its batch on dimension " + std::to_string(dim) + ", but it has no " +
+                        std::to_string(bucket) + " elements there at bucket " + std::to_string(bucket),
+                    function.name);
+      }
+      lease.value = view->get();
+      lease.owner = std::move(*view);
+      sliced.push_back(dim);
+    }
+    if (!declared) warn_if_padding_shows(function, o, lease.value, sliced, bucket);
   }
   return {};
+}
+
+void Engine::warn_if_padding_shows(FunctionRecord& function, std::size_t index, const void* value,
+                                   std::span<const std::size_t> sliced, std::int64_t bucket) {
+  if (function.warned_padded_output) return;
+  const std::vector<std::int64_t> sizes = device->sizes_of(value);
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != bucket || std::ranges::find(sliced, d) != sliced.end()) continue;
+    function.warned_padded_output = true;
+    ++stats.by_reason[static_cast<std::size_t>(Reason::padded_output)];
+    log(EventKind::warning, Reason::padded_output, function,
+        "output " + std::to_string(index) + " of '" + function.name + "' has " + std::to_string(bucket) +
+            " elements on dimension " + std::to_string(d) +
+            " at a call padded to that bucket, and is not sliced there: it may carry the padded rows (a transpose, "
+            "a [seq, batch] or [n, n] output); declare its batch dimensions in buckets.output_dims, or list it in "
+            "buckets.whole_outputs if it has none");
+    return;
+  }
 }
 
 }  // namespace cgt::detail

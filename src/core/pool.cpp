@@ -260,6 +260,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::nested_pool: return "nested_pool";
     case Reason::pending_backward: return "pending_backward";
     case Reason::undeclared_write: return "undeclared_write";
+    case Reason::padded_output: return "padded_output";
     case Reason::count_: break;
   }
   return "unknown";

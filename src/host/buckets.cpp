@@ -76,4 +76,9 @@ Result<std::shared_ptr<const void>> Device::slice(const void* value, const backe
   return std::make_shared<Buffer>(narrow(output, dim, 0, size));
 }
 
+std::vector<std::int64_t> Device::sizes_of(const void* value) const {
+  const Buffer& buffer = *static_cast<const Buffer*>(value);
+  return {buffer.sizes().begin(), buffer.sizes().end()};
+}
+
 }  // namespace cgt::host

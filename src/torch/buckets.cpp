@@ -116,4 +116,10 @@ Result<std::shared_ptr<const void>> Device::slice(const void* value, const backe
   });
 }
 
+std::vector<std::int64_t> Device::sizes_of(const void* value) const {
+  const at::Tensor& tensor = *static_cast<const at::Tensor*>(value);
+  if (!tensor.defined()) return {};
+  return tensor.sizes().vec();
+}
+
 }  // namespace cgt::torch

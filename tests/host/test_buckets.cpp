@@ -482,3 +482,136 @@ TEST_CASE("outputs and inputs of the batch's size by coincidence are kept whole 
   REQUIRE_FALSE(refused_input.has_value());
   CHECK(refused_input.error().code == cgt::Errc::invalid_argument);
 }
+
+namespace {
+
+// Outputs whose batch is not on the input's dimension: x.T ([cols, n]) and the [n, n] matrix of
+// row dot products (attention's shape), both computed into new memory.
+Values transposed_and_gram(Context& ctx, const Inputs& in) {
+  const Buffer x = in[0];
+  const std::int64_t rows = x.sizes()[0];
+  const std::int64_t cols = x.sizes()[1];
+  Buffer t = ctx.allocate(cgt::ElementType::f32, {cols, rows});
+  Buffer g = ctx.allocate(cgt::ElementType::f32, {rows, rows});
+  ctx.launch([x, t, g, rows, cols] {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t k = 0; k < cols; ++k) {
+        t.set(static_cast<std::size_t>((k * rows) + r), x.get(static_cast<std::size_t>((r * cols) + k)));
+      }
+      for (std::int64_t q = 0; q < rows; ++q) {
+        double dot = 0;
+        for (std::int64_t k = 0; k < cols; ++k) {
+          dot += x.get(static_cast<std::size_t>((r * cols) + k)) * x.get(static_cast<std::size_t>((q * cols) + k));
+        }
+        g.set(static_cast<std::size_t>((r * rows) + q), dot);
+      }
+    }
+  });
+  return {t, g};
+}
+
+// The reference: the same function run outside any pool.
+std::vector<std::vector<double>> transposed_and_gram_reference(const Buffer& x) {
+  const std::int64_t rows = x.sizes()[0];
+  const std::int64_t cols = x.sizes()[1];
+  std::vector<double> t;
+  std::vector<double> g;
+  for (std::int64_t k = 0; k < cols; ++k) {
+    for (std::int64_t r = 0; r < rows; ++r) t.push_back(x.get(static_cast<std::size_t>((r * cols) + k)));
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t q = 0; q < rows; ++q) {
+      double dot = 0;
+      for (std::int64_t k = 0; k < cols; ++k) {
+        dot += x.get(static_cast<std::size_t>((r * cols) + k)) * x.get(static_cast<std::size_t>((q * cols) + k));
+      }
+      g.push_back(dot);
+    }
+  }
+  return {t, g};
+}
+
+}  // namespace
+
+// A bucketed function whose outputs carry the batch on dimension 1 (x.T) or on both (an [n, n]
+// map): declared in output_dims, they are sliced there and equal eager's on warm-up, recording
+// and replay, with the padded rows nowhere in them.
+TEST_CASE("outputs with their batch on other dimensions are sliced where output_dims says", "[buckets][host]") {
+  EventLog log;
+  cgt::Options options;
+  options.log_sink = log.sink();
+  auto pool = make_pool(std::move(options));
+  cgt::FunctionOptions declared{.name = "declared", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(-999)}};
+  declared.buckets.output_dims = {{0, 1}, {1, 0}, {1, 1}};
+  auto f = must(pool.add_function(transposed_and_gram, std::move(declared)));
+  std::vector<cgt::CallKind> kinds;
+  for (int call = 0; call < 3; ++call) {
+    pool.mark_step_begin();
+    const Buffer x = batch(3, call, 2);
+    auto out = must(f({x}));
+    kinds.push_back(out.kind());
+    const auto reference = transposed_and_gram_reference(x);
+    CHECK(sizes_of(must(out.get(0)).get()) == std::vector<std::int64_t>{2, 3});
+    CHECK(sizes_of(must(out.get(1)).get()) == std::vector<std::int64_t>{3, 3});
+    CHECK(values_of(must(out.get(0)).get()) == reference[0]);
+    CHECK(values_of(must(out.get(1)).get()) == reference[1]);
+  }
+  using K = cgt::CallKind;
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay});
+  CHECK(pool.stats().count(cgt::Reason::padded_output) == 0);
+  CHECK(log.reasons.empty());
+}
+
+// Undeclared, such an output cannot be sliced right; it must never be handed out with padded
+// rows silently: the call warns once (padded_output), naming the output and what to declare.
+TEST_CASE("an undeclared output with the bucket's size on another dimension is warned about once", "[buckets][host]") {
+  EventLog log;
+  cgt::Options options;
+  options.log_sink = log.sink();
+  auto pool = make_pool(std::move(options));
+  auto f = must(pool.add_function(transposed_and_gram,
+                                  {.name = "undeclared", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(-999)}}));
+  for (int call = 0; call < 3; ++call) {
+    pool.mark_step_begin();
+    (void)must(f({batch(3, call, 2)}));
+  }
+  REQUIRE(log.reasons == std::vector{cgt::Reason::padded_output});
+  CHECK(log.messages[0].find("output 0 of 'undeclared'") != std::string::npos);
+  CHECK(log.messages[0].find("output_dims") != std::string::npos);
+  CHECK(pool.stats().count(cgt::Reason::padded_output) == 1);
+  // At a bucket's own size nothing is padded: nothing to warn about.
+  EventLog quiet;
+  cgt::Options quiet_options;
+  quiet_options.log_sink = quiet.sink();
+  auto other = make_pool(std::move(quiet_options));
+  auto g = must(other.add_function(transposed_and_gram,
+                                   {.name = "at_bucket", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(-999)}}));
+  (void)must(g({batch(4, 1, 2)}));
+  CHECK(quiet.reasons.empty());
+}
+
+TEST_CASE("output_dims that cannot be meant fail the call with invalid_argument", "[buckets][host]") {
+  auto pool = make_pool();
+  cgt::FunctionOptions wrong_dim{.name = "wrong_dim", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
+  wrong_dim.buckets.output_dims = {{0, 0}};  // x.T has the batch on dimension 1, 2 rows on 0
+  auto f = must(pool.add_function(transposed_and_gram, std::move(wrong_dim)));
+  auto failed = f({batch(3, 1, 2)});
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().code == cgt::Errc::invalid_argument);
+  CHECK(failed.error().message.find("output_dims") != std::string::npos);
+
+  cgt::FunctionOptions both{.name = "both", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
+  both.buckets.output_dims = {{1, 0}};
+  both.buckets.whole_outputs = {1};
+  auto g = must(pool.add_function(transposed_and_gram, std::move(both)));
+  auto refused = g({batch(3, 1, 2)});
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == cgt::Errc::invalid_argument);
+
+  cgt::FunctionOptions past{.name = "past", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
+  past.buckets.output_dims = {{2, 0}};  // two outputs
+  auto h = must(pool.add_function(transposed_and_gram, std::move(past)));
+  auto out_of_range = h({batch(3, 1, 2)});
+  REQUIRE_FALSE(out_of_range);
+  CHECK(out_of_range.error().code == cgt::Errc::invalid_argument);
+}
