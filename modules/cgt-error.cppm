@@ -64,6 +64,10 @@ enum class Cause : std::uint8_t {
   /// graph cannot hold another pool's call with its leases. The inner call fails with this
   /// cause, and the outer function runs eagerly at those shapes (`Reason::nested_pool`).
   nested_pool,
+  /// The function returned a value the pool cannot hand out from its memory (cgt.torch: a sparse,
+  /// nested or mkldnn tensor): those shapes run eagerly from then on (`Reason::unsupported_output`),
+  /// where any value is the caller's.
+  unsupported_output,
 };
 
 /// A failure: the code, a message that says what happened and what to do, and where it happened.

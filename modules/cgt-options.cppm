@@ -28,6 +28,8 @@ enum class Reason : std::uint8_t {
   nested_pool,            ///< it called a function of another pool while this pool recorded it (that
                           ///< call fails with `Errc::nested_capture`): that shape runs eagerly from then
                           ///< on, where the inner call works; give both functions one pool to graph them
+  unsupported_output,     ///< it returned a value a graph cannot hand out (cgt.torch: a sparse, nested or
+                          ///< mkldnn tensor): that shape runs eagerly from then on, its values the caller's
   // Re-recordings: the call records a new graph instead of replaying one.
   static_input_moved,   ///< a static input is at a new address
   managed_input_moved,  ///< an input that is an output of an earlier graph is at a new address

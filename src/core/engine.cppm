@@ -583,9 +583,10 @@ class Engine {
   /// After a failed capture: a shape that recorded without its own warm-up warms up (and records
   /// at its next call); otherwise the failure will not go away and the shape runs eagerly from now on.
   Result<CallOutputs> after_failed_capture(CallFrame& frame, const Error& error);
-  /// After a capture in which the function called another pool (`RecordingScope`): that shape
-  /// runs eagerly from now on (`Reason::nested_pool`), said once.
-  Result<CallOutputs> after_nested_call(CallFrame& frame, const Error& error);
+  /// After a warm-up or capture that failed for a reason that will not change at these shapes
+  /// (another pool called, `RecordingScope`; an output a graph cannot hand out): the shape runs
+  /// eagerly from now on, for `reason`, said once.
+  Result<CallOutputs> run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason);
 
   // --- writes to inputs that the options do not declare (engine_writes.cpp) ---
   /// Treats input `input` of `function` as mutated from now on, and says so once.

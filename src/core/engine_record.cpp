@@ -55,14 +55,12 @@ const FunctionRecord* RecordingScope::other_recording(const Engine& engine) noex
   return recording_function;
 }
 
-Result<CallOutputs> Engine::after_nested_call(CallFrame& frame, const Error& error) {
-  // The function needs another pool's call, which cannot be part of this pool's graph: it would
-  // fail the same way on every recording. Eagerly, the inner call runs (and graphs) in its pool.
+Result<CallOutputs> Engine::run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason) {
   frame.variant->capture_failure = error.message;
-  frame.variant->capture_failure_reason = Reason::nested_pool;
-  log(EventKind::eager_fallback, Reason::nested_pool, *frame.function,
+  frame.variant->capture_failure_reason = reason;
+  log(EventKind::eager_fallback, reason, *frame.function,
       "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
-  return run_eager(frame, Reason::nested_pool);
+  return run_eager(frame, reason);
 }
 
 Result<CallOutputs> Engine::after_failed_capture(CallFrame& frame, const Error& error) {
@@ -165,7 +163,15 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
 
   auto recorded = capture(frame, uses);
   if (!recorded) {
-    if (recorded.error().cause == Cause::nested_pool) return after_nested_call(frame, recorded.error());
+    // The function needs another pool's call, which cannot be part of this pool's graph (eagerly,
+    // the inner call runs and graphs in its own pool), or returns what a graph cannot hand out:
+    // either would fail the same way on every recording.
+    if (recorded.error().cause == Cause::nested_pool) {
+      return run_eagerly_from_now_on(frame, recorded.error(), Reason::nested_pool);
+    }
+    if (recorded.error().cause == Cause::unsupported_output) {
+      return run_eagerly_from_now_on(frame, recorded.error(), Reason::unsupported_output);
+    }
     if (backend::is_capture_failure(recorded.error())) return after_failed_capture(frame, recorded.error());
     if (backend::is_write_to_copy(recorded.error())) return after_write_to_copy(frame, recorded.error());
     return std::unexpected(std::move(recorded.error()));

@@ -37,6 +37,8 @@ std::string fallback_message(Reason reason, const std::string& function) {
       return "skipping graphs for " + name + " at these input shapes: its capture failed earlier";
     case Reason::nested_pool:
       return "skipping graphs for " + name + " at these input shapes: it calls a function of another pool";
+    case Reason::unsupported_output:
+      return "skipping graphs for " + name + " at these input shapes: it returns a value a graph cannot hand out";
     default: return "skipping graphs for " + name + ": " + std::string(to_string(reason));
   }
 }
@@ -124,7 +126,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   // A mutation, an exceeded re-record limit or a capture that failed is a decision kept, logged when made;
   // the other reasons are decided, and logged, per call.
   if (reason != Reason::mutated_input && reason != Reason::rerecord_limit && reason != Reason::capture_failed &&
-      reason != Reason::nested_pool) {
+      reason != Reason::nested_pool && reason != Reason::unsupported_output) {
     log(EventKind::eager_fallback, reason, function, message);
   }
 
@@ -163,7 +165,12 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   auto result = run_in_pool<backend::RunResult>(
       frame, "warming up", [&] { return device->run(*function.invoker, frame.args, backend::RunMode::warmup); },
       std::identity{});  // a warm-up's result is its outputs
-  if (!result) return std::unexpected(std::move(result.error()));
+  if (!result) {
+    if (result.error().cause == Cause::unsupported_output) {
+      return run_eagerly_from_now_on(frame, result.error(), Reason::unsupported_output);
+    }
+    return std::unexpected(std::move(result.error()));
+  }
   release_ended_path();  // the warm-up allocated around the last step's outputs: free them now
 
   auto node =

@@ -258,6 +258,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::many_shape_keys: return "many_shape_keys";
     case Reason::capture_failed: return "capture_failed";
     case Reason::nested_pool: return "nested_pool";
+    case Reason::unsupported_output: return "unsupported_output";
     case Reason::pending_backward: return "pending_backward";
     case Reason::undeclared_write: return "undeclared_write";
     case Reason::padded_output: return "padded_output";

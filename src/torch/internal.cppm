@@ -326,9 +326,9 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::
 /// The blocks of the pool's private memory pool that its allocator counts as allocated.
 std::vector<Block> allocated_blocks(const Device::State& state);
 /// Fails with `function_failed` for an output cgt cannot hand out: a tensor without strided
-/// storage (sparse, nested, mkldnn), or one whose pool memory was reclaimed (a tensor the
-/// function kept from an earlier call). `eager`: an eager run's outputs, which stay the caller's,
-/// may be any tensor.
+/// storage (sparse, nested, mkldnn: `Cause::unsupported_output`, so that the engine runs those
+/// shapes eagerly), or one whose pool memory was reclaimed (a tensor the function kept from an
+/// earlier call). `eager`: an eager run's outputs, which stay the caller's, may be any tensor.
 Result<void> check_outputs(const Values& outputs, bool eager);
 /// The outputs of a run, described for the engine; pool memory is recognised by address.
 /// `allocated_before`: the pool's allocated blocks before the call (sorted); an output in one of

@@ -62,11 +62,11 @@ Result<void> check_outputs(const Values& outputs, bool eager) {
       if (eager) continue;  // an eager run's outputs are not pool memory cgt tracks
       std::ostringstream layout;
       layout << tensor.layout();
-      return fail(Errc::function_failed,
+      return fail(Cause::unsupported_output, Errc::function_failed,
                   which + " is a " + (tensor.is_nested() ? std::string("nested") : layout.str()) + " tensor (" +
                       tensor.toString() +
                       "): it has no strided storage whose memory cgt could track or a graph could hand out on "
-                      "replay; return dense tensors (to_dense()), or call this function outside the pool");
+                      "replay; return dense tensors (to_dense()) to graph it");
     }
     try {
       (void)tensor.storage().data_ptr();
@@ -100,6 +100,8 @@ backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool
     backend::OutputDesc desc;
     if (!tensor.defined()) {
       desc.kind = backend::OutputKind::none;
+    } else if (tensor.layout() != at::kStrided || tensor.is_nested() || !tensor.has_storage()) {
+      // An eager run's sparse (nested, mkldnn) output: no storage of the pool, nothing to track.
     } else {
       const c10::Storage& storage = tensor.storage();
       desc.storage = backend::address_of(storage.data_ptr().get());

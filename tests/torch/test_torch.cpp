@@ -605,3 +605,34 @@ TEST_CASE("torch/a function that returns a pool tensor kept from an earlier call
     CHECK(at::equal(must(other.get(0)).get(), x * 5));
   }
 }
+
+// PyTorch's test_sparsity: a function that returns a sparse COO tensor runs, three calls equal to
+// eager. A graph cannot hand that tensor's memory out of the pool, so its warm-up fails with
+// Cause::unsupported_output and the shape runs eagerly from then on (Reason::unsupported_output,
+// logged once), its values the caller's.
+TEST_CASE("torch/a function that returns a sparse tensor runs eagerly with unsupported_output, values equal eager",
+          "[gpu]") {
+  REQUIRE_GPU();
+  std::vector<cgt::Reason> logged;
+  cgt::Options options{.debug_checks = true};
+  options.log_sink = [&logged](const cgt::Event& event) { logged.push_back(event.reason); };
+  auto pool = new_pool(std::move(options));
+  auto sparse = must(
+      pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{(in[0] * 2).to_sparse(), in[0] + 1}; },
+                        {.name = "sparse"}));
+  for (int call = 0; call < 3; ++call) {
+    pool.mark_step_begin();
+    const at::Tensor x = at::tensor({0.0, 1.0, 0.0, 3.0, 0.0, 5.0 + call}, cuda()).reshape({2, 3});
+    auto out = must(sparse({x}));
+    CHECK(out.kind() == cgt::CallKind::eager);
+    const at::Tensor& s = must(out.get(0)).get();
+    CHECK(s.is_sparse());
+    CHECK(at::equal(s.to_dense(), x * 2));
+    CHECK(s._nnz() == 3);
+    CHECK(at::equal(must(out.get(1)).get(), x + 1));
+  }
+  CHECK(std::ranges::count(logged, cgt::Reason::unsupported_output) == 1);
+  CHECK(pool.stats().count(cgt::Reason::unsupported_output) == 3);
+  CHECK(pool.stats().recordings == 0);
+  CHECK(pool.live_blocks().empty());
+}
