@@ -504,6 +504,10 @@ template <class B>
 class Pool : public PoolBase {
  public:
   /// Registers a function. Fails with `pool_shut_down`, `invalid_argument` on a moved-from pool.
+  /// The pool keeps `fn`, and what it captures, until every graph recorded from its functions is
+  /// destroyed (at `shutdown()`, or when the last handle of the pool goes): what the graphs use
+  /// besides their inputs (an NCCL communicator, a library handle, a workspace) outlives them when
+  /// `fn` owns it, by a `std::shared_ptr` whose deleter frees it (`ncclCommDestroy`).
   [[nodiscard]] Result<Function<B>> add_function(typename B::Callable fn, FunctionOptions options = {}) {
     if (!engine_) return moved_from("add_function");
     auto id = detail::add_function(*engine_, B::make_invoker(std::move(fn)), std::move(options));

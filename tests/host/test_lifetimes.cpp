@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -206,4 +207,49 @@ TEST_CASE("introspection after a failed capture, then after shutdown()", "[lifet
   must(pool.shutdown());  // a second one does nothing
   pool.mark_step_begin();
   CHECK(pool.stats().calls == calls);
+}
+
+// What a function's graphs use besides their inputs (an NCCL communicator, a library handle)
+// outlives them when the callable owns it: the pool destroys every graph before the callables,
+// at shutdown() and when its last handle goes. `used` is what the graphs' kernels use; each
+// kernel's own token dies with the graph (or run) that holds the kernel.
+TEST_CASE("a resource the callable owns outlives every graph recorded from it", "[lifetimes][host]") {
+  for (const bool shut_down : {false, true}) {
+    std::vector<std::weak_ptr<int>> kernels;  // one per launched kernel: alive while its graph is
+    bool graphs_gone_first = false;
+    bool resource_destroyed = false;
+    {
+      auto pool = poisoned_pool();
+      std::shared_ptr<int> used(new int(3), [&](int* value) {
+        graphs_gone_first = std::ranges::all_of(kernels, [](const std::weak_ptr<int>& k) { return k.expired(); });
+        resource_destroyed = true;
+        delete value;  // NOLINT(cppcoreguidelines-owning-memory): the deleter of what it made
+      });
+      auto f = must(pool.add_function(
+          [used, &kernels](Context& ctx, Inputs in) {
+            const Buffer y = ctx.allocate_like(in[0]);
+            auto token = std::make_shared<int>(0);
+            kernels.push_back(token);
+            ctx.launch([x = in[0], y, used, token] {
+              for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, x.get(i) * *used);
+            });
+            return Values{y};
+          },
+          {.name = "uses_a_resource"}));
+      used.reset();  // the callable owns it now
+      for (int step = 0; step < 3; ++step) {
+        pool.mark_step_begin();
+        const auto out = must(f({filled({4}, 2)}));
+        CHECK(host_test::output_values(out, 0) == host_test::repeat(6));
+      }
+      CHECK(pool.stats().recordings == 1);
+      CHECK_FALSE(resource_destroyed);
+      if (shut_down) {
+        REQUIRE(pool.shutdown());
+        CHECK(resource_destroyed);
+      }
+    }
+    CHECK(resource_destroyed);
+    CHECK(graphs_gone_first);
+  }
 }
