@@ -21,6 +21,9 @@
 //     auto loss = (*train)({x, y});    // warm-up, recording, then one graph launch per step
 //   }
 //
+// An optimizer is a handle on state that the steps made from it share: once `train` is made,
+// `adam` may move or go, and `train` trains on.
+//
 // Why gradients are zeroed in place inside the graph, never set to none: with no `.grad`, the
 // backward's AccumulateGrad hands the parameter the gradient it just computed, memory the graph
 // allocated in its pool; a replay writes that memory again but cannot re-assign `.grad` (a host
@@ -41,6 +44,7 @@ module;
 
 #include <cstddef>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -84,9 +88,19 @@ struct SGDOptions {
   bool static_grads = true;
 };
 
+class TrainingStep;
+class OptimizerStep;
+
 /// What the training step needs of an optimizer: the parameters, their gradients at static
-/// addresses, and a `step()` made of device work only. Not copyable (the parameters' `.grad`
-/// are its tensors); movable.
+/// addresses, and a `step()` made of device work only.
+///
+/// A handle on state it shares with the steps made from it (`make_training_step`,
+/// `make_optimizer_step`): moving the handle (out of a `Result`, into a vector that grows) or
+/// dropping it changes nothing for them, and the state (parameters, gradients, moments) lives
+/// until the last of the handle and the steps goes. Not copyable: one handle per optimizer (the
+/// parameters' `.grad` are its tensors). A handle made by default or moved from holds no state:
+/// its lists are empty, `zero_grad` does nothing, `step` throws `c10::Error`, and what returns
+/// `Result` (`attach_grads`, a step made from it) fails with `invalid_argument`.
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -98,14 +112,15 @@ class Optimizer {
   /// One update of every parameter whose `.grad` is defined, from device state only: capturable.
   /// A `.grad` that is not the optimizer's tensor (the program, or an eager backward after
   /// `zero_grad(true)`, put another there) is copied into the optimizer's and replaced by it.
-  /// Throws `c10::Error` as libtorch's ops do (inside a pool function the call then fails).
+  /// Throws `c10::Error` as libtorch's ops do (inside a pool function the call then fails), and
+  /// for a handle without state.
   void step();
   /// One update of every parameter from `grads`, one per parameter in `params()` order, computed
   /// without autograd (by `make_training_step_from_gradients`' function, say). With static
   /// gradients they are copied into `.grad` first, which stays readable after the step; without,
   /// `.grad` is left alone. A gradient whose strides differ from its parameter's is copied into the
   /// parameter's layout (the fused kernel reads them element for element). Throws `c10::Error`
-  /// for a count, shape, dtype or device that does not match.
+  /// for a count, shape, dtype or device that does not match, and for a handle without state.
   void step(std::span<const at::Tensor> grads);
   /// Zeroes the gradients in place (`set_to_none = false`: what a graph may do), or makes the
   /// parameters' `.grad` undefined (`true`: outside a graph only; the optimizer keeps its tensors,
@@ -113,35 +128,41 @@ class Optimizer {
   void zero_grad(bool set_to_none = false);
   /// Makes every parameter's `.grad` the optimizer's tensor again where it is undefined. Fails
   /// with `invalid_argument` where it is another tensor (a graph writes gradients at the address
-  /// it recorded: a `.grad` assigned by the program would silently stop receiving them).
+  /// it recorded: a `.grad` assigned by the program would silently stop receiving them), and for a
+  /// handle without state.
   [[nodiscard]] Result<void> attach_grads();
+  /// Whether the handle holds an optimizer: false when made by default or moved from.
+  [[nodiscard]] bool has_state() const noexcept { return state_ != nullptr; }
   /// Whether the optimizer owns the gradients at static addresses (`AdamOptions::static_grads`).
-  [[nodiscard]] bool has_static_grads() const noexcept { return static_grads_; }
+  [[nodiscard]] bool has_static_grads() const noexcept;
 
-  [[nodiscard]] const std::vector<at::Tensor>& params() const noexcept { return params_; }
+  /// The lists below belong to the shared state: valid while the handle or a step made from it
+  /// lives (empty without state).
+  [[nodiscard]] const std::vector<at::Tensor>& params() const noexcept;
   /// The gradients, one per parameter, at static addresses (what `.grad` is while attached);
   /// empty with `static_grads = false`.
-  [[nodiscard]] const std::vector<at::Tensor>& grads() const noexcept { return grads_; }
+  [[nodiscard]] const std::vector<at::Tensor>& grads() const noexcept;
   /// The step count, a float32 tensor on the device (one per parameter, as PyTorch's).
-  [[nodiscard]] const std::vector<at::Tensor>& steps() const noexcept { return steps_; }
+  [[nodiscard]] const std::vector<at::Tensor>& steps() const noexcept;
 
  protected:
+  // The parameters, gradients, step counts and the update (src/torch/optim.cpp). Made by
+  // `make_adam`/`make_sgd`; shared by the handle and the steps' pool functions, which keep it
+  // alive, so no step ever reaches the optimizer through the handle's address.
+  class State;
   Optimizer() = default;
-  // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`)
-  // and step counts; fails with `invalid_argument` naming the first unusable parameter.
-  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads);
-  // The update of the parameters at `index` (all of them, or those with a gradient), whose
-  // gradients are `grads`.
-  virtual void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
-  // Picks `index` out of `all`.
-  [[nodiscard]] static std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
-                                                    const std::vector<std::size_t>& index);
+  std::shared_ptr<State> state_;  // set by make_adam/make_sgd; null once moved from
 
-  std::vector<at::Tensor> params_;
-  std::vector<at::Tensor> grads_;
-  std::vector<at::Tensor> steps_;
-  std::vector<std::size_t> all_;  // 0, 1, ..., n-1
-  bool static_grads_ = true;
+ private:
+  // The step functions hold handles of their own on the state.
+  friend Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
+                                                 FunctionOptions options);
+  friend Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& optimizer,
+                                                                Callable loss_and_gradients, FunctionOptions options);
+  friend Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, FunctionOptions options);
+  explicit Optimizer(std::shared_ptr<State> state) noexcept : state_(std::move(state)) {}
+  // Another handle on the same state.
+  [[nodiscard]] Optimizer share() const noexcept { return Optimizer(state_); }
 };
 
 /// Adam with its state on the device: PyTorch's fused Adam (`Adam(fused=True)`: one kernel
@@ -151,34 +172,31 @@ class Optimizer {
 /// float32 on the device). Both are capturable.
 class Adam final : public Optimizer {
  public:
-  [[nodiscard]] const AdamOptions& options() const noexcept { return options_; }
-  [[nodiscard]] const std::vector<at::Tensor>& exp_avgs() const noexcept { return exp_avgs_; }
-  [[nodiscard]] const std::vector<at::Tensor>& exp_avg_sqs() const noexcept { return exp_avg_sqs_; }
+  /// As the lists of `Optimizer`: the shared state's (defaults and empty without state).
+  [[nodiscard]] const AdamOptions& options() const noexcept;
+  [[nodiscard]] const std::vector<at::Tensor>& exp_avgs() const noexcept;
+  [[nodiscard]] const std::vector<at::Tensor>& exp_avg_sqs() const noexcept;
   /// The running maxima of the second moments (empty without `amsgrad`).
-  [[nodiscard]] const std::vector<at::Tensor>& max_exp_avg_sqs() const noexcept { return max_exp_avg_sqs_; }
+  [[nodiscard]] const std::vector<at::Tensor>& max_exp_avg_sqs() const noexcept;
 
  private:
   friend Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options);
-  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
-  // The multi-tensor formula, for parameter sets the fused kernel does not take.
-  void update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads);
-  AdamOptions options_;
-  std::vector<at::Tensor> exp_avgs_;
-  std::vector<at::Tensor> exp_avg_sqs_;
-  std::vector<at::Tensor> max_exp_avg_sqs_;
+  class State;  // the moments and the update (src/torch/optim.cpp)
+  // This handle's state as Adam's, or null without one.
+  [[nodiscard]] const State* adam_state() const noexcept;
 };
 
 /// SGD (with momentum, Nesterov, weight decay) whose momentum buffers are made with it (zeros:
 /// the first step's buffer is the gradient, as libtorch's).
 class SGD final : public Optimizer {
  public:
-  [[nodiscard]] const SGDOptions& options() const noexcept { return options_; }
+  /// The shared state's options (defaults without state).
+  [[nodiscard]] const SGDOptions& options() const noexcept;
 
  private:
   friend Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options);
-  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
-  SGDOptions options_;
-  std::vector<at::Tensor> momentum_buffers_;
+  class State;  // the momentum buffers and the update (src/torch/optim.cpp)
+  [[nodiscard]] const State* sgd_state() const noexcept;
 };
 
 /// A capturable Adam over `params` (CUDA, floating point, leaves that require grad): its state
@@ -198,7 +216,7 @@ class TrainingStep {
   /// step from its gradients). (Without static gradients: `.grad` set to none before, inside at
   /// the start, and at the end of the function.) Returns what the loss function returned, detached, as leases (the loss
   /// first). Fails as `Function::operator()` does, and with `invalid_argument` when a `.grad`
-  /// was replaced by another tensor (`Optimizer::attach_grads`).
+  /// was replaced by another tensor (`Optimizer::attach_grads`) or the step was moved from.
   [[nodiscard]] Owning<Outputs> operator()(std::span<const Arg> args) const;
   [[nodiscard]] Owning<Outputs> operator()(std::initializer_list<Arg> args) const {
     return (*this)(std::span<const Arg>(args.begin(), args.size()));
@@ -211,10 +229,12 @@ class TrainingStep {
                                                  FunctionOptions options);
   friend Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& optimizer,
                                                                 Callable loss_and_gradients, FunctionOptions options);
-  TrainingStep(Function function, Optimizer& optimizer) noexcept
-      : function_(std::move(function)), optimizer_(&optimizer) {}
+  TrainingStep(Function function, Optimizer optimizer) noexcept
+      : function_(std::move(function)), optimizer_(std::move(optimizer)) {}
   Function function_;
-  Optimizer* optimizer_;
+  // A handle of the step's own on the optimizer's state (the function holds another): the user's
+  // handle may move or go. Mutable as that state is: a call steps it.
+  mutable Optimizer optimizer_;
 };
 
 /// The optimizer's update as a graph of its own: for training with autograd functions
@@ -240,36 +260,38 @@ class OptimizerStep {
   /// must be the optimizer's tensor: fails with `invalid_argument` where it is undefined (eager
   /// `step()` would skip the parameter; a graph cannot) or another tensor (an eager backward after
   /// `zero_grad(true)` makes one; a backward through cgt autograd functions puts the optimizer's
-  /// back), before any update; and as `Function::operator()` does.
+  /// back), or the step was moved from, before any update; and as `Function::operator()` does.
   [[nodiscard]] Result<void> operator()() const;
   /// The pool function (its name, its id).
   [[nodiscard]] const Function& function() const noexcept { return function_; }
 
  private:
   friend Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, FunctionOptions options);
-  OptimizerStep(Function function, Optimizer& optimizer) noexcept
-      : function_(std::move(function)), optimizer_(&optimizer) {}
+  OptimizerStep(Function function, Optimizer optimizer) noexcept
+      : function_(std::move(function)), optimizer_(std::move(optimizer)) {}
   Function function_;
-  Optimizer* optimizer_;
+  Optimizer optimizer_;  // the step's own handle on the optimizer's state, as TrainingStep's
 };
 
 /// Adds `optimizer.step()` to `pool` as a function of no inputs and no outputs. The optimizer
 /// must have static gradients (gradients made per step live at addresses a graph cannot follow:
-/// `invalid_argument` otherwise), outlive the step and stay where it is. `options.mode` must be
-/// `inference`, and the options about inputs (sizes, buckets, static and mutated inputs) empty
-/// (`invalid_argument`). Fails as `Pool::add_function` does.
+/// `invalid_argument` otherwise, as for a handle without state). The step shares the optimizer's
+/// state: the handle may be moved or dropped after. `options.mode` must be `inference`, and the
+/// options about inputs (sizes, buckets, static and mutated inputs) empty (`invalid_argument`).
+/// Fails as `Pool::add_function` does.
 [[nodiscard]] Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer,
                                                         FunctionOptions options = {.name = "optimizer_step"});
 
 /// Adds the training step to `pool`: `loss(inputs)` returns the loss first (a tensor of one
-/// element; more values may follow, returned too). The optimizer must outlive the step (and stay
-/// where it is: the step keeps its address) and hold every parameter the loss trains (a
-/// parameter it does not hold would get a `.grad` allocated in the pool). The inputs (batch,
-/// target) are copied into the graph on each call unless declared static in `options`. The
-/// function runs with grad mode on, whatever the caller's is. `options.mode` must be `inference`
-/// (the step is whole: no backward follows it), and `graph_sizes` and `buckets` empty (buckets
-/// would train on padded rows; each batch size records its own graph); fails with
-/// `invalid_argument` otherwise, and as `Pool::add_function` does.
+/// element; more values may follow, returned too). The step shares the optimizer's state (the
+/// handle may be moved or dropped after; one without state fails with `invalid_argument`), which
+/// must hold every parameter the loss trains (a parameter it does not hold would get a `.grad`
+/// allocated in the pool). The inputs (batch, target) are copied into the graph on each call
+/// unless declared static in `options`. The function runs with grad mode on, whatever the
+/// caller's is. `options.mode` must be `inference` (the step is whole: no backward follows it),
+/// and `graph_sizes` and `buckets` empty (buckets would train on padded rows; each batch size
+/// records its own graph); fails with `invalid_argument` otherwise, and as `Pool::add_function`
+/// does.
 [[nodiscard]] Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss,
                                                       FunctionOptions options = {.name = "training_step"});
 
@@ -280,19 +302,36 @@ class OptimizerStep {
 /// parameter of the optimizer, in `optimizer.params()` order, then any further values; it runs
 /// with grad mode off. The step updates the parameters from those gradients (`Optimizer::step(grads)`)
 /// and returns the loss and the further values, as leases. A count, shape or dtype that does not
-/// match fails the call (`function_failed`, its message naming the gradient; nothing is updated). The rules about
-/// the optimizer and the options are `make_training_step`'s.
+/// match fails the call (`function_failed`, its message naming the gradient; nothing is updated);
+/// the order of same-shaped parameters cannot be seen here: prefer the `GradientFunction`
+/// overload, which checks it. The rules about the optimizer and the options are `make_training_step`'s.
 [[nodiscard]] Result<TrainingStep> make_training_step_from_gradients(
     Pool& pool, Optimizer& optimizer, Callable loss_and_gradients, FunctionOptions options = {.name = "training_step"});
 
-/// The function of `make_training_step_from_gradients` for an AOTInductor package of a joint
-/// forward and backward, as scripts/aoti_training.py exports one: the package takes the
-/// parameters (`params`, in the order of the Python module's `named_parameters()`), then the
-/// step's inputs, and returns the loss, then the gradients. Loaded for capture
-/// (`run_single_threaded`) on `device`. Fails with `invalid_argument` when the package cannot be
-/// loaded or a parameter is not on `device`.
-[[nodiscard]] Result<Callable> load_aoti_gradients(const std::string& path, std::vector<at::Tensor> params,
-                                                   c10::DeviceIndex device = 0,
-                                                   const std::string& model_name = "model");
+/// A gradient function (as above) with the parameters it computes the gradients of, in the order
+/// it returns them: the two lists `make_training_step_from_gradients` compares, since the
+/// gradients of same-shaped parameters in another order would train each on another's gradient.
+/// `load_aoti_gradients` makes one; a program that computes gradients by hand may too.
+struct GradientFunction {
+  std::vector<at::Tensor> params;
+  Callable loss_and_gradients;
+};
+
+/// As above, once `gradients.params` are the optimizer's parameters in the optimizer's order:
+/// each the same tensor as `optimizer.params()[i]`, or one at the same address in the same
+/// layout (`p.detach()`, say). Fails with `invalid_argument` naming the first index that differs
+/// (or both counts), before anything is added to the pool.
+[[nodiscard]] Result<TrainingStep> make_training_step_from_gradients(
+    Pool& pool, Optimizer& optimizer, GradientFunction gradients, FunctionOptions options = {.name = "training_step"});
+
+/// The gradient function of an AOTInductor package of a joint forward and backward, as
+/// scripts/aoti_training.py exports one: the package takes the parameters (`params`, in the order
+/// of the Python module's `named_parameters()`), then the step's inputs, and returns the loss,
+/// then the gradients; `params` come back with it, for `make_training_step_from_gradients` to
+/// check against the optimizer's. Loaded for capture (`run_single_threaded`) on `device`. Fails
+/// with `invalid_argument` when the package cannot be loaded or a parameter is not on `device`.
+[[nodiscard]] Result<GradientFunction> load_aoti_gradients(const std::string& path, std::vector<at::Tensor> params,
+                                                           c10::DeviceIndex device = 0,
+                                                           const std::string& model_name = "model");
 
 }  // namespace cgt::torch

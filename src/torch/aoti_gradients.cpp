@@ -16,8 +16,8 @@ import :model_runner;
 
 namespace cgt::torch {
 
-Result<Callable> load_aoti_gradients(const std::string& path, std::vector<at::Tensor> params, c10::DeviceIndex device,
-                                     const std::string& model_name) {
+Result<GradientFunction> load_aoti_gradients(const std::string& path, std::vector<at::Tensor> params,
+                                             c10::DeviceIndex device, const std::string& model_name) {
   const at::Device expected(at::kCUDA, device);
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined() || params[i].device() != expected) {
@@ -28,14 +28,16 @@ Result<Callable> load_aoti_gradients(const std::string& path, std::vector<at::Te
   auto loader = load_package_for_capture(path, model_name, device);
   if (!loader) return std::unexpected(std::move(loader.error()));
   // The parameters are passed by handle: the graph reads them at their addresses, where the
-  // optimizer updates them in place.
-  return Callable([loader = std::move(*loader), params = std::move(params)](Inputs in) -> Values {
+  // optimizer updates them in place. They come back with the function too, so the training step
+  // can check that the optimizer updates them in this order.
+  Callable run = [loader = std::move(*loader), params](Inputs in) -> Values {
     std::vector<at::Tensor> arguments;
     arguments.reserve(params.size() + in.size());
     arguments.insert(arguments.end(), params.begin(), params.end());
     for (std::size_t i = 0; i < in.size(); ++i) arguments.push_back(in[i]);
     return loader->run(arguments);
-  });
+  };
+  return GradientFunction{.params = std::move(params), .loss_and_gradients = std::move(run)};
 }
 
 }  // namespace cgt::torch

@@ -6,6 +6,7 @@ module;
 
 #include <cstddef>
 #include <expected>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -32,7 +33,142 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
 
 }  // namespace
 
-Result<void> Optimizer::adopt(std::vector<at::Tensor> params, bool static_grads) {
+// What every optimizer keeps: the parameters, their gradients and step counts, and the rules of
+// `step`, `zero_grad` and `attach_grads`. Shared by the user's handle and the steps' pool
+// functions (see cgt.torch-optim.cppm); its lists are filled when make_adam/make_sgd make it and
+// never change after, the tensors' contents change with every step and zero_grad of any handle.
+class Optimizer::State {
+ public:
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  virtual ~State() = default;
+
+  // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`)
+  // and step counts; fails with `invalid_argument` naming the first unusable parameter.
+  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads);
+  void step();
+  void step(std::span<const at::Tensor> grads);
+  void zero_grad(bool set_to_none);
+  [[nodiscard]] Result<void> attach_grads();
+
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> grads_;
+  std::vector<at::Tensor> steps_;
+  std::vector<std::size_t> all_;  // 0, 1, ..., n-1
+  bool static_grads_ = true;
+
+ protected:
+  // The update of the parameters at `index` (all of them, or those with a gradient), whose
+  // gradients are `grads`.
+  virtual void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
+  // Picks `index` out of `all`.
+  [[nodiscard]] static std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
+                                                    const std::vector<std::size_t>& index);
+};
+
+class Adam::State final : public Optimizer::State {
+ public:
+  AdamOptions options_;
+  std::vector<at::Tensor> exp_avgs_;
+  std::vector<at::Tensor> exp_avg_sqs_;
+  std::vector<at::Tensor> max_exp_avg_sqs_;
+
+ private:
+  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
+  // The multi-tensor formula, for parameter sets the fused kernel does not take.
+  void update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads);
+};
+
+class SGD::State final : public Optimizer::State {
+ public:
+  SGDOptions options_;
+  std::vector<at::Tensor> momentum_buffers_;
+
+ private:
+  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
+};
+
+namespace {
+
+const std::vector<at::Tensor>& no_tensors() {
+  static const std::vector<at::Tensor> none;
+  return none;
+}
+
+std::string moved_from(const std::string& what) {
+  return what +
+         ": the optimizer handle holds no state (made by default, or moved from): use the handle it was moved "
+         "into, or make one with make_adam/make_sgd";
+}
+
+}  // namespace
+
+void Optimizer::step() {
+  TORCH_CHECK(state_ != nullptr, moved_from("Optimizer::step"));
+  state_->step();
+}
+
+void Optimizer::step(std::span<const at::Tensor> grads) {
+  TORCH_CHECK(state_ != nullptr, moved_from("Optimizer::step"));
+  state_->step(grads);
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  if (state_ != nullptr) state_->zero_grad(set_to_none);  // without state there is nothing to zero
+}
+
+Result<void> Optimizer::attach_grads() {
+  if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::attach_grads"));
+  return state_->attach_grads();
+}
+
+bool Optimizer::has_static_grads() const noexcept {
+  return state_ != nullptr && state_->static_grads_;
+}
+const std::vector<at::Tensor>& Optimizer::params() const noexcept {
+  return state_ != nullptr ? state_->params_ : no_tensors();
+}
+const std::vector<at::Tensor>& Optimizer::grads() const noexcept {
+  return state_ != nullptr ? state_->grads_ : no_tensors();
+}
+const std::vector<at::Tensor>& Optimizer::steps() const noexcept {
+  return state_ != nullptr ? state_->steps_ : no_tensors();
+}
+
+// The handle's state is Adam's when make_adam made it; a base handle assigned another
+// optimizer's state through `Optimizer&` is not, and reads as a handle without state.
+const Adam::State* Adam::adam_state() const noexcept {
+  return dynamic_cast<const State*>(state_.get());
+}
+const AdamOptions& Adam::options() const noexcept {
+  static const AdamOptions defaults;
+  const State* state = adam_state();
+  return state != nullptr ? state->options_ : defaults;
+}
+const std::vector<at::Tensor>& Adam::exp_avgs() const noexcept {
+  const State* state = adam_state();
+  return state != nullptr ? state->exp_avgs_ : no_tensors();
+}
+const std::vector<at::Tensor>& Adam::exp_avg_sqs() const noexcept {
+  const State* state = adam_state();
+  return state != nullptr ? state->exp_avg_sqs_ : no_tensors();
+}
+const std::vector<at::Tensor>& Adam::max_exp_avg_sqs() const noexcept {
+  const State* state = adam_state();
+  return state != nullptr ? state->max_exp_avg_sqs_ : no_tensors();
+}
+
+const SGD::State* SGD::sgd_state() const noexcept {
+  return dynamic_cast<const State*>(state_.get());
+}
+const SGDOptions& SGD::options() const noexcept {
+  static const SGDOptions defaults;
+  const State* state = sgd_state();
+  return state != nullptr ? state->options_ : defaults;
+}
+
+Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static_grads) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (auto ok = check_param(params[i], i); !ok) return ok;
     for (std::size_t j = 0; j < i; ++j) {
@@ -64,7 +200,8 @@ Result<void> Optimizer::adopt(std::vector<at::Tensor> params, bool static_grads)
   return {};
 }
 
-std::vector<at::Tensor> Optimizer::pick(const std::vector<at::Tensor>& all, const std::vector<std::size_t>& index) {
+std::vector<at::Tensor> Optimizer::State::pick(const std::vector<at::Tensor>& all,
+                                               const std::vector<std::size_t>& index) {
   if (index.size() == all.size()) return all;
   std::vector<at::Tensor> picked;
   picked.reserve(index.size());
@@ -72,7 +209,7 @@ std::vector<at::Tensor> Optimizer::pick(const std::vector<at::Tensor>& all, cons
   return picked;
 }
 
-void Optimizer::step() {
+void Optimizer::State::step() {
   c10::NoGradGuard no_grad;
   // Host decisions about which parameters have a gradient: in a graph they are taken once, when
   // it is recorded (the training step attaches every gradient first, so all of them take part).
@@ -95,7 +232,7 @@ void Optimizer::step() {
   update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
 }
 
-void Optimizer::step(std::span<const at::Tensor> grads) {
+void Optimizer::State::step(std::span<const at::Tensor> grads) {
   c10::NoGradGuard no_grad;
   TORCH_CHECK(grads.size() == params_.size(), "the optimizer has ", params_.size(), " parameters but was given ",
               grads.size(), " gradients");
@@ -121,7 +258,7 @@ void Optimizer::step(std::span<const at::Tensor> grads) {
   }
 }
 
-void Optimizer::zero_grad(bool set_to_none) {
+void Optimizer::State::zero_grad(bool set_to_none) {
   if (set_to_none) {
     for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
     return;
@@ -136,7 +273,7 @@ void Optimizer::zero_grad(bool set_to_none) {
   if (!grads.empty()) at::_foreach_zero_(grads);
 }
 
-Result<void> Optimizer::attach_grads() {
+Result<void> Optimizer::State::attach_grads() {
   if (!static_grads_) return {};  // per-step gradients: nothing to attach
   for (std::size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
@@ -157,19 +294,23 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
       !(options.beta1 < 1) || !(options.beta2 >= 0) || !(options.beta2 < 1)) {
     return fail(Errc::invalid_argument, "Adam: lr, eps and weight_decay must be >= 0, betas in [0, 1)");
   }
-  Adam adam;
-  adam.options_ = options;
-  if (auto ok = adam.adopt(std::move(params), options.static_grads); !ok) return std::unexpected(std::move(ok.error()));
+  auto state = std::make_shared<Adam::State>();
+  state->options_ = options;
+  if (auto ok = state->adopt(std::move(params), options.static_grads); !ok) {
+    return std::unexpected(std::move(ok.error()));
+  }
   try {
     c10::NoGradGuard no_grad;
-    for (const at::Tensor& p : adam.params_) {
-      adam.exp_avgs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
-      adam.exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
-      if (options.amsgrad) adam.max_exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+    for (const at::Tensor& p : state->params_) {
+      state->exp_avgs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+      state->exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+      if (options.amsgrad) state->max_exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
     }
   } catch (const std::exception& e) {
     return fail(Errc::backend_error, std::string("making Adam's state: ") + e.what());
   }
+  Adam adam;
+  adam.state_ = std::move(state);
   return adam;
 }
 
@@ -205,7 +346,7 @@ bool fused_kernel_takes(const std::vector<std::vector<at::Tensor>>& lists, const
 
 }  // namespace
 
-void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+void Adam::State::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
   const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
@@ -232,7 +373,7 @@ void Adam::update(const std::vector<std::size_t>& index, std::vector<at::Tensor>
 
 // PyTorch's _multi_tensor_adam with capturable=True (torch/optim/adam.py), op for op: the step
 // counts and bias corrections stay on the device.
-void Adam::update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
   const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
@@ -282,25 +423,29 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   if (options.nesterov && options.momentum <= 0) {
     return fail(Errc::invalid_argument, "SGD: Nesterov momentum needs a momentum above 0");
   }
-  SGD sgd;
-  sgd.options_ = options;
-  if (auto ok = sgd.adopt(std::move(params), options.static_grads); !ok) return std::unexpected(std::move(ok.error()));
+  auto state = std::make_shared<SGD::State>();
+  state->options_ = options;
+  if (auto ok = state->adopt(std::move(params), options.static_grads); !ok) {
+    return std::unexpected(std::move(ok.error()));
+  }
   if (options.momentum != 0) {
     try {
       c10::NoGradGuard no_grad;
-      for (const at::Tensor& p : sgd.params_) {
-        sgd.momentum_buffers_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
+      for (const at::Tensor& p : state->params_) {
+        state->momentum_buffers_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
       }
     } catch (const std::exception& e) {
       return fail(Errc::backend_error, std::string("making SGD's state: ") + e.what());
     }
   }
+  SGD sgd;
+  sgd.state_ = std::move(state);
   return sgd;
 }
 
 // libtorch's SGD without dampening. Its first step sets the buffer to the gradient; a buffer of
 // zeros times the momentum, plus the gradient, is that same value, with no host branch.
-void SGD::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+void SGD::State::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const auto& o = options_;
   at::_foreach_add_(pick(steps_, index), 1);
@@ -319,6 +464,7 @@ void SGD::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> 
 }
 
 Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, FunctionOptions options) {
+  if (!optimizer.has_state()) return fail(Errc::invalid_argument, moved_from("make_optimizer_step"));
   if (options.mode != FunctionMode::inference) {
     return fail(Errc::invalid_argument, "an optimizer step has no backward: its mode must be inference");
   }
@@ -334,21 +480,23 @@ Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, Func
                 "with static_grads = true (gradients made per step are allocated anew by each backward)");
   }
   if (auto attached = optimizer.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  // The function and the step hold handles of their own on the state: the user's may move or go.
   auto function = pool.add_function(
-      [optimizer = &optimizer](Inputs) -> Values {
-        optimizer->step();
+      [optimizer = optimizer.share()](Inputs) mutable -> Values {
+        optimizer.step();
         return {};
       },
       std::move(options));
   if (!function) return std::unexpected(std::move(function.error()));
-  return OptimizerStep(std::move(*function), optimizer);
+  return OptimizerStep(std::move(*function), optimizer.share());
 }
 
 Result<void> OptimizerStep::operator()() const {
   // Eagerly, a parameter without a gradient is skipped; a graph cannot skip it, and a gradient
   // at another address is one it cannot read: both are refused rather than updated from stale
   // values.
-  const auto& params = optimizer_->params();
+  if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "OptimizerStep: the step was moved from");
+  const auto& params = optimizer_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& grad = params[i].grad();
     if (!grad.defined()) {
@@ -357,7 +505,7 @@ Result<void> OptimizerStep::operator()() const {
                       " has no .grad: a graphed update updates every parameter from the gradient it recorded; run "
                       "a backward first (zero_grad(false) keeps the optimizer's gradients in place)");
     }
-    if (!grad.is_same(optimizer_->grads()[i])) {
+    if (!grad.is_same(optimizer_.grads()[i])) {
       return fail(Errc::invalid_argument,
                   "parameter " + std::to_string(i) +
                       "'s .grad is not the optimizer's tensor, which the graph reads (an eager backward after "

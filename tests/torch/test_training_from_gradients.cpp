@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -82,19 +83,22 @@ Run train_eagerly(const std::vector<Batch>& data) {
   return run;
 }
 
-// A gradient function over the model's parameters (the loss, then the gradients).
-using GradientsOf = std::function<cgt::torch::Callable(Mlp& model)>;
+// A gradient function over the model's parameters (the loss, then the gradients), with the
+// parameters it differentiates, which the step checks against the optimizer's.
+using GradientsOf = std::function<cgt::torch::GradientFunction(Mlp& model)>;
 
 // The gradients by autograd (torch::autograd::grad), reshaped by `layout` (identity by default).
 GradientsOf autograd_gradients(std::function<torch::Tensor(const torch::Tensor&)> layout = nullptr) {
-  return [layout](Mlp& model) -> cgt::torch::Callable {
-    return [model, layout](cgt::torch::Inputs in) mutable {
-      const c10::AutoGradMode grad_on(true);  // the step runs its function with grad mode off
-      auto loss = torch::mse_loss(model->forward(in[0]), in[1]);
-      cgt::torch::Values out{loss.detach()};
-      for (auto& g : torch::autograd::grad({loss}, model->parameters())) out.push_back(layout ? layout(g) : g);
-      return out;
-    };
+  return [layout](Mlp& model) -> cgt::torch::GradientFunction {
+    return {.params = model->parameters(), .loss_and_gradients = [model, layout](cgt::torch::Inputs in) mutable {
+              const c10::AutoGradMode grad_on(true);  // the step runs its function with grad mode off
+              auto loss = torch::mse_loss(model->forward(in[0]), in[1]);
+              cgt::torch::Values out{loss.detach()};
+              for (auto& g : torch::autograd::grad({loss}, model->parameters())) {
+                out.push_back(layout ? layout(g) : g);
+              }
+              return out;
+            }};
   };
 }
 
@@ -237,6 +241,75 @@ TEST_CASE("training/gradients_that_do_not_match_fail_the_call", "[gpu][training]
   }
 }
 
+// Two parameters of one shape, and a gradient function made with them in the other order than
+// the optimizer's: every per-call check (count, shapes, dtypes) would pass, and each parameter
+// would train on the other's gradient. The step is refused when it is made, naming the index; so
+// are another tensor of the same shape and a list of another length. The same parameters in the
+// optimizer's order (or at the same address: `detach()`) train as eager steps from the same
+// gradients do.
+TEST_CASE("training/gradient_function_parameters_in_another_order_are_refused", "[gpu][training]") {
+  REQUIRE_GPU();
+  torch::manual_seed(0);
+  auto a = torch::randn({8, 8}, gpu).requires_grad_();
+  auto b = torch::randn({8, 8}, gpu).requires_grad_();
+  const auto initial_a = a.detach().clone(), initial_b = b.detach().clone();
+  // loss = |x a - y|^2 + 3 |x b|^2: a's and b's gradients differ, so a swap would show.
+  const auto loss_and_gradients = [](torch::Tensor p, torch::Tensor q) {
+    return [p, q](cgt::torch::Inputs in) {
+      const c10::AutoGradMode grad_on(true);
+      auto loss = (torch::matmul(in[0], p) - in[1]).pow(2).mean() + 3 * torch::matmul(in[0], q).pow(2).mean();
+      cgt::torch::Values out{loss.detach()};
+      for (auto& g : torch::autograd::grad({loss}, {p, q})) out.push_back(g);
+      return out;
+    };
+  };
+  auto adam = must(cgt::torch::make_adam({a, b}, {.lr = 1e-2}));
+  auto pool = must(cgt::torch::make_pool({.device = 0}));
+  struct Case {
+    const char* what;
+    std::vector<torch::Tensor> params;
+    const char* message;
+  };
+  const std::vector<Case> refused_cases = {
+      {"swapped", {b, a}, "parameter 0 of the gradient function is not the optimizer's parameter 0"},
+      {"another tensor", {a, b.detach().clone().requires_grad_()}, "parameter 1 of the gradient function"},
+      {"one missing", {a}, "first differing index 1"},
+  };
+  for (const Case& c : refused_cases) {
+    INFO(c.what);
+    auto refused = cgt::torch::make_training_step_from_gradients(
+        pool, adam, {.params = c.params, .loss_and_gradients = loss_and_gradients(a, b)}, {.name = c.what});
+    REQUIRE_FALSE(refused.has_value());
+    CHECK(refused.error().code == cgt::Errc::invalid_argument);
+    CHECK(refused.error().message.find("make_training_step_from_gradients") != std::string::npos);
+    CHECK(refused.error().message.find(c.message) != std::string::npos);
+  }
+  // The optimizer's order; the second parameter passed as a view of the same memory.
+  auto step = must(cgt::torch::make_training_step_from_gradients(
+      pool, adam, {.params = {a, b.detach()}, .loss_and_gradients = loss_and_gradients(a, b)}));
+  torch::manual_seed(1);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
+  for (int i = 0; i < 10; ++i) data.emplace_back(torch::randn({16, 8}, gpu), torch::randn({16, 8}, gpu));
+  for (const auto& [x, y] : data) {
+    pool.mark_step_begin();
+    REQUIRE(step({x, y}).has_value());
+  }
+  CHECK(pool.stats().replays == data.size() - 2);
+  // The same steps eagerly, from the same start.
+  auto eager_a = initial_a.clone().requires_grad_(), eager_b = initial_b.clone().requires_grad_();
+  auto eager = must(cgt::torch::make_adam({eager_a, eager_b}, {.lr = 1e-2}));
+  auto eager_gradients = loss_and_gradients(eager_a, eager_b);
+  for (const auto& [x, y] : data) {
+    const std::vector<torch::Tensor> in{x, y};
+    const std::vector<std::int64_t> no_scalars(in.size(), 0);
+    const auto out = eager_gradients(cgt::torch::Inputs(in, no_scalars));
+    eager.step(std::span<const torch::Tensor>(out).subspan(1, 2));
+  }
+  CHECK_FALSE(torch::equal(a.detach(), initial_a));
+  CHECK(torch::equal(a.detach(), eager_a.detach()));
+  CHECK(torch::equal(b.detach(), eager_b.detach()));
+}
+
 // The package scripts/export-test-models.py exports (train_mlp.pt2): the forward, the MSE loss
 // and the backward as Inductor's kernels, called with the parameters. Its first gradients are
 // autograd's within rounding, and 100 steps train as eager training does within rounding (other
@@ -257,8 +330,8 @@ TEST_CASE("training/aoti_package_of_the_forward_and_backward_trains_as_eager", "
     const std::vector<torch::Tensor> in{data[0].x, data[0].y};
     const std::vector<std::int64_t> no_scalars(in.size(), 0);
     const cgt::torch::Inputs inputs(in, no_scalars);
-    const auto got = package(inputs);
-    const auto expected = autograd(inputs);
+    const auto got = package.loss_and_gradients(inputs);
+    const auto expected = autograd.loss_and_gradients(inputs);
     REQUIRE(got.size() == expected.size());
     for (std::size_t i = 0; i < got.size(); ++i) {
       INFO("value " << i);

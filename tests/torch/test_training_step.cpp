@@ -471,6 +471,69 @@ TEST_CASE("training/optimizer_step_refuses_what_a_graph_cannot_follow", "[gpu][t
   CHECK_FALSE(torch::equal(model->fc1->weight.detach(), before));
 }
 
+// A training step and an optimizer step made with an optimizer whose handle then moves (into a
+// vector that grows and moves it again) or is dropped: the steps hold the optimizer's state
+// themselves, so training goes on exactly as eager training with a handle that never moved.
+TEST_CASE("training/optimizer_moved_or_dropped_after_the_step_is_made_still_trains", "[gpu][training]") {
+  REQUIRE_GPU();
+  const auto data = batches({32, 16}, {32, 8});
+  const Run eager = train<Mlp>(Method::eager_capturable, data);
+  for (const bool dropped : {false, true}) {
+    INFO((dropped ? "handle dropped" : "handle moved into a growing vector"));
+    torch::manual_seed(0);
+    Mlp model;
+    model->to(gpu);
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    std::vector<cgt::torch::Adam> kept;
+    auto step = [&] {
+      auto adam = must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3}));
+      auto made = must(cgt::torch::make_training_step(pool, adam, [&](cgt::torch::Inputs in) {
+        return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])};
+      }));
+      if (!dropped) {
+        kept.push_back(std::move(adam));
+        CHECK_FALSE(adam.has_state());
+        for (int i = 0; i < 8; ++i) kept.push_back(must(cgt::torch::make_adam({})));  // reallocates: moves kept[0]
+      }
+      return made;  // `adam` goes here
+    }();
+    Run run;
+    for (const Batch& b : data) {
+      pool.mark_step_begin();
+      auto out = step({b.x, b.y});
+      if (!out) FAIL(out.error().describe());
+      run.losses.push_back(must(out->take(0)).item<float>());
+    }
+    CHECK(pool.stats().replays == steps - 2);
+    for (const auto& p : model->parameters()) run.params.push_back(p.detach().cpu());
+    const Difference d = difference(run, eager);
+    CHECK(d.loss <= 1e-5);
+    CHECK(d.param <= 1e-5);
+    if (!dropped) {
+      // The handle that moved is the optimizer still: its gradients are what `.grad` is.
+      REQUIRE(kept.front().params().size() == model->parameters().size());
+      CHECK(model->fc1->weight.grad().is_same(kept.front().grads()[0]));
+    }
+  }
+  // The update as a graph of its own, its optimizer's handle dropped once it is made.
+  torch::manual_seed(0);
+  Mlp model;
+  model->to(gpu);
+  auto pool = must(cgt::torch::make_pool({.device = 0}));
+  auto update = [&] {
+    auto adam = must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3}));
+    return must(cgt::torch::make_optimizer_step(pool, adam));
+  }();
+  const auto before = model->fc1->weight.detach().clone();
+  for (int i = 0; i < 3; ++i) {
+    pool.mark_step_begin();
+    torch::mse_loss(model->forward(data[i].x), data[i].y).backward();
+    REQUIRE(update().has_value());
+  }
+  CHECK(pool.stats().replays == 1);
+  CHECK_FALSE(torch::equal(model->fc1->weight.detach(), before));
+}
+
 // zero_grad(set_to_none=true) between steps, outside the graph: the training step puts the
 // optimizer's gradients back, and training is unchanged.
 TEST_CASE("training/zero_grad_set_to_none_between_steps", "[gpu][training]") {
@@ -574,6 +637,50 @@ TEST_CASE("training/sgd_momentum_whole_step_graph_trains_as_libtorch", "[gpu][tr
     CHECK(d.loss <= 1e-5);
     CHECK(d.param <= 1e-5);
   }
+}
+
+// A handle made by default or moved from holds no optimizer: its lists are empty, zero_grad does
+// nothing, step throws, and what returns a Result fails with invalid_argument, naming the call.
+// The handle it moved into is the optimizer.
+TEST_CASE("training/optimizer_moved_from_reports_errors", "[training]") {
+  auto adam = must(cgt::torch::make_adam({}, {.lr = 0.5}));  // no parameters: needs no device
+  REQUIRE(adam.has_state());
+  cgt::torch::Adam moved = std::move(adam);
+  CHECK(moved.has_state());
+  CHECK(moved.options().lr == 0.5);
+  cgt::torch::Adam made_by_default;
+  for (cgt::torch::Adam* empty : {&adam, &made_by_default}) {
+    CHECK_FALSE(empty->has_state());
+    CHECK_FALSE(empty->has_static_grads());
+    CHECK(empty->params().empty());
+    CHECK(empty->grads().empty());
+    CHECK(empty->steps().empty());
+    CHECK(empty->exp_avgs().empty());
+    CHECK(empty->options().lr == cgt::torch::AdamOptions{}.lr);
+    empty->zero_grad(false);
+    empty->zero_grad(true);
+    auto attached = empty->attach_grads();
+    REQUIRE_FALSE(attached.has_value());
+    CHECK(attached.error().code == cgt::Errc::invalid_argument);
+    CHECK(attached.error().message.find("Optimizer::attach_grads") != std::string::npos);
+    CHECK_THROWS_AS(empty->step(), c10::Error);
+    CHECK_THROWS_AS(empty->step({}), c10::Error);
+  }
+  auto sgd = must(cgt::torch::make_sgd({}, {}));
+  cgt::torch::SGD other = std::move(sgd);
+  CHECK_FALSE(sgd.has_state());
+  CHECK(sgd.options().lr == cgt::torch::SGDOptions{}.lr);
+  CHECK(other.has_state());
+  REQUIRE_GPU();
+  auto pool = must(cgt::torch::make_pool({.device = 0}));
+  auto step = cgt::torch::make_training_step(pool, adam, [](cgt::torch::Inputs) { return cgt::torch::Values{}; });
+  REQUIRE_FALSE(step.has_value());
+  CHECK(step.error().code == cgt::Errc::invalid_argument);
+  CHECK(step.error().message.find("make_training_step") != std::string::npos);
+  auto update = cgt::torch::make_optimizer_step(pool, adam);
+  REQUIRE_FALSE(update.has_value());
+  CHECK(update.error().code == cgt::Errc::invalid_argument);
+  CHECK(update.error().message.find("make_optimizer_step") != std::string::npos);
 }
 
 // What needs no device: parameters that cannot be trained, options out of range, a step that is
