@@ -26,21 +26,33 @@
 // forward 2, ..., backward 2, backward 1, replayed as a whole on later steps.
 //
 // Gradients reach inputs that require grad as eager autograd would give them (accumulated into a
-// leaf's `.grad()`, passed on to earlier nodes otherwise), and the parameters' `.grad()`: each
-// parameter's gradient is accumulated by the backward graph into a buffer outside the pool,
-// which becomes the parameter's `.grad()` when it has none: the `.grad()` the parameter had when
-// the function was made (a capturable optimizer's static gradient, cgt.torch:optim: make the
-// optimizer first, and the backward graph writes straight into what its update reads), or one
-// the function makes. So no `.grad()`
-// ever lives in the pool (by design: PyTorch's "gradient accumulation into a .grad tensor output
-// of CUDAGraphs" cannot happen), accumulation over several backwards works, `retain_graph`
-// works, and both `zero_grad()` forms work; a `.grad()` the program assigned itself receives the
-// gradient with `add_`. `torch::autograd::grad(..., inputs)` that does not reach the node does
-// not touch the parameters, as in eager mode; one that reaches it accumulates into them.
+// leaf's `.grad()`, passed on to earlier nodes otherwise), and the parameters' `.grad()`: the
+// backward graph accumulates each parameter's gradient into a buffer outside the pool, at the
+// address it recorded, and the buffer becomes `.grad()` where there is none. The buffer is the
+// `.grad()` the parameter had when the function was made (a capturable optimizer's static
+// gradient, cgt.torch:optim: make the optimizer first, and the backward graph writes straight
+// into what its update reads; it comes back as `.grad()` itself, as `attach_grads()` would put
+// it), or one the function makes, handed out as a tensor of its own over the buffer, so that a
+// `.grad()` the program kept after setting `.grad()` to none keeps its values, as eager's: before
+// the buffer is zeroed, that tensor moves onto a copy (the only copy; a view or `detach()` of it
+// is not moved). So no `.grad()` ever lives in the pool (PyTorch's "gradient accumulation into a
+// .grad tensor output of CUDAGraphs" cannot happen), accumulation over several backwards,
+// `retain_graph` and both `zero_grad()` forms work; a `.grad()` the program assigned itself
+// receives the gradient with `add_`. As in eager mode, `torch::autograd::grad(outputs, inputs)`
+// never touches the parameters' `.grad()` (its backward is a graph of its own that leaves them
+// out), and `backward(inputs=...)` fills them only when it names them all (the graph computes
+// them together). Autograd sees no edge from the node to the parameters, so it runs the node only
+// for a named input of the function: naming the parameters and no such input fills nothing;
+// naming some parameters, or asking `grad` for one, raises a `c10::Error` rather than giving a
+// wrong gradient.
 //
-// Errors inside a backward (a stale saved input, a failed call) are raised as `c10::Error` by
-// autograd's `backward()`, as libtorch reports them; a second backward through a node without
-// `retain_graph` fails as eager's does ("Trying to backward through the graph a second time").
+// Errors inside a backward are raised as `c10::Error` by autograd's `backward()`, as libtorch
+// reports them: a failed call; an input modified in place between the forward and the backward
+// (eager's "modified by an inplace operation": the backward recomputes the forward from the
+// input's memory); `create_graph=true` (the backward graph's gradients have no history, so a
+// second derivative would miss this function's terms: differentiate twice eagerly, outside
+// cgt); a second backward through a node without `retain_graph` ("Trying to backward through the
+// graph a second time", as eager's).
 module;
 #include <ATen/ATen.h>
 

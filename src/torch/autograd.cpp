@@ -14,11 +14,13 @@ module;
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/saved_variable.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -110,13 +112,22 @@ struct AutogradFunction::State {
   std::optional<Function> forward;
   std::optional<Function> backward;
   /// The parameters that receive gradients, and their gradient buffers (outside the pool): the
-  /// `.grad()` a parameter had when the function was made (an optimizer's static gradient), so
-  /// that the backward graph accumulates into it with no copy; otherwise buffers made here, views
-  /// of one flat tensor where the dtypes allow (zeroed in one launch).
+  /// `.grad()` a parameter had when the function was made (an optimizer's static gradient, so
+  /// that the backward graph accumulates into it with no copy: `adopted`), otherwise buffers made
+  /// here, views of one flat tensor where the dtypes allow (zeroed in one launch). Set once, by
+  /// make_autograd_function.
   std::vector<at::Tensor> parameters;
   std::vector<at::Tensor> gradients;
+  std::vector<bool> adopted;
   std::vector<bool> in_flat;
   at::Tensor flat;
+  /// Per made buffer: the tensor handed out as the parameter's `.grad()`, a TensorImpl of its own
+  /// over the buffer's memory (the graph writes the buffer's address, so the buffer itself can
+  /// never move). Because it is its own impl, a `.grad()` the program kept after dropping it can
+  /// be moved onto a copy before the buffer is zeroed, as eager's kept `.grad()` keeps its
+  /// values. Set by publish_gradients, reset when moved away by prepare_gradients; undefined for
+  /// adopted buffers, which are handed out as themselves (the optimizer that owns one reads it).
+  std::vector<at::Tensor> handed_out;
 
   /// Before a backward: a buffer that is not its parameter's `.grad()` holds nothing of it, and
   /// is zeroed, since the backward graph accumulates into it.
@@ -130,6 +141,7 @@ struct AutogradFunction::State {
         whole_flat_stale = false;
       }
     }
+    for (const std::size_t i : stale) release_kept_gradient(i);
     if (whole_flat_stale) flat.zero_();
     for (const std::size_t i : stale) {
       if (!whole_flat_stale || !in_flat[i]) gradients[i].zero_();
@@ -142,7 +154,7 @@ struct AutogradFunction::State {
     for (std::size_t i = 0; i < parameters.size(); ++i) {
       at::Tensor& grad = parameters[i].mutable_grad();
       if (!grad.defined()) {
-        grad = gradients[i];
+        grad = hand_out(i);
       } else if (!is_buffer(grad, i)) {
         const at::NoGradGuard no_grad;
         grad.add_(gradients[i]);
@@ -154,15 +166,43 @@ struct AutogradFunction::State {
     return grad.defined() && grad.data_ptr() == gradients[i].data_ptr() && grad.sizes() == gradients[i].sizes() &&
            grad.strides() == gradients[i].strides();
   }
+
+ private:
+  /// The tensor that becomes parameter `i`'s `.grad()`: reused while only this state holds it,
+  /// so the common loop (set to none, backward) makes no tensor and copies nothing.
+  at::Tensor hand_out(std::size_t i) {
+    if (adopted[i]) return gradients[i];
+    at::Tensor& tensor = handed_out[i];
+    if (!tensor.defined()) {
+      const at::Tensor& buffer = gradients[i];
+      tensor = at::empty({0}, buffer.options());
+      tensor.set_(buffer.storage(), buffer.storage_offset(), buffer.sizes(), buffer.strides());
+    }
+    return tensor;
+  }
+
+  /// REQUIRES: buffer `i` is about to be zeroed (it is not the parameter's `.grad()`). A handed-out
+  /// tensor that someone besides this state still holds moves onto a copy of its values.
+  void release_kept_gradient(std::size_t i) {
+    at::Tensor& tensor = handed_out[i];
+    if (!tensor.defined() || tensor.use_count() == 1) return;
+    const at::NoGradGuard no_grad;
+    tensor.set_(tensor.clone());
+    tensor = at::Tensor();
+  }
 };
 
 namespace {
 
 /// One input of a forward as its backward reads it: an output of an earlier autograd function
-/// held by that output's lease, or any other tensor held by itself.
+/// held by that output's lease, or any other tensor held by itself; and the caller's tensor's
+/// version counter with its value at the forward, since the backward recomputes the forward from
+/// what the memory holds then (eager's SavedVariable check).
 struct SavedInput {
   std::shared_ptr<OutputLease> lease;
   at::Tensor tensor;
+  c10::VariableVersion version;  ///< disabled for an inference tensor, which has none
+  std::uint32_t saved_version = 0;
 };
 
 /// The grad_fn of an autograd function's outputs.
@@ -180,6 +220,9 @@ class GraphedBackward final : public ::torch::autograd::Node {
   }
 
   ::torch::autograd::variable_list apply(::torch::autograd::variable_list&& grads) override;
+
+  /// Raises eager's error when an input was modified in place since the forward.
+  void check_inputs_unmodified() const;
 
   /// The lease of output `i`, where the bundle or a later node still holds it.
   [[nodiscard]] std::shared_ptr<OutputLease> lease_of(std::size_t i) const {
@@ -223,17 +266,71 @@ at::Tensor owning_tensor(const at::Tensor& value, std::shared_ptr<OutputLease> l
   TORCH_CHECK(false, what, ": ", error.message);
 }
 
+void GraphedBackward::check_inputs_unmodified() const {
+  for (std::size_t i = 0; i < saved.size(); ++i) {
+    const SavedInput& input = saved[i];
+    if (!input.version.enabled() || input.version.current_version() == input.saved_version) continue;
+    std::string what = "a tensor";
+    if (input.tensor.defined()) {
+      what = input.tensor.toString() + " " + c10::str(input.tensor.sizes());
+    } else if (auto value = input.lease->get(); value && value->get().defined()) {
+      what = value->get().toString() + " " + c10::str(value->get().sizes());
+    }
+    TORCH_CHECK(false,
+                "one of the variables needed for gradient computation has been modified by an inplace operation: [",
+                what, "], which is input ", i, " of cgt autograd function \"", state_->name, "\", is at version ",
+                input.version.current_version(), "; expected version ", input.saved_version,
+                " instead. Its backward recomputes the function from its inputs: modify a copy (clone()) of the "
+                "input, or modify it after the backward.");
+  }
+}
+
+/// Whether the running backward accumulates into the parameters' `.grad()`. A plain `backward()`
+/// does (autograd's exec info is empty: every node runs); `torch::autograd::grad` never does, and
+/// `backward(inputs=...)` does only into the leaves it names. The backward graph treats the
+/// parameters as one, so naming some of them, or asking `grad` for one, is refused rather than
+/// answered wrongly.
+bool parameters_wanted(const AutogradFunction::State& state) {
+  const auto* exec_info = ::torch::autograd::get_current_graph_task_exec_info();
+  if (exec_info == nullptr || exec_info->empty()) return true;
+  std::size_t named = 0;
+  for (const at::Tensor& parameter : state.parameters) {
+    const auto accumulator = ::torch::autograd::impl::try_get_grad_accumulator(parameter);
+    if (!accumulator) continue;
+    const auto found = exec_info->find(accumulator.get());
+    if (found == exec_info->end()) continue;
+    TORCH_CHECK(!found->second.captures_,
+                "torch::autograd::grad with respect to a parameter of cgt autograd function \"", state.name,
+                "\" is not supported: its backward graph adds the parameters' gradients to their .grad(); call "
+                "backward() and read .grad(), or differentiate that part eagerly (outside cgt)");
+    if (found->second.needed_) ++named;
+  }
+  TORCH_CHECK(named == 0 || named == state.parameters.size(), "backward(inputs=...) names ", named, " of the ",
+              state.parameters.size(), " parameters of cgt autograd function \"", state.name,
+              "\": its backward graph fills all of their .grad() or none; name all of them or none");
+  return named != 0;
+}
+
 ::torch::autograd::variable_list GraphedBackward::apply(::torch::autograd::variable_list&& grads) {
   const std::lock_guard lock(mutex_);
   TORCH_CHECK(!released_, ::torch::autograd::ERR_BACKWARD_TWICE, " (in the backward of cgt autograd function \"",
               state_->name, "\")");
   AutogradFunction::State& state = *state_;
+  // A create_graph backward runs its nodes under grad mode. The graph's gradients carry no
+  // history, so a second derivative through them would silently miss this function's terms.
+  TORCH_CHECK(!at::GradMode::is_enabled(), "double backward (create_graph=true) through cgt autograd function \"",
+              state.name,
+              "\" is not supported: its backward graph gives first-order gradients only; differentiate twice "
+              "through an eager model (run that part outside cgt), or call backward without create_graph");
+  check_inputs_unmodified();
+  const bool with_parameters = parameters_wanted(state);
   // Arguments: the forward's inputs, the gradients of the outputs that have a grad_fn (zeros for
-  // one autograd did not reach), then the input count and the two masks.
+  // one autograd did not reach), then the input count, the two masks and whether the parameters
+  // receive gradients.
   std::vector<at::Tensor> values;
   std::vector<Arg> args;
   values.reserve(grads.size());
-  args.reserve(saved.size() + grads.size() + 3);
+  args.reserve(saved.size() + grads.size() + 4);
   for (const SavedInput& input : saved) {
     if (input.lease) {
       args.emplace_back(*input.lease);
@@ -249,14 +346,15 @@ at::Tensor owning_tensor(const at::Tensor& value, std::shared_ptr<OutputLease> l
   args.emplace_back(static_cast<std::int64_t>(saved.size()));
   args.emplace_back(input_mask);
   args.emplace_back(output_mask);
+  args.emplace_back(std::int64_t{with_parameters ? 1 : 0});
 
-  state.prepare_gradients();
+  if (with_parameters) state.prepare_gradients();
   auto out = [&] {
     const RngOffsetScope rng(state.device, rng_offset);
     return (*state.backward)(std::span<const Arg>(args));
   }();
   if (!out) raise("cgt autograd function \"" + state.name + "\": the backward failed", out.error());
-  state.publish_gradients();
+  if (with_parameters) state.publish_gradients();
 
   ::torch::autograd::variable_list result(num_outputs());
   for (std::size_t i = 0; i < result.size() && i < out->size(); ++i) {
@@ -389,7 +487,16 @@ Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tenso
   node->saved.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     auto lease = lease_behind(inputs[i]);
-    node->saved.push_back(lease ? SavedInput{std::move(lease), {}} : SavedInput{nullptr, plain[i]});
+    SavedInput& input = node->saved.emplace_back();
+    if (lease) {
+      input.lease = std::move(lease);
+    } else {
+      input.tensor = plain[i];
+    }
+    if (!inputs[i].is_inference()) {
+      input.version = ::torch::autograd::impl::version_counter(inputs[i]);
+      input.saved_version = input.version.current_version();
+    }
   }
 
   for (std::size_t i = 0; i < out->size(); ++i) {
@@ -442,11 +549,14 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
       const at::NoGradGuard no_grad;
       const auto& params = state->parameters;
       state->gradients.resize(params.size());
+      state->adopted.assign(params.size(), false);
       state->in_flat.assign(params.size(), false);
+      state->handed_out.resize(params.size());
       std::vector<std::size_t> to_make;
       for (std::size_t i = 0; i < params.size(); ++i) {
         if (adoptable(params[i])) {
           state->gradients[i] = params[i].grad();
+          state->adopted[i] = true;
         } else {
           to_make.push_back(i);
         }
@@ -504,15 +614,18 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
 
   // The backward: the forward again under grad mode, then its gradients, in one call. Arguments:
   // the n inputs, the outputs' gradients (for the outputs in the output mask), n, the input mask,
-  // the output mask. Returns one gradient per input (undefined where the mask says none).
+  // the output mask, and 1 where the parameters' gradients are added to their buffers (0 for
+  // `torch::autograd::grad`: a graph of its own). Returns one gradient per input (undefined where
+  // the mask says none).
   std::vector<at::Tensor> parameters = state->parameters;
   std::vector<at::Tensor> gradients = state->gradients;
   auto backward = add(
       [body, parameters, gradients](Inputs in) -> Values {
         const std::size_t count = in.size();
-        const auto n = static_cast<std::size_t>(in.scalar(count - 3));
-        const std::int64_t input_mask = in.scalar(count - 2);
-        const std::int64_t output_mask = in.scalar(count - 1);
+        const auto n = static_cast<std::size_t>(in.scalar(count - 4));
+        const std::int64_t input_mask = in.scalar(count - 3);
+        const std::int64_t output_mask = in.scalar(count - 2);
+        const bool with_parameters = in.scalar(count - 1) != 0;
         std::vector<at::Tensor> inputs(n);
         std::vector<at::Tensor> targets;
         for (std::size_t i = 0; i < n; ++i) {
@@ -522,7 +635,7 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
             targets.push_back(inputs[i]);
           }
         }
-        targets.insert(targets.end(), parameters.begin(), parameters.end());
+        if (with_parameters) targets.insert(targets.end(), parameters.begin(), parameters.end());
         Values outputs;
         {
           const at::AutoGradMode grad_mode(true);
@@ -551,6 +664,7 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
           // output must be memory the call made.
           if (result[i].defined() && aliases_any(result[i], in)) result[i] = result[i].clone();
         }
+        if (!with_parameters) return result;
         const at::NoGradGuard no_grad;
         for (std::size_t p = 0; p < parameters.size(); ++p, ++next_grad) {
           if (grads[next_grad].defined()) gradients[p].add_(grads[next_grad]);

@@ -2,7 +2,9 @@
 // seed: input and parameter gradients over warm-up, recording and replays; chained functions as
 // one path of the tree (forward 1, forward 2, backward 2, backward 1); accumulation,
 // retain_graph, a second backward without it; inference under NoGradGuard / InferenceMode;
-// dropout; a backward never called; both zero_grad forms; a small MLP trained 100 steps.
+// dropout; a backward never called; both zero_grad forms; a small MLP trained 100 steps; a kept
+// .grad; an input modified in place (refused); create_graph (refused); torch::autograd::grad and
+// backward(inputs=...); a capturable optimizer's static gradients after zero_grad(set_to_none).
 // Every test is tagged [gpu][autograd] and reports SKIPPED without a device.
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
@@ -533,5 +535,240 @@ TEST_CASE("torch/autograd: with copy_out_on_new_step, a backward after a new ste
     CHECK(close(x.grad(), x_eager.grad()));
     check_same_grads(*first, *first_eager);
     check_same_grads(*second, *second_eager);
+  }
+}
+
+TEST_CASE("torch/autograd: a .grad kept across zero_grad(set_to_none) keeps its values, as eager's does",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  auto [graphed, eager] = twin_linears(8, 4);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "kept_grad");
+  torch::optim::SGD optimizer(graphed->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD optimizer_eager(eager->parameters(), torch::optim::SGDOptions(0.1));
+  at::Tensor kept;  // the previous step's weight gradient, as a program logging it keeps it
+  at::Tensor kept_eager;
+  const void* grad_address = nullptr;
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    optimizer.zero_grad(/*set_to_none=*/true);
+    optimizer_eager.zero_grad(/*set_to_none=*/true);
+    const at::Tensor x = at::randn({3, 8}, H::cuda());
+    pool.mark_step_begin();
+    {
+      auto out = must(layer({x}));
+      out[0].pow(2).sum().backward();
+    }
+    eager->forward(x).pow(2).sum().backward();
+    check_same_grads(*graphed, *eager);
+    if (kept.defined()) {
+      CHECK(close(kept, kept_eager));  // still the previous step's gradient
+      CHECK(!kept.is_same(graphed->weight.grad()));
+      CHECK(kept.data_ptr() != graphed->weight.grad().data_ptr());
+    }
+    // The new .grad() is the function's buffer every step: only the kept tensor was copied.
+    if (step > 0) CHECK(graphed->weight.grad().data_ptr() == grad_address);
+    grad_address = graphed->weight.grad().data_ptr();
+    kept = graphed->weight.grad();
+    kept_eager = eager->weight.grad();
+    optimizer.step();
+    optimizer_eager.step();
+  }
+  CHECK(close(graphed->weight, eager->weight));
+  // The same within one step: .grad() set to none by hand between two backwards.
+  set_grads_to_none(*graphed);
+  const at::Tensor x = at::randn({3, 8}, H::cuda());
+  pool.mark_step_begin();
+  auto first = must(layer({x}));
+  first[0].sum().backward();
+  const at::Tensor g1 = graphed->bias.grad();
+  const at::Tensor g1_values = g1.clone();
+  graphed->bias.mutable_grad() = at::Tensor();
+  auto second = must(layer({x}));
+  (3 * second[0]).sum().backward();
+  CHECK(at::equal(g1, g1_values));
+  CHECK(close(graphed->bias.grad(), 3 * g1_values));
+}
+
+TEST_CASE("torch/autograd: an input modified in place before the backward is refused, as eager refuses it",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Linear linear(6, 3);
+  linear->to(torch::kCUDA);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, linear, "modified");
+  for (int step = 0; step < 3; ++step) {  // warm-up, recording, replay
+    INFO("step " << step);
+    for (const auto& parameter : linear->parameters()) parameter.mutable_grad() = at::Tensor();
+    const at::Tensor x = at::randn({4, 6}, H::cuda());  // the weight's gradient needs it
+    pool.mark_step_begin();
+    auto out = must(layer({x}));
+    const at::Tensor loss = out[0].sum();
+    const std::int64_t version = x._version();
+    x.mul_(10);
+    try {
+      loss.backward();
+      FAIL("a backward after its input was modified in place succeeded");
+    } catch (const c10::Error& error) {
+      const std::string what = error.what_without_backtrace();
+      INFO(what);
+      CHECK(what.find("modified by an inplace operation") != std::string::npos);
+      CHECK(what.find("modified\"") != std::string::npos);  // the function's name
+      CHECK(what.find("is at version " + std::to_string(version + 1) + "; expected version " +
+                      std::to_string(version)) != std::string::npos);
+    }
+    for (const auto& parameter : linear->parameters()) CHECK(!parameter.grad().defined());
+  }
+  // Eager libtorch refuses the same program.
+  const at::Tensor x = at::randn({4, 6}, H::cuda());
+  const at::Tensor loss = linear->forward(x).sum();
+  x.mul_(10);
+  try {
+    loss.backward();
+    FAIL("eager's backward after its input was modified in place succeeded");
+  } catch (const c10::Error& error) {
+    CHECK(std::string(error.what_without_backtrace()).find("modified by an inplace operation") != std::string::npos);
+  }
+  // An unmodified input still trains after the refusals.
+  const at::Tensor y = at::randn({4, 6}, H::cuda());
+  for (const auto& parameter : linear->parameters()) parameter.mutable_grad() = at::Tensor();
+  pool.mark_step_begin();
+  {
+    auto out = must(layer({y}));
+    out[0].sum().backward();
+  }
+  CHECK(close(linear->weight.grad(), at::ones({3, 4}, H::cuda()).mm(y)));
+}
+
+TEST_CASE("torch/autograd: a double backward (create_graph) is refused rather than first-order", "[gpu][autograd]") {
+  REQUIRE_GPU();
+  auto pool = new_pool({.debug_checks = true});
+  auto cube =
+      must(cgt::torch::make_autograd_function(pool, [](Inputs in) { return Values{in[0].pow(3)}; }, {.name = "cube"}));
+  const at::Tensor data = at::randn({5}, H::cuda());
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const at::Tensor x = data.clone().requires_grad_(true);
+    pool.mark_step_begin();
+    auto out = must(cube({x}));
+    const at::Tensor loss = out[0].sum();
+    try {
+      (void)torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+      FAIL("a create_graph backward through a cgt autograd function succeeded");
+    } catch (const c10::Error& error) {
+      const std::string what = error.what_without_backtrace();
+      INFO(what);
+      CHECK(what.find("double backward") != std::string::npos);
+      CHECK(what.find("create_graph") != std::string::npos);
+      CHECK(what.find("cube") != std::string::npos);
+    }
+    // A first-order backward still gives eager's gradient, 3x^2.
+    loss.backward();
+    CHECK(close(x.grad(), 3 * data * data));
+  }
+  // Eager's second derivative, the number a first-order graph would have missed: 6x.
+  const at::Tensor x = data.clone().requires_grad_(true);
+  const auto first = torch::autograd::grad({x.pow(3).sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  const auto second = torch::autograd::grad({first[0].sum()}, {x});
+  CHECK(close(second[0], 6 * data));
+}
+
+TEST_CASE("torch/autograd: torch::autograd::grad leaves the parameters' .grad alone, as eager's does",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  auto [graphed, eager] = twin_linears(7, 5);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "grad_only");
+  for (int step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    // Odd steps keep the previous step's .grad(): grad() must leave it as it is.
+    if (step % 2 == 0) {
+      set_grads_to_none(*graphed);
+      set_grads_to_none(*eager);
+    }
+    const at::Tensor data = at::randn({3, 7}, H::cuda());
+    const at::Tensor x = data.clone().requires_grad_(true);
+    const at::Tensor x_eager = data.clone().requires_grad_(true);
+    pool.mark_step_begin();
+    auto out = must(layer({x}));
+    const at::Tensor loss = out[0].tanh().sum();
+    const at::Tensor loss_eager = eager->forward(x_eager).tanh().sum();
+    const auto gx = torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true);
+    const auto gx_eager = torch::autograd::grad({loss_eager}, {x_eager}, {}, /*retain_graph=*/true);
+    CHECK(close(gx[0], gx_eager[0]));
+    CHECK(!x.grad().defined());
+    check_same_grads(*graphed, *eager);  // undefined, or the previous step's
+    // backward(inputs = {x}) fills x.grad() only.
+    loss.backward({}, /*retain_graph=*/true, /*create_graph=*/false, std::vector<at::Tensor>{x});
+    loss_eager.backward({}, /*retain_graph=*/true, /*create_graph=*/false, std::vector<at::Tensor>{x_eager});
+    CHECK(close(x.grad(), x_eager.grad()));
+    check_same_grads(*graphed, *eager);
+    // A plain backward then fills the parameters' .grad() as eager's.
+    loss.backward();
+    loss_eager.backward();
+    CHECK(close(x.grad(), x_eager.grad()));
+    check_same_grads(*graphed, *eager);
+  }
+  CHECK(pool.stats().replays >= 4);
+  // The graph gives all parameters' gradients or none: grad() for one, or backward naming some of
+  // them, is refused rather than answered without this function's part.
+  auto expect_refused = [](const auto& backward, const char* message) {
+    try {
+      backward();
+      FAIL("a backward the graph cannot answer succeeded");
+    } catch (const c10::Error& error) {
+      const std::string what = error.what_without_backtrace();
+      INFO(what);
+      CHECK(what.find(message) != std::string::npos);
+      CHECK(what.find("grad_only") != std::string::npos);
+    }
+  };
+  set_grads_to_none(*graphed);
+  const at::Tensor x = at::randn({3, 7}, H::cuda()).requires_grad_(true);
+  pool.mark_step_begin();
+  auto out = must(layer({x}));
+  const at::Tensor loss = out[0].sum();
+  expect_refused([&] { (void)torch::autograd::grad({loss}, {x, graphed->weight}, {}, /*retain_graph=*/true); },
+                 "with respect to a parameter");
+  expect_refused(
+      [&] {
+        loss.backward({}, /*retain_graph=*/true, /*create_graph=*/false, std::vector<at::Tensor>{x, graphed->weight});
+      },
+      "names 1 of the 2 parameters");
+  for (const auto& parameter : graphed->parameters()) CHECK(!parameter.grad().defined());
+}
+
+TEST_CASE(
+    "torch/autograd: a capturable optimizer's static gradients keep receiving the backward after "
+    "zero_grad(set_to_none)",
+    "[gpu][autograd]") {
+  REQUIRE_GPU();
+  auto [graphed, eager] = twin_linears(6, 2);
+  // The optimizer first: the autograd function adopts its gradients.
+  auto sgd = must(cgt::torch::make_sgd(graphed->parameters(), {.lr = 0.1}));
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "static_grads");
+  auto update = must(cgt::torch::make_optimizer_step(pool, sgd));
+  torch::optim::SGD optimizer_eager(eager->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 5; ++step) {
+    INFO("step " << step);
+    sgd.zero_grad(/*set_to_none=*/true);
+    optimizer_eager.zero_grad(/*set_to_none=*/true);
+    const at::Tensor x = at::randn({4, 6}, H::cuda());
+    pool.mark_step_begin();
+    {
+      auto out = must(layer({x}));
+      out[0].pow(2).mean().backward();
+    }
+    eager->forward(x).pow(2).mean().backward();
+    check_same_grads(*graphed, *eager);
+    // The backward put the optimizer's own tensors back: the update graph reads them.
+    const auto params = graphed->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) CHECK(params[i].grad().is_same(sgd.grads()[i]));
+    auto updated = update();
+    if (!updated) FAIL(updated.error().describe());
+    optimizer_eager.step();
+    CHECK(close(graphed->weight, eager->weight));
+    CHECK(close(graphed->bias, eager->bias));
   }
 }
