@@ -506,8 +506,6 @@ class Engine {
   /// The forward's call that began step `begun` failed before its work: the step is not begun
   /// (unless another one was marked since).
   void take_back_step(std::uint64_t begun) noexcept;
-  /// Whether a call of `function` now would begin a new step (`begin_step_for_forward`).
-  [[nodiscard]] bool forward_begins_step(const FunctionRecord& function) const noexcept;
   /// Whether a call of `function` now would begin a new step but for a pending backward: a
   /// forward, before the program marks steps, with a path to reclaim.
   [[nodiscard]] bool forward_steps_here(const FunctionRecord& function) const noexcept;

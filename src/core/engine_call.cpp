@@ -137,20 +137,14 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   SmallArray<backend::ArgDesc, 8> desc_array(count);
   const std::span<backend::ArgSlot> slots = slot_array.span();
   const std::span<backend::ArgDesc> descs = desc_array.span();
-  if (forward_begins_step(function)) {
-    // A new step reclaims the last one's outputs: a call refused for its arguments must not have
-    // begun one. They are checked first (once a step, not on every call), and read again below.
-    if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
-      return std::unexpected(std::move(described.error()));
-    }
-    if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
-  }
   const bool began_step = begin_step_for_forward(function);
   const std::uint64_t step_now = step.load();
   const std::uint64_t reclaims_before = stats.steps_reclaimed;
 
   // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
-  // be passing in, and the arguments must be read after that.
+  // be passing in, and the arguments must be read after that. Its memory is released only once
+  // the call's work may reuse it; a call refused before (its arguments, its padding) or whose
+  // function throws puts the path back, and takes its forward's step back.
   end_path_if_over(step_now, PathCheck::call_start);
 
   auto out = [&]() -> Result<CallOutputs> {

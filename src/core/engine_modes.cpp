@@ -20,11 +20,6 @@ bool Engine::forward_steps_here(const FunctionRecord& function) const noexcept {
   return function.options.mode == FunctionMode::forward && !user_marks_steps.load() && current != nullptr;
 }
 
-bool Engine::forward_begins_step(const FunctionRecord& function) const noexcept {
-  // With a pending backward, the outputs it will read stay live.
-  return forward_steps_here(function) && !pending_backward;
-}
-
 bool Engine::begin_step_for_forward(FunctionRecord& function) {
   if (!forward_steps_here(function)) return false;
   if (pending_backward) {
