@@ -17,11 +17,13 @@ module;
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/functions/basic_ops.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <expected>
@@ -293,17 +295,31 @@ void GraphedBackward::check_inputs_unmodified() const {
 bool parameters_wanted(const AutogradFunction::State& state) {
   const auto* exec_info = ::torch::autograd::get_current_graph_task_exec_info();
   if (exec_info == nullptr || exec_info->empty()) return true;
+  // The leaves asked for are AccumulateGrad nodes of the task (no edge of this node leads to a
+  // parameter, so they are found by the variable they accumulate into, not by the graph). A leaf
+  // with no accumulator yet, as a parameter only this function reads has, autograd replaces by an
+  // Identity placeholder that says nothing of the leaf: it may be one of the parameters, which
+  // this backward cannot then answer for (eager would), so it is refused rather than left out.
   std::size_t named = 0;
-  for (const at::Tensor& parameter : state.parameters) {
-    const auto accumulator = ::torch::autograd::impl::try_get_grad_accumulator(parameter);
-    if (!accumulator) continue;
-    const auto found = exec_info->find(accumulator.get());
-    if (found == exec_info->end()) continue;
-    TORCH_CHECK(!found->second.captures_,
-                "torch::autograd::grad with respect to a parameter of cgt autograd function \"", state.name,
+  for (const auto& [node, info] : *exec_info) {
+    const bool asked = info.needed_ || info.captures_;
+    TORCH_CHECK(!asked || dynamic_cast<const ::torch::autograd::Identity*>(node) == nullptr,
+                "a backward through cgt autograd function \"", state.name,
+                "\" was asked for the gradient of a leaf autograd cannot reach (backward(inputs=...) or "
+                "torch::autograd::grad naming a tensor without a grad accumulator): if it is one of the "
+                "function's parameters, its backward graph cannot give it there; call backward() without "
+                "inputs and read .grad(), or differentiate that part eagerly (outside cgt)");
+    const auto* accumulate = dynamic_cast<const ::torch::autograd::AccumulateGrad*>(node);
+    if (accumulate == nullptr) continue;
+    const bool is_parameter = std::ranges::any_of(state.parameters, [accumulate](const at::Tensor& parameter) {
+      return parameter.unsafeGetTensorImpl() == accumulate->variable.unsafeGetTensorImpl();
+    });
+    if (!is_parameter) continue;
+    TORCH_CHECK(!info.captures_, "torch::autograd::grad with respect to a parameter of cgt autograd function \"",
+                state.name,
                 "\" is not supported: its backward graph adds the parameters' gradients to their .grad(); call "
                 "backward() and read .grad(), or differentiate that part eagerly (outside cgt)");
-    if (found->second.needed_) ++named;
+    if (info.needed_) ++named;
   }
   TORCH_CHECK(named == 0 || named == state.parameters.size(), "backward(inputs=...) names ", named, " of the ",
               state.parameters.size(), " parameters of cgt autograd function \"", state.name,

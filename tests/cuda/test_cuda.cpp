@@ -185,7 +185,7 @@ TEST_CASE("cuda/work that cannot be captured runs eagerly with Reason::capture_f
   options.log_sink = [&logged](const cgt::Event& event) { logged.push_back(event.reason); };
   auto pool = must(H::make_pool(std::move(options)));
   auto syncing = must(pool.add_function(
-      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) -> cgt::Result<cgt::cuda::Values> {
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
         cgt::cuda::Buffer y = ctx.allocate_like(in[0]);
         const auto n = static_cast<std::int64_t>(in[0].numel());
         (void)cudaMemsetAsync(y.data(), 0, n * sizeof(float), ctx.stream());

@@ -3,7 +3,9 @@
 // (in any order, some with retain_graph, some twice), both zero_grad forms, a kept .grad,
 // outputs dropped before their backward, steps marked between a forward and its backward. After
 // every action the gradients equal eager's; a backward whose saved values a new step reclaimed
-// may fail, but only with a c10::Error, never with a wrong number. Tagged [gpu][autograd].
+// (the eager ops after the function saved its output, an escaped tensor: poisoned when the step
+// reclaims it, with copy_out_on_new_step too, which keeps only leases valid) or whose outputs
+// were dropped may fail, but only with a c10::Error, never with a wrong number. Tagged [gpu][autograd].
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -76,7 +78,10 @@ TEST_CASE("torch/autograd walk: random forwards, backwards, zero_grads and steps
       Walk walk{seed};
       std::vector<Pending> pending;
       std::vector<std::pair<at::Tensor, at::Tensor>> kept;  // .grad tensors the program kept, with eager's
-      std::uint64_t step = 0;
+      std::uint64_t marks = 0;
+      // Steps the program marked, and those its forwards began (before its first mark, a forward
+      // with no backward pending begins one).
+      const auto step_now = [&] { return marks + pool.stats().steps_begun_by_forward; };
       std::size_t backwards = 0;
       std::size_t refused = 0;
       auto check_grads = [&](const char* after) {
@@ -103,19 +108,21 @@ TEST_CASE("torch/autograd walk: random forwards, backwards, zero_grads and steps
           const at::Tensor x = at::randn({batch, 4}, H::cuda());
           auto out = must(layer({x}));
           const at::Tensor loss = (at::mm(out[0], v.t())).pow(2).sum();
-          pending.push_back({std::move(out), loss, (at::mm(eager_layer(x), v_eager.t())).pow(2).sum(), step});
+          pending.push_back({std::move(out), loss, (at::mm(eager_layer(x), v_eager.t())).pow(2).sum(), step_now()});
         } else if (what < 65 && !pending.empty()) {  // a backward of any pending forward
           const std::size_t i = walk.pick(pending.size());
           const bool retain = walk.pick(4) == 0;
           Pending& item = pending[i];
-          bool failed = false;
+          std::string failure;
           try {
             item.loss.backward({}, retain);
-          } catch (const c10::Error&) {
-            failed = true;  // allowed only for values whose memory is gone: outputs dropped, or reclaimed
+          } catch (const c10::Error& error) {
+            failure = error.what_without_backtrace();  // only where the memory is gone: outputs dropped, or reclaimed
           }
-          if (failed) {
-            CHECK((!item.outputs || (!copy_out && item.step < step)));
+          if (!failure.empty()) {
+            INFO("action " << action << ": the backward of a forward of step " << item.step << " (now " << step_now()
+                           << "), outputs " << (item.outputs ? "held" : "dropped") << ", failed: " << failure);
+            CHECK((!item.outputs || item.step < step_now()));
             ++refused;
             pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
             zero_grads(true);  // what a program does after a failed step
@@ -139,7 +146,7 @@ TEST_CASE("torch/autograd walk: random forwards, backwards, zero_grads and steps
           pending[walk.pick(pending.size())].outputs.reset();
         } else if (what < 95) {
           pool.mark_step_begin();
-          ++step;
+          ++marks;
         } else {
           pending.clear();
           kept.clear();
