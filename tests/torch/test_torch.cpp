@@ -15,6 +15,7 @@
 #include <deque>
 #include <set>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -636,4 +637,54 @@ TEST_CASE("torch/a function that returns a sparse tensor runs eagerly with unsup
   CHECK(pool.stats().count(cgt::Reason::unsupported_output) == 3);
   CHECK(pool.stats().recordings == 0);
   CHECK(pool.live_blocks().empty());
+}
+
+// Composed pools: an encoder pool's function called from a decoder pool's function (before, the
+// outer capture broke and the decoder ran eagerly for good, silently). The inner call made
+// during the outer recording is refused with nested_capture before any CUDA work; the decoder
+// runs that shape eagerly with Reason::nested_pool, logged once; the encoder warms up, records
+// and replays in its own pool (also when called from the decoder's warm-up); every value equals
+// eager's, and both pools' memory matches their leases.
+TEST_CASE("torch/a pool function that calls another pool's function runs eagerly with nested_pool, values equal eager",
+          "[gpu]") {
+  REQUIRE_GPU();
+  std::vector<cgt::Reason> logged;
+  cgt::Options outer_options{.debug_checks = true};
+  outer_options.log_sink = [&logged](const cgt::Event& event) { logged.push_back(event.reason); };
+  auto inner_pool = new_pool({.debug_checks = true});
+  auto outer_pool = new_pool(std::move(outer_options));
+  auto encoder = must(inner_pool.add_function(
+      [](cgt::torch::Inputs in) { return cgt::torch::Values{at::tanh(in[0]) * 2}; }, {.name = "encoder"}));
+  std::vector<cgt::Errc> refused;
+  auto decoder = must(outer_pool.add_function(
+      [&](cgt::torch::Inputs in) {
+        inner_pool.mark_step_begin();
+        auto encoded = encoder({in[0]});
+        if (!encoded) {
+          refused.push_back(encoded.error().code);
+          throw std::runtime_error(encoded.error().message);
+        }
+        auto code = encoded->take(0);
+        if (!code) throw std::runtime_error(code.error().message);
+        return cgt::torch::Values{*code + 1};
+      },
+      {.name = "decoder"}));
+  std::vector<cgt::CallKind> kinds;
+  for (int step = 0; step < 5; ++step) {
+    outer_pool.mark_step_begin();
+    const at::Tensor x = at::randn({64}, cuda());
+    auto out = must(decoder({x}));
+    kinds.push_back(out.kind());
+    CHECK(at::allclose(must(out.get(0)).get(), (at::tanh(x) * 2) + 1));
+  }
+  using K = cgt::CallKind;
+  CHECK(kinds == std::vector{K::warmup, K::eager, K::eager, K::eager, K::eager});
+  REQUIRE(refused.size() == 1);  // refused once: at the recording
+  CHECK(refused[0] == cgt::Errc::nested_capture);
+  CHECK(std::ranges::count(logged, cgt::Reason::nested_pool) == 1);
+  CHECK(outer_pool.stats().recordings == 0);
+  CHECK(inner_pool.stats().recordings == 1);
+  CHECK(inner_pool.stats().replays >= 2);
+  must(inner_pool.check_memory());
+  must(outer_pool.check_memory());
 }

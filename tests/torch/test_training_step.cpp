@@ -9,6 +9,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <algorithm>
+#include <optional>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -707,4 +708,60 @@ TEST_CASE("training/unusable_parameters_and_options_are_errors", "[training]") {
                                                 {.name = "half", .mode = cgt::FunctionMode::forward});
   REQUIRE_FALSE(forward.has_value());
   CHECK(forward.error().code == cgt::Errc::invalid_argument);
+}
+
+// The handles of training die in any order: with the pool handle and the optimizer handle
+// dropped (in either order) once the step is made, the step trains on, equal to eager; with the
+// step dropped first, the optimizer still steps eagerly. Nothing crashes, nothing stops training.
+TEST_CASE("training/pool_and_optimizer_handles_dropped_in_every_order", "[gpu][training]") {
+  REQUIRE_GPU();
+  const auto data = batches({32, 16}, {32, 8});
+  const Run eager = train<Mlp>(Method::eager_capturable, data);
+  for (const bool pool_first : {true, false}) {
+    INFO((pool_first ? "pool handle dropped first" : "optimizer handle dropped first"));
+    torch::manual_seed(0);
+    Mlp model;
+    model->to(gpu);
+    auto step = [&] {
+      std::optional<cgt::torch::Pool> pool(must(cgt::torch::make_pool({.device = 0})));
+      std::optional<cgt::torch::Adam> adam(must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3})));
+      auto made = must(cgt::torch::make_training_step(*pool, *adam, [&](cgt::torch::Inputs in) {
+        return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])};
+      }));
+      if (pool_first) {
+        pool.reset();
+        adam.reset();
+      } else {
+        adam.reset();
+        pool.reset();
+      }
+      return made;
+    }();
+    Run run;
+    for (const Batch& b : data) {
+      auto out = step({b.x, b.y});
+      if (!out) FAIL(out.error().describe());
+      run.losses.push_back(must(out->take(0)).item<float>());
+    }
+    for (const auto& p : model->parameters()) run.params.push_back(p.detach().cpu());
+    const Difference d = difference(run, eager);
+    CHECK(d.loss <= 1e-5);
+    CHECK(d.param <= 1e-5);
+  }
+  // The step dropped before the optimizer: its handle still updates the parameters eagerly.
+  torch::manual_seed(0);
+  Mlp model;
+  model->to(gpu);
+  auto adam = must(cgt::torch::make_adam(model->parameters(), {.lr = 1e-3}));
+  {
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    auto made = must(cgt::torch::make_training_step(pool, adam, [&](cgt::torch::Inputs in) {
+      return cgt::torch::Values{torch::mse_loss(model->forward(in[0]), in[1])};
+    }));
+    (void)must(made({data[0].x, data[0].y}));
+  }
+  const auto before = model->fc1->weight.detach().clone();
+  torch::mse_loss(model->forward(data[1].x), data[1].y).backward();
+  adam.step();
+  CHECK_FALSE(torch::equal(model->fc1->weight.detach(), before));
 }
