@@ -129,6 +129,7 @@ struct Figures {
   std::uint64_t seeds = 0, sequences = 0, actions = 0, calls = 0, ok_calls = 0, checks = 0, failures = 0;
   std::uint64_t dropped_elsewhere = 0, dropped_during_call = 0;  // [threads]: handles the other thread dropped
   std::uint64_t forward_steps = 0;                               // calls of forwards that began a step
+  std::uint64_t training_programs = 0;                           // sequences whose loop trains
   std::uint64_t padded_calls = 0;                                // calls padded up to a bucket
   std::map<std::string, std::uint64_t> errors;                   // Errc name -> calls that gave it
   std::map<std::string, std::uint64_t> kinds;                    // CallKind name -> successful calls
@@ -271,8 +272,45 @@ class Sequence {
     lengths_ = {lengths[pick(5)], lengths[pick(5)]};
     // A program: the same calls every step, as a training or decoding loop makes them, so that
     // the tree's recordings replay; the rest of the actions perturb it.
+    if (chance(0.3)) return add_training_program();
     const std::size_t length = 2 + pick(5);
     for (std::size_t i = 0; i < length; ++i) script_.push_back({pick(fns_.size()), lengths_[pick(2)]});
+  }
+
+  /// A training loop, as autograd functions and a training step run on a GPU: the layers'
+  /// forwards in order, their backwards in reverse (each a function of the backward mode, reading
+  /// the outputs the forwards left, often moved in as saved values are), then an update that
+  /// writes a static weight in place (an optimizer's step). The rest of the walk perturbs it:
+  /// steps marked between a forward and its backward, outputs dropped before the backward,
+  /// throwing forwards, handles dropped in any order.
+  void add_training_program() {
+    const std::vector<FnDef> defs = catalog();
+    std::vector<std::size_t> layers;
+    for (std::size_t d = 0; d < defs.size(); ++d) {
+      const FnDef& def = defs[d];
+      const bool vectors_only = std::all_of(def.inputs.begin(), def.inputs.end(), [](In in) { return in == In::vec; });
+      if (vectors_only && !def.keeps_pool_buffer && def.buckets.sizes.empty() && def.graph_sizes.empty()) {
+        layers.push_back(d);
+      }
+    }
+    if (layers.empty()) return;
+    const std::int64_t length = lengths_[0];
+    std::vector<std::size_t> backwards;
+    for (std::size_t l = 0, count = 1 + pick(3); l < count; ++l) {
+      const FnDef& def = defs[layers[pick(layers.size())]];
+      add(def, cgt::FunctionMode::forward);
+      script_.push_back({fns_.size() - 1, length});
+      add(def, cgt::FunctionMode::backward);
+      backwards.push_back(fns_.size() - 1);
+    }
+    for (auto b = backwards.rbegin(); b != backwards.rend(); ++b) script_.push_back({*b, length});
+    for (const FnDef& def : defs) {
+      if (def.name != "static_axpy_and_bump") continue;
+      add(def, cgt::FunctionMode::inference);
+      script_.push_back({fns_.size() - 1, length});
+    }
+    log("a training program: " + std::to_string(backwards.size()) + " layers");
+    ++figures_.training_programs;
   }
 
   struct Template {
@@ -290,11 +328,11 @@ class Sequence {
     cgt::FunctionMode mode = cgt::FunctionMode::inference;
   };
 
-  void add(const FnDef& def) {
+  void add(const FnDef& def, std::optional<cgt::FunctionMode> mode = std::nullopt) {
     Fn fn{def, std::make_shared<Control>(), std::nullopt, def.name + "#" + std::to_string(fns_.size()), false, false};
     // Any function may be a forward or a backward: the modes change when steps begin only before
     // the program marks one (the walk marks one first), and which backward is pending.
-    fn.mode = static_cast<cgt::FunctionMode>(pick(3));
+    fn.mode = mode ? *mode : static_cast<cgt::FunctionMode>(pick(3));
     // A function that writes its input without saying so: the pool must see the writes itself.
     const bool undeclared = moves_.undeclared_writes && !def.mutated.empty() && chance(0.4);
     auto added = pool_->add_function(def.make(fn.control),
@@ -1175,6 +1213,7 @@ void report(const char* mode, const Config& config, const Figures& figures) {
             << "\n  call kinds:";
   for (const auto& [kind, count] : figures.kinds) std::cout << " " << kind << "=" << count;
   std::cout << "\n  calls of forwards that began a step: " << figures.forward_steps;
+  std::cout << "\n  training programs (forwards, backwards in reverse, an update): " << figures.training_programs;
   std::cout << "\n  calls padded up to a bucket: " << figures.padded_calls;
   if (figures.dropped_elsewhere > 0) {
     std::cout << "\n  handles dropped on the other thread: " << figures.dropped_elsewhere << " ("
