@@ -18,9 +18,16 @@ namespace cgt::detail {
 namespace {
 
 // What this thread records: set by a RecordingScope, read by calls of other pools.
-thread_local const Engine* recording_engine = nullptr;
-thread_local const FunctionRecord* recording_function = nullptr;
-thread_local bool refused_during_recording = false;
+struct RecordingOnThread {
+  const Engine* engine = nullptr;
+  const FunctionRecord* function = nullptr;
+  bool refused = false;  ///< a call of another pool was refused meanwhile
+};
+
+RecordingOnThread& recording_on_this_thread() noexcept {
+  thread_local RecordingOnThread recording;
+  return recording;
+}
 
 std::string moved_message(NodeReason reason, const FunctionRecord& function) {
   const std::string what =
@@ -31,28 +38,26 @@ std::string moved_message(NodeReason reason, const FunctionRecord& function) {
 }  // namespace
 
 RecordingScope::RecordingScope(const Engine& engine, const FunctionRecord& function) noexcept
-    : previous_engine_(recording_engine),
-      previous_function_(recording_function),
-      previous_refused_(refused_during_recording) {
-  recording_engine = &engine;
-  recording_function = &function;
-  refused_during_recording = false;
+    : previous_engine_(recording_on_this_thread().engine),
+      previous_function_(recording_on_this_thread().function),
+      previous_refused_(recording_on_this_thread().refused) {
+  recording_on_this_thread() = {.engine = &engine, .function = &function, .refused = false};
 }
 
 RecordingScope::~RecordingScope() {
-  recording_engine = previous_engine_;
-  recording_function = previous_function_;
-  refused_during_recording = previous_refused_;
+  recording_on_this_thread() = {
+      .engine = previous_engine_, .function = previous_function_, .refused = previous_refused_};
 }
 
 bool RecordingScope::refused_a_call() const noexcept {
-  return refused_during_recording;
+  return recording_on_this_thread().refused;
 }
 
 const FunctionRecord* RecordingScope::other_recording(const Engine& engine) noexcept {
-  if (recording_engine == nullptr || recording_engine == &engine) return nullptr;
-  refused_during_recording = true;
-  return recording_function;
+  RecordingOnThread& recording = recording_on_this_thread();
+  if (recording.engine == nullptr || recording.engine == &engine) return nullptr;
+  recording.refused = true;
+  return recording.function;
 }
 
 Result<CallOutputs> Engine::run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason) {

@@ -261,6 +261,25 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   return finish(context, std::move(*outputs));
 }
 
+namespace {
+
+// Why a capture gave no graph: a function that failed in an intact capture (`ended` is
+// cudaSuccess) fails as it did; a capture that cannot end was broken by the function (a
+// synchronisation, a copy to the host), and would be again at these shapes: the engine runs them
+// eagerly, as on the other backends.
+Error failed_capture(cudaError_t ended, Result<Values> outputs) {
+  if (ended == cudaSuccess) return std::move(outputs.error());
+  return fail(Cause::uncapturable, Errc::function_failed,
+              std::string("capture failed: ") + cudaGetErrorName(ended) + " (" + cudaGetErrorString(ended) +
+                  "): the function's work cannot be captured into a graph (a synchronisation such as "
+                  "cudaDeviceSynchronize or cudaStreamSynchronize, a copy to pageable host memory, work on a "
+                  "stream it does not join back)" +
+                  (outputs ? std::string() : "; the function reported: " + outputs.error().message))
+      .error();
+}
+
+}  // namespace
+
 Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                          const backend::RecordPlan& plan) {
   CurrentDevice current;
@@ -318,16 +337,7 @@ Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const b
     graph.reset();
     (void)cudaGetLastError();
     backend::free_all(*arena_, context.allocations_);
-    // A function that failed in an intact capture fails as it did; a capture that cannot end was
-    // broken by the function (a synchronisation, a copy to the host), and would be again at these
-    // shapes: the engine runs them eagerly, as on the other backends.
-    if (ended == cudaSuccess) return std::unexpected(std::move(outputs.error()));
-    return fail(Cause::uncapturable, Errc::function_failed,
-                std::string("capture failed: ") + cudaGetErrorName(ended) + " (" + cudaGetErrorString(ended) +
-                    "): the function's work cannot be captured into a graph (a synchronisation such as "
-                    "cudaDeviceSynchronize or cudaStreamSynchronize, a copy to pageable host memory, work on a "
-                    "stream it does not join back)" +
-                    (outputs ? std::string() : "; the function reported: " + outputs.error().message));
+    return std::unexpected(failed_capture(ended, std::move(outputs)));
   }
   // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_
   // until the recording is made (any failure on the way frees it too: the pool is as before).
