@@ -84,10 +84,7 @@ Result<CallOutputs> Engine::after_failed_capture(CallFrame& frame, const Error& 
   }
   // A capture that fails for a reason that will not change (the function synchronises with the
   // host, say) would fail on every call: run this shape eagerly from now on, and say why once.
-  frame.variant->capture_failure = error.message;
-  log(EventKind::eager_fallback, Reason::capture_failed, function,
-      "skipping graphs for '" + function.name + "' at these input shapes: " + error.message);
-  return run_eager(frame, Reason::capture_failed);
+  return run_eagerly_from_now_on(frame, error, Reason::capture_failed);
 }
 
 std::vector<InputUse> Engine::classify_inputs(const CallFrame& frame) const {
