@@ -47,17 +47,17 @@ template <class Buffer>
   desc.expanded = buffer.layout().expanded_dims();
   desc.dtype = static_cast<std::uint16_t>(buffer.type());
   desc.device = device;
-  desc.generation = buffer.generation();
+  desc.life = buffer.life();
   return {};
 }
 
 /// `Device::stamp` for a buffer: the engine passes the pool's own output objects, which it owns
 /// as mutable values.
 template <class Buffer>
-inline void stamp_buffer(const void* value, std::uint64_t generation) noexcept {
+inline void stamp_buffer(const void* value, std::uint64_t life) noexcept {
   auto* buffer =
       const_cast<Buffer*>(static_cast<const Buffer*>(value));  // NOLINT(cppcoreguidelines-pro-type-const-cast)
-  buffer->set_generation(generation);
+  buffer->set_life(life);
 }
 
 /// Ends a call that allocated `allocations` (block addresses) in `arena` and returns `outputs`:

@@ -58,8 +58,8 @@ struct ArgDesc {
   std::uint8_t rank = 0;
   ArgKind kind = ArgKind::value;
   std::int32_t device = 0;  ///< index of the device holding the memory; -1: host memory
-  /// The lease generation the value was handed out in (`Device::stamp`); 0 where the backend keeps none.
-  std::uint64_t generation = 0;
+  /// The life number the value was handed out in (`Device::stamp`); 0 where the backend keeps none.
+  std::uint64_t life = 0;
 };
 
 /// What the engine knows of one output storage; shared by all outputs that view it.
@@ -323,11 +323,11 @@ class Device {
   /// Backends whose stale values fail on their own (libtorch's poisoned storages) may answer false.
   [[nodiscard]] virtual bool owns(std::uintptr_t /*storage*/) const noexcept { return false; }
 
-  /// Records in a value the pool hands out the lease generation of its memory (a number that
+  /// Records in a value the pool hands out the life number of its memory (a number that
   /// changes whenever that memory dies and lives again). Backends whose values carry one (host,
   /// cuda) let the engine tell a live value from an escaped copy of a dead one at the same
   /// address; `owns` must then answer for their memory. The value is the backend's own object.
-  virtual void stamp(const void* /*value*/, std::uint64_t /*generation*/) const noexcept {}
+  virtual void stamp(const void* /*value*/, std::uint64_t /*life*/) const noexcept {}
   /// Whether `stamp` does anything (read once; the engine skips the call otherwise).
   [[nodiscard]] virtual bool stamps_values() const noexcept { return false; }
 

@@ -81,18 +81,18 @@ class Buffer {
   /// Sets the elements (row-major order) from `values`; returns when they are on the device.
   [[nodiscard]] Result<void> write(std::span<const double> values) const;
 
-  /// For the pool: which lease generation of pool memory this value was handed out in (0: not
-  /// handed out by a pool). A copy of a value keeps it; the pool refuses an input whose generation
+  /// For the pool: which life number of pool memory this value was handed out in (0: not
+  /// handed out by a pool). A copy of a value keeps it; the pool refuses an input whose life number
   /// is not the current one of its memory (an escaped copy of an output whose memory was reused).
-  [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
-  inline void set_generation(std::uint64_t generation) noexcept { generation_ = generation; }
+  [[nodiscard]] inline std::uint64_t life() const noexcept { return life_; }
+  inline void set_life(std::uint64_t life) noexcept { life_ = life; }
 
  private:
   std::shared_ptr<void> owner_;
   std::byte* storage_ = nullptr;
   std::size_t storage_bytes_ = 0;
   Layout layout_;
-  std::uint64_t generation_ = 0;
+  std::uint64_t life_ = 0;
   int device_ = 0;
 };
 
@@ -200,13 +200,13 @@ class Device final : public backend::Device {
   [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
     return arena_ != nullptr && arena_->contains(storage);
   }
-  /// Buffers carry their lease generation: a stale copy of a reclaimed output is told apart.
+  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
   [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
     return std::string(to_string(static_cast<ElementType>(dtype)));
   }
   [[nodiscard]] bool stamps_values() const noexcept override { return true; }
-  void stamp(const void* value, std::uint64_t generation) const noexcept override {
-    backend::stamp_buffer<Buffer>(value, generation);
+  void stamp(const void* value, std::uint64_t life) const noexcept override {
+    backend::stamp_buffer<Buffer>(value, life);
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;

@@ -101,18 +101,18 @@ class Buffer {
   [[nodiscard]] inline std::uint32_t expanded_dims() const noexcept { return layout_.expanded_dims(); }
   [[nodiscard]] inline const std::shared_ptr<std::byte[]>& owner() const noexcept { return owner_; }
 
-  /// For the pool: which lease generation of pool memory this value was handed out in (0: not
-  /// handed out by a pool). A copy of a value keeps it; the pool refuses an input whose generation
+  /// For the pool: which life number of pool memory this value was handed out in (0: not
+  /// handed out by a pool). A copy of a value keeps it; the pool refuses an input whose life number
   /// is not the current one of its memory (an escaped copy of an output whose memory was reused).
-  [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
-  inline void set_generation(std::uint64_t generation) noexcept { generation_ = generation; }
+  [[nodiscard]] inline std::uint64_t life() const noexcept { return life_; }
+  inline void set_life(std::uint64_t life) noexcept { life_ = life; }
 
  private:
   std::shared_ptr<std::byte[]> owner_;
   std::byte* storage_ = nullptr;
   std::size_t storage_bytes_ = 0;
   Layout layout_;
-  std::uint64_t generation_ = 0;
+  std::uint64_t life_ = 0;
 };
 
 /// Copies `source` into `target` element by element (same sizes, any strides: negative, overlapping

@@ -137,13 +137,13 @@ class Device final : public backend::Device {
   [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
     return arena_ != nullptr && arena_->contains(storage);
   }
-  /// Buffers carry their lease generation: a stale copy of a reclaimed output is told apart.
+  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
   [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
     return std::string(to_string(static_cast<ElementType>(dtype)));
   }
   [[nodiscard]] bool stamps_values() const noexcept override { return true; }
-  void stamp(const void* value, std::uint64_t generation) const noexcept override {
-    backend::stamp_buffer<Buffer>(value, generation);
+  void stamp(const void* value, std::uint64_t life) const noexcept override {
+    backend::stamp_buffer<Buffer>(value, life);
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;

@@ -20,6 +20,8 @@ module;
 
 #include <gsl/pointers>
 
+#include "generation_rule.hpp"
+
 export module cgt.backend:engine;
 import :error;
 import :options;
@@ -48,22 +50,22 @@ struct Cell {  // a struct: declared so in :detail
 
   [[nodiscard]] inline bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
   [[nodiscard]] inline std::uint32_t leases() const noexcept { return leases_; }
-  /// A new step took the memory back while leases existed.
+  /// A new generation took the memory back while leases existed.
   [[nodiscard]] inline bool is_reclaimed() const noexcept { return reclaimed_; }
   /// Changes whenever the storage comes to life (its first lease after none): values handed out
   /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
+  [[nodiscard]] inline std::uint64_t life() const noexcept { return life_; }
+  /// Generation in which the storage was last handed out (for messages).
   [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
-  /// Step in which the storage was last handed out (for messages).
-  [[nodiscard]] inline std::uint64_t step() const noexcept { return step_; }
   /// The memory copied out when it was reclaimed (`copy_out_on_new_step`), or null.
   [[nodiscard]] inline const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
 
-  /// A lease on it is handed out in `step`; the first after none brings the memory to life, with
-  /// the next of the engine's `generations`.
-  inline void add_lease(std::uint64_t& generations, std::uint64_t step) noexcept {
+  /// A lease on it is handed out in `generation`; the first after none brings the memory to life,
+  /// with the next of the engine's `lives`.
+  inline void add_lease(std::uint64_t& lives, std::uint64_t generation) noexcept {
     ++refs_;
-    if (leases_++ == 0) generation_ = ++generations;
-    step_ = step;
+    if (leases_++ == 0) life_ = ++lives;
+    generation_ = generation;
   }
   /// A lease on it goes (its reference is let go by the caller). True when it was the last: the
   /// memory dies now, and a copy kept for `copy_out_on_new_step` goes with it.
@@ -72,13 +74,13 @@ struct Cell {  // a struct: declared so in :detail
     copied_out_.reset();
     return true;
   }
-  /// A new step takes the memory back while leases hold it; from now on they read `copy` (or
+  /// A new generation takes the memory back while leases hold it; from now on they read `copy` (or
   /// fail, where there is none).
   inline void mark_reclaimed(std::shared_ptr<void> copy) noexcept {
     reclaimed_ = true;
     copied_out_ = std::move(copy);
   }
-  /// The call that began the step failed before its work, with the memory never released: the
+  /// The call that began the generation failed before its work, with the memory never released: the
   /// leases read it again, and the copy goes (`Engine::restore_ended_path`).
   inline void unmark_reclaimed() noexcept {
     reclaimed_ = false;
@@ -90,8 +92,8 @@ struct Cell {  // a struct: declared so in :detail
   std::uint32_t refs_ = 0;    ///< owners of this object: leases and nodes
   std::uint32_t leases_ = 0;  ///< leases on the storage: live while > 0
   bool reclaimed_ = false;
-  std::uint64_t step_ = 0;
   std::uint64_t generation_ = 0;
+  std::uint64_t life_ = 0;
   std::shared_ptr<void> copied_out_;
 };
 
@@ -379,14 +381,14 @@ struct PoolSnapshot {
   std::vector<std::uintptr_t> owned_live;  ///< storages the allocator owned for live leases then
 };
 
-/// The path a new step ended, while the call that began the step has not done its work yet
+/// The path a new generation ended, while the call that began the generation has not done its work yet
 /// (`Engine::ended_path`). Its live outputs already read as reclaimed, but their memory is still
 /// allocated: a warm-up or a recording allocates around it, and a failing call puts the path back
 /// as it was, so that a call that fails changes nothing the caller holds.
 struct EndedPath {
   TreeNode* current = nullptr;
   PathState state = PathState::none;
-  std::uint64_t step = 0;
+  std::uint64_t generation = 0;
   std::vector<std::unique_ptr<TreeNode>> warmup_chain;
   std::vector<CellRef> cells;           ///< the outputs live when the path ended
   std::uint64_t leases_copied_out = 0;  ///< leases on them then, for `Stats` once released
@@ -410,9 +412,9 @@ struct CallFrame {
   /// Recording because a static input moved: the node recorded at the old address, whose graph
   /// the backend may update for the new one instead of instantiating another.
   TreeNode* rerecording_of = nullptr;
-  /// The step at the call's start: a `mark_step_begin()` from inside the function belongs to the
-  /// next call, which must see it.
-  std::uint64_t step = 0;
+  /// The generation at the call's start: a `mark_step_begin()` from inside the function belongs
+  /// to the next call, which must see it.
+  std::uint64_t generation = 0;
   /// Per input (empty: none), of a bucketed call: copied into a slot when recording even if it is
   /// an output of the path, so that a call at a bucket's own size and a padded one (whose padded
   /// copy is never pool memory) share one recording.
@@ -484,14 +486,11 @@ class Engine {
 
   TreeNode* current = nullptr;
   PathState state = PathState::none;
-  std::atomic<std::uint64_t> step{0};  ///< bumped by mark_step_begin, from any thread
-  /// `mark_step_begin()` was called once: steps are the program's, forwards begin none.
-  std::atomic<bool> user_marks_steps{false};
-  /// A forward ran and no backward since (PyTorch's `running_forwards_with_pending_backwards`).
-  bool pending_backward = false;
-  std::uint64_t generations = 0;   ///< the last Cell::generation given out
-  std::uint64_t current_step = 0;  ///< the step in which the current path last ran
-  /// Set by `end_path_if_over` when a new step ends a path with live outputs; cleared before the
+  /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
+  GenerationRule generation_rule;
+  std::uint64_t lives = 0;            ///< the last Cell::life given out
+  std::uint64_t path_generation = 0;  ///< the generation in which the current path last ran
+  /// Set by `end_path_if_over` when a new generation ends a path with live outputs; cleared before the
   /// call does work that may reuse their memory (`release_ended_path`: a replay, a recording's
   /// checkpoint, a warm-up or eager run that succeeded), or when the call fails before that
   /// (`restore_ended_path`). Never set between calls.
@@ -499,21 +498,12 @@ class Engine {
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
-  /// A forward's call begins a new step when no backward is pending and the program never marks
-  /// steps itself (PyTorch's `can_start_new_generation`); else it may warn that pending backwards
-  /// keep the function off the fast path. Returns whether it began one.
-  bool begin_step_for_forward(FunctionRecord& function);
-  /// The forward's call that began step `begun` failed before its work: the step is not begun
-  /// (unless another one was marked since).
-  void take_back_step(std::uint64_t begun) noexcept;
-  /// Whether a call of `function` now would begin a new step but for a pending backward: a
-  /// forward, before the program marks steps, with a path to reclaim.
-  [[nodiscard]] bool forward_steps_here(const FunctionRecord& function) const noexcept;
+  /// Starts a call of `function` in the generation the rule says (`GenerationRule::begin_call`),
+  /// and warns once where a pending backward keeps a forward off the fast path.
+  CallGeneration begin_generation(FunctionRecord& function);
   /// Warns once per function when pending backwards make a forward repeat itself down the path
   /// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`).
   void warn_if_pending_backward_repeats(FunctionRecord& function);
-  /// After a call of `function` that succeeded: a forward leaves its backward pending, a backward runs it.
-  void note_mode_ran(const FunctionRecord& function) noexcept;
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   /// The call after its arguments are checked: picks its shape variant, then falls back or runs the tree.
   Result<CallOutputs> run_selected(CallFrame& frame);
@@ -523,7 +513,7 @@ class Engine {
   [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
   std::optional<Reason> fallback_reason(CallFrame& frame);
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
-  /// Whether `storage` is the memory of an output of the path this call's new step ended.
+  /// Whether `storage` is the memory of an output of the path this call's new generation ended.
   [[nodiscard]] bool is_output_of_ended_path(std::uintptr_t storage) const noexcept;
   bool mutates_unmanaged_input(CallFrame& frame);
   [[nodiscard]] bool needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept;
@@ -602,19 +592,19 @@ class Engine {
     call_start,     ///< before a call: a replaying path is kept, since a child of it may follow
     no_child_fits,  ///< no child of the current node fits the call: a replaying path may end too
   };
-  /// Ends the current path if it is over: reclaims it if a new step began since it last ran, or
+  /// Ends the current path if it is over: reclaims it if a new generation began since it last ran, or
   /// ends it if no output of the path is live (at `call_start`, only a path warming up or recording).
-  void end_path_if_over(std::uint64_t step_now, PathCheck when);
+  void end_path_if_over(std::uint64_t generation, PathCheck when);
   [[nodiscard]] bool all_outputs_dead() const;
   void end_path();
   /// Reclaims the whole path now (shutdown): leases read as reclaimed, memory released.
   void reclaim_path();
-  /// Ends the path for a new step: its live outputs read as reclaimed from now on, their memory
+  /// Ends the path for a new generation: its live outputs read as reclaimed from now on, their memory
   /// stays allocated until `release_ended_path` (kept in `ended_path`).
-  void end_path_for_new_step();
-  /// Releases the memory of the path a new step ended, if any: the call's work may reuse it now.
+  void end_path_for_new_generation();
+  /// Releases the memory of the path a new generation ended, if any: the call's work may reuse it now.
   void release_ended_path() noexcept;
-  /// The call that began a new step failed before `release_ended_path`: the path and its leases
+  /// The call that began a new generation failed before `release_ended_path`: the path and its leases
   /// are as they were before the call.
   void restore_ended_path() noexcept;
   /// Before a warm-up or recording while `ended_path` is set: makes its outputs' memory allocated
@@ -712,6 +702,9 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 /// `_get_different_indices`): outputs live in `before` and dead in `after`.
 [[nodiscard]] std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
                                                        const std::vector<std::vector<bool>>& after);
+
+/// The part `function` plays for the generation rule (its `FunctionOptions::mode`).
+[[nodiscard]] CallRole role_of(const FunctionRecord& function) noexcept;
 
 /// `error` from the device, told in terms of the call: which function, doing what, on which node.
 [[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);

@@ -118,7 +118,7 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
                          .function = frame.function,
                          .variant = nullptr,
                          .rerecording_of = nullptr,
-                         .step = frame.step,
+                         .generation = frame.generation,
                          .always_copied = copied,
                          .padding = &padding};
   auto out = checked_whole_outputs(run_selected(padded_frame), function);

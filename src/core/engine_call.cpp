@@ -12,6 +12,8 @@ module;
 #include <utility>
 #include <vector>
 
+#include "generation_rule.hpp"
+
 module cgt.backend;
 import :engine;
 
@@ -137,39 +139,42 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   SmallArray<backend::ArgDesc, 8> desc_array(count);
   const std::span<backend::ArgSlot> slots = slot_array.span();
   const std::span<backend::ArgDesc> descs = desc_array.span();
-  const bool began_step = begin_step_for_forward(function);
-  const std::uint64_t step_now = step.load();
+  const CallGeneration generation = begin_generation(function);
   const std::uint64_t reclaims_before = stats.steps_reclaimed;
 
-  // End the path first: a new step reclaims (or copies out) the memory of leases the caller may
-  // be passing in, and the arguments must be read after that. Its memory is released only once
-  // the call's work may reuse it; a call refused before (its arguments, its padding) or whose
-  // function throws puts the path back, and takes its forward's step back.
-  end_path_if_over(step_now, PathCheck::call_start);
+  // End the path first: a new generation reclaims (or copies out) the memory of leases the caller
+  // may be passing in, and the arguments must be read after that. Its memory is released only
+  // once the call's work may reuse it; a call refused before (its arguments, its padding) or whose
+  // function throws puts the path back, and takes back the generation its forward began.
+  end_path_if_over(generation.generation, PathCheck::call_start);
 
   auto out = [&]() -> Result<CallOutputs> {
     if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
       return std::unexpected(std::move(described.error()));
     }
     if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
-    CallFrame frame{.args = slots, .descs = descs, .function = &function, .variant = nullptr, .step = step_now};
+    CallFrame frame{
+        .args = slots, .descs = descs, .function = &function, .variant = nullptr, .generation = generation.generation};
     if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
     return function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
   }();
-  // A call that failed before its work leaves the last step's outputs as they were, and a step
-  // its forward began is not begun (a call that failed after it reclaimed them cannot undo that).
+  // A call that failed before its work leaves the last generation's outputs as they were, and a
+  // generation its forward began is not begun (a call that failed after it reclaimed them cannot
+  // undo that).
   if (out) {
     release_ended_path();
   } else {
     restore_ended_path();
-    if (began_step && stats.steps_reclaimed == reclaims_before) take_back_step(step_now);
+    if (stats.steps_reclaimed == reclaims_before && generation_rule.take_back(generation)) {
+      --stats.steps_begun_by_forward;
+    }
   }
   if (out && options.debug_checks && out->kind != CallKind::eager) {
     if (auto checked = debug_check("after the call"); !checked) {
       return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
     }
   }
-  if (out) note_mode_ran(function);
+  if (out) generation_rule.end_call(role_of(function));
   return out;
 }
 
@@ -334,15 +339,15 @@ bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant
 Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
   // Pool memory is handed out only through leases; an input in pool memory that no live lease
   // holds is an escaped copy of a value whose memory was reclaimed (its lease dropped, or a new
-  // step began): reading it would read whatever the pool put there since.
+  // generation began): reading it would read whatever the pool put there since.
   for (std::size_t i = 0; i < frame.descs.size(); ++i) {
     const backend::ArgDesc& desc = frame.descs[i];
     // `owns` first: most inputs that are not pool memory are the caller's, and it is the cheap test.
     if (desc.kind != backend::ArgKind::value || !device->owns(desc.storage)) continue;
     // Live memory is not enough: it may live again for another output since this value escaped
-    // (where the backend stamps values, their generation must be the memory's current one).
+    // (where the backend stamps values, their life number must be the memory's current one).
     if (const Cell* cell = live_cell_in_path(desc.storage)) {
-      if (!stamps_values || desc.generation == cell->generation()) continue;
+      if (!stamps_values || desc.life == cell->life()) continue;
     }
     if (is_output_of_ended_path(desc.storage)) {
       return fail(Errc::output_overwritten,
@@ -426,7 +431,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
     if (current != nullptr && roots.has(frame.variant->id)) {
-      end_path_if_over(frame.step, PathCheck::no_child_fits);
+      end_path_if_over(frame.generation, PathCheck::no_child_fits);
       if (current == nullptr) return run_tree(frame);
     }
     if (match.moved_managed_input >= 0) {
@@ -450,7 +455,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
       reason = NodeReason::new_liveness_pattern;
     }
 
-    end_path_if_over(frame.step, PathCheck::no_child_fits);
+    end_path_if_over(frame.generation, PathCheck::no_child_fits);
     if (current != nullptr) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));

@@ -36,7 +36,7 @@ Result<void> Engine::check_memory() const {
   for (const Cell* cell : live_path_cells()) {
     if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
   }
-  if (ended_path) {  // a path a new step ended: its memory is released once the call does its work
+  if (ended_path) {  // a path a new generation ended: its memory is released once the call does its work
     for (const CellRef& cell : ended_path->cells) {
       if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
     }
@@ -84,12 +84,12 @@ void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const 
 }
 
 std::string Engine::overwritten_message(const Cell& cell, std::uint32_t output) const {
-  // Until the program marks steps, only a forward's call begins them (`FunctionMode::forward`).
-  const bool by_forward = !user_marks_steps.load();
+  // Until the program marks generations, only a forward's call begins them (`FunctionMode::forward`).
+  const bool by_forward = !generation_rule.program_marks_generations();
   return "output " + std::to_string(output) + " of '" + functions[cell.function]->name +
          "' was reclaimed when a new step began (" +
          (by_forward ? "a forward function was called, with no backward pending," : "mark_step_begin was called") +
-         " after it was produced in step " + std::to_string(cell.step()) +
+         " after it was produced in step " + std::to_string(cell.generation()) +
          "); to keep a value across steps, take() it before the next step, set Options::copy_out_on_new_step "
          "(a new step then copies held outputs out of the pool), or " +
          (by_forward ? "call the next step's forward" : "call mark_step_begin()") + " only after you are done with it";

@@ -1,6 +1,6 @@
-// Training: forward and backward functions (PyTorch's CompilationMode and its "Backward Generation
-// Handling"). A forward's call begins a new step unless a backward is pending; a backward's call
-// clears what is pending.
+// Training: the engine's side of the generation rule (generation_rule.hpp owns the rule itself):
+// counting the generations forwards begin, and warning when pending backwards keep a forward off
+// the fast path (PyTorch's "Backward Generation Handling").
 module;
 #include <algorithm>
 #include <atomic>
@@ -8,34 +8,28 @@ module;
 #include <set>
 #include <string>
 
+#include "generation_rule.hpp"
+
 module cgt.backend;
 import :engine;
 
 namespace cgt::detail {
 
-bool Engine::forward_steps_here(const FunctionRecord& function) const noexcept {
-  // Only until the program marks steps itself: then steps are its own (PyTorch: once
-  // `cudagraph_mark_step_begin` was called, the generation is the mark-step counter alone).
-  // Without a path there is nothing to reclaim.
-  return function.options.mode == FunctionMode::forward && !user_marks_steps.load() && current != nullptr;
-}
-
-bool Engine::begin_step_for_forward(FunctionRecord& function) {
-  if (!forward_steps_here(function)) return false;
-  if (pending_backward) {
-    // The outputs a backward will read stay live: the forward goes on down the path.
-    warn_if_pending_backward_repeats(function);
-    return false;
+CallRole role_of(const FunctionRecord& function) noexcept {
+  switch (function.options.mode) {
+    case FunctionMode::forward: return CallRole::forward;
+    case FunctionMode::backward: return CallRole::backward;
+    case FunctionMode::inference: break;
   }
-  step.fetch_add(1);
-  ++stats.steps_begun_by_forward;
-  return true;
+  return CallRole::inference;
 }
 
-void Engine::take_back_step(std::uint64_t begun) noexcept {
-  // A mark_step_begin() since (from the function, another thread) stands: so does this step then.
-  std::uint64_t expected = begun;
-  if (step.compare_exchange_strong(expected, begun - 1)) --stats.steps_begun_by_forward;
+CallGeneration Engine::begin_generation(FunctionRecord& function) {
+  const CallGeneration call = generation_rule.begin_call(role_of(function), current != nullptr);
+  if (call.begun_by_forward) ++stats.steps_begun_by_forward;
+  // The outputs a backward will read stay live: the forward goes on down the path.
+  if (call.held_by_pending_backward) warn_if_pending_backward_repeats(function);
+  return call;
 }
 
 void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {
@@ -60,15 +54,6 @@ void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {
           "': forwards ran whose backwards did not, so its call begins no new step and the path grows instead; "
           "call mark_step_begin() at the top of each step, or run forwards that need no backward as inference "
           "(under torch::NoGradGuard in cgt.torch)");
-}
-
-void Engine::note_mode_ran(const FunctionRecord& function) noexcept {
-  // After the call, as the reference does: a forward's backward is pending only once it ran.
-  if (function.options.mode == FunctionMode::forward) {
-    pending_backward = true;
-  } else if (function.options.mode == FunctionMode::backward) {
-    pending_backward = false;
-  }
 }
 
 }  // namespace cgt::detail

@@ -1,4 +1,4 @@
-// The current path of a pool: its liveness, ending it, reclaiming it for a new step, and restoring
+// The current path of a pool: its liveness, ending it, reclaiming it for a new generation, and restoring
 // the allocator to a node's checkpoint so that a warm-up or recording can follow a replay.
 module;
 #include <expected>
@@ -25,8 +25,8 @@ void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, s
               std::uint32_t output) noexcept {
   lease.engine = EngineRef(&engine);
   if (cell != nullptr) {
-    cell->add_lease(engine.generations, engine.step.load(std::memory_order_relaxed));
-    if (engine.stamps_values) engine.device->stamp(value, cell->generation());
+    cell->add_lease(engine.lives, engine.generation_rule.current());
+    if (engine.stamps_values) engine.device->stamp(value, cell->life());
     lease.cell = cell;
   }
   lease.value = value;
@@ -111,7 +111,7 @@ bool Engine::all_outputs_dead() const {
 void Engine::enter(TreeNode& node, PathState new_state, const CallFrame& frame) {
   current = &node;
   state = new_state;
-  current_step = frame.step;
+  path_generation = frame.generation;
 }
 
 void Engine::end_path() {
@@ -120,10 +120,10 @@ void Engine::end_path() {
   warmup_chain.clear();
 }
 
-void Engine::end_path_if_over(std::uint64_t step_now, PathCheck when) {
+void Engine::end_path_if_over(std::uint64_t generation, PathCheck when) {
   if (current == nullptr) return;
-  if (current_step != step_now) {
-    end_path_for_new_step();
+  if (path_generation != generation) {
+    end_path_for_new_generation();
     return;
   }
   // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
@@ -132,11 +132,11 @@ void Engine::end_path_if_over(std::uint64_t step_now, PathCheck when) {
 }
 
 void Engine::reclaim_path() {
-  end_path_for_new_step();
+  end_path_for_new_generation();
   release_ended_path();
 }
 
-void Engine::end_path_for_new_step() {
+void Engine::end_path_for_new_generation() {
   const std::vector<Cell*> live = live_path_cells();
   if (live.empty()) {
     end_path();
@@ -144,7 +144,8 @@ void Engine::end_path_for_new_step() {
   }
   // Marked now: the call's arguments are read after this, and a held output passed in must read
   // as reclaimed (or as its copy). Released once the call's work may reuse the memory.
-  EndedPath ended{.current = current, .state = state, .step = current_step, .warmup_chain = std::move(warmup_chain)};
+  EndedPath ended{
+      .current = current, .state = state, .generation = path_generation, .warmup_chain = std::move(warmup_chain)};
   ended.cells.reserve(live.size());
   for (Cell* cell : live) {
     std::shared_ptr<void> copy;
@@ -207,7 +208,7 @@ void Engine::restore_ended_path() noexcept {
   // Nothing of the call is on the path any more: whatever it made died with its failure.
   current = ended.current;
   state = ended.state;
-  current_step = ended.step;
+  path_generation = ended.generation;
   warmup_chain = std::move(ended.warmup_chain);
   for (const CellRef& cell : ended.cells) {
     cell->unmark_reclaimed();

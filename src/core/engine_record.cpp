@@ -178,7 +178,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     if (backend::is_write_to_copy(recorded.error())) return after_write_to_copy(frame, recorded.error());
     return std::unexpected(std::move(recorded.error()));
   }
-  release_ended_path();  // before the checkpoint below: the last step's outputs are dead in it
+  release_ended_path();  // before the checkpoint below: the last generation's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
   node->take_outputs(*this, recorded->first_outputs.outputs, function.id);
   CallOutputs out = hand_out(*node, recorded->first_outputs, frame, CallKind::recording);

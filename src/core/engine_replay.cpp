@@ -117,7 +117,7 @@ void TreeNode::bind_outputs_for_replay(Engine& engine) {
     switch (alias.kind) {
       case AliasKind::new_storage: {
         Cell* cell = cells_[i].get();
-        // A storage reclaimed by a new step may still be referenced by stale leases: use a new cell.
+        // A storage reclaimed by a new generation may still be referenced by stale leases: use a new cell.
         if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0) {
           const backend::StorageHandle storage{
               .address = output_storage_[i], .bytes = output_bytes_[i], .owned_by_allocator = false};
@@ -145,7 +145,7 @@ void TreeNode::bind_outputs_for_replay(Engine& engine) {
 
 Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   const FunctionRecord& function = *frame.function;
-  release_ended_path();  // the graph writes where the last step's outputs were
+  release_ended_path();  // the graph writes where the last generation's outputs were
   node.bind_outputs_for_replay(*this);
   backend::Recording& recording = *node.recording();
   if (auto replayed = recording.replay(frame.args); !replayed) {

@@ -171,7 +171,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
     }
     return std::unexpected(std::move(result.error()));
   }
-  release_ended_path();  // the warm-up allocated around the last step's outputs: free them now
+  release_ended_path();  // the warm-up allocated around the last generation's outputs: free them now
 
   auto node =
       std::make_unique<TreeNode>(NodeKind::warmup, next_warmup_id--, warmup_reason(variant), variant.id, current);

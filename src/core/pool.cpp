@@ -151,12 +151,12 @@ void PoolBase::mark_step_begin() noexcept {
   // Atomic: any thread, and a pool function, may begin a step; the next call sees it. From now
   // on the program says when steps begin: forwards no longer begin them (`FunctionMode::forward`).
   if (!engine_) return;
-  (*engine_).user_marks_steps.store(true);
-  (*engine_).step.fetch_add(1);
+  (*engine_).generation_rule.mark_step_begin();
 }
 
 bool PoolBase::has_pending_backward() const noexcept {
-  return detail::read_engine(engine_, false, [](const detail::Engine& engine) { return engine.pending_backward; });
+  return detail::read_engine(engine_, false,
+                             [](const detail::Engine& engine) { return engine.generation_rule.pending_backward(); });
 }
 
 Result<void> PoolBase::shutdown() {

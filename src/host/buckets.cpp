@@ -72,7 +72,7 @@ Result<std::shared_ptr<const void>> Device::slice(const void* value, const backe
                                                   std::size_t dim, std::int64_t bucket, std::int64_t size) {
   const Buffer& output = *static_cast<const Buffer*>(value);
   if (output.empty() || dim >= output.rank() || output.sizes()[dim] != bucket) return nullptr;
-  // The view keeps the output's generation (a copy of the buffer): the pool tells it live or stale.
+  // The view keeps the output's life number (a copy of the buffer): the pool tells it live or stale.
   return std::make_shared<Buffer>(narrow(output, dim, 0, size));
 }
 

@@ -380,7 +380,7 @@ TEST_CASE("an escaped copy is refused even when its memory lives again for a new
   REQUIRE(!stale);
   CHECK(stale.error().code == cgt::Errc::output_overwritten);
   CHECK(output_values(must(use({must(newer.get(0))}))) == std::vector<double>{6, 6, 6, 6});
-  const Buffer slice = must(newer.get(0)).get().slice(1, 3);  // a view of a live value keeps its generation
+  const Buffer slice = must(newer.get(0)).get().slice(1, 3);  // a view of a live value keeps its life number
   CHECK(output_values(must(use({slice}))) == std::vector<double>{6, 6});
 }
 
