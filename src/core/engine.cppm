@@ -160,6 +160,9 @@ struct Variant {
   /// (`Reason::capture_failed` or `nested_pool`), with the backend's message kept here.
   std::optional<std::string> capture_failure;
   Reason capture_failure_reason = Reason::capture_failed;
+  /// Re-recorded somewhere in the tree (`ChildFacts::rerecords`): only then does a call look its
+  /// count up.
+  bool rerecorded = false;
 };
 
 /// The argument signature a function is held to: set by its first call.
@@ -415,6 +418,9 @@ struct CallFrame {
   /// The generation at the call's start: a `mark_step_begin()` from inside the function belongs
   /// to the next call, which must see it.
   std::uint64_t generation = 0;
+  /// The call's key is that of the function's last variant (`FunctionRecord::last_variant`): its
+  /// signature and graph size are known good.
+  bool same_shapes_as_last = false;
   /// Per input (empty: none), of a bucketed call: copied into a slot when recording even if it is
   /// an output of the path, so that a call at a bucket's own size and a padded one (whose padded
   /// copy is never pool memory) share one recording.

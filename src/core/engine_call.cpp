@@ -52,8 +52,19 @@ std::int64_t key_layout_bits(const backend::ArgDesc& desc) noexcept {
   return static_cast<std::int64_t>(desc.expanded) | (static_cast<std::int64_t>(desc.view) << 32);
 }
 
+// A key word that opens each argument: its kind, and for a value its element type and rank. With
+// it a key says the whole signature, so a call whose key is a known variant's needs no signature
+// check (the variant's first call passed it).
+constexpr std::int64_t kScalarTag = std::int64_t{1} << 62;
+constexpr std::int64_t kValueTag = std::int64_t{1} << 61;
+std::int64_t opening_word(const backend::ArgDesc& desc) noexcept {
+  if (desc.kind == backend::ArgKind::scalar) return kScalarTag;
+  return kValueTag | (static_cast<std::int64_t>(desc.dtype) << 8) | desc.rank;
+}
+
 void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_t>& key) {
   for (const auto& desc : descs) {
+    key.push_back(opening_word(desc));
     if (desc.kind == backend::ArgKind::scalar) {
       key.push_back(desc.scalar);
       continue;
@@ -68,6 +79,8 @@ void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_
 bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::ArgDesc> descs) noexcept {
   std::size_t at = 0;
   for (const auto& desc : descs) {
+    if (at >= key.size() || key[at] != opening_word(desc)) return false;
+    ++at;
     if (desc.kind == backend::ArgKind::scalar) {
       if (at >= key.size() || key[at] != desc.scalar) return false;
       ++at;
@@ -152,9 +165,18 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
     if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
       return std::unexpected(std::move(described.error()));
     }
-    if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
-    CallFrame frame{
-        .args = slots, .descs = descs, .function = &function, .variant = nullptr, .generation = generation.generation};
+    // The shapes of the last call: the signature is checked already (see `opening_word`).
+    const bool same_shapes =
+        function.last_variant != UINT32_MAX && key_matches(variants[function.last_variant]->key, descs);
+    if (!same_shapes) {
+      if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
+    }
+    CallFrame frame{.args = slots,
+                    .descs = descs,
+                    .function = &function,
+                    .variant = nullptr,
+                    .generation = generation.generation,
+                    .same_shapes_as_last = same_shapes};
     if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
     return function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
   }();
@@ -286,7 +308,7 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
       return nullptr;
     }
   }
-  if (!function.options.graph_sizes.empty()) {
+  if (!function.options.graph_sizes.empty() && !frame.same_shapes_as_last) {
     const SizeSource source = function.options.size_source;
     const std::int64_t size = frame.descs[source.input].sizes[source.dim];
     if (std::ranges::find(function.options.graph_sizes, size) == function.options.graph_sizes.end()) {
@@ -294,10 +316,7 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
       return nullptr;
     }
   }
-  if (function.last_variant != UINT32_MAX) {
-    Variant& last = *variants[function.last_variant];
-    if (key_matches(last.key, frame.descs)) return &last;
-  }
+  if (frame.same_shapes_as_last) return variants[function.last_variant].get();
   std::vector<std::int64_t> key;
   append_key(frame.descs, key);
   if (auto found = function.variants.find(key); found != function.variants.end()) {
@@ -390,7 +409,9 @@ std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
   // the call, and a graph that copied a mutated input into a slot would lose the mutation.
   if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
   if (frame.variant->capture_failure) return frame.variant->capture_failure_reason;
-  if (facts_for(frame.variant->id).rerecords > options.rerecord_limit) return Reason::rerecord_limit;
+  if (frame.variant->rerecorded && facts_for(frame.variant->id).rerecords > options.rerecord_limit) {
+    return Reason::rerecord_limit;
+  }
   return std::nullopt;
 }
 
@@ -437,6 +458,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     if (match.moved_managed_input >= 0) {
       ChildFacts& facts = facts_for(frame.variant->id);
       ++facts.rerecords;
+      frame.variant->rerecorded = true;
       if (facts.rerecords > options.rerecord_limit) {
         log(EventKind::eager_fallback, Reason::rerecord_limit, *frame.function,
             "skipping graphs for " + quoted(frame.function->name) + ": re-recorded more than " +
