@@ -1,5 +1,5 @@
 // GPU benchmarks of cgt against raw graph launch, eager libtorch and libtorch's CUDAGraph, on the
-// same work, in one run (scripts/gpu-bench.sh adds PyTorch's Python trees and makes the tables):
+// same work, in one run (`scripts/gpu.sh bench` adds PyTorch's Python trees and makes the tables):
 //
 //   overhead  CPU time per call (median) and wall time per call, for K = 1, 10, 100 tiny kernels,
 //             1 or 4 inputs, static or copied inputs

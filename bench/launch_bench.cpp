@@ -3,7 +3,7 @@
 // through cgt's replay with the rewrite off and on (`rewrite_memset_nodes` and
 // `rewrite_memcpy_nodes` both, to measure the memcpys too); also the raw launch of the
 // rewritten graph (the rewrite alone, without cgt's bookkeeping). The GPU is idle before every
-// timed launch (a synchronisation after each, not timed). scripts/gpu-launch.sh runs it.
+// timed launch (a synchronisation after each, not timed). `scripts/gpu.sh launch` runs it.
 //
 //   synthetic  400 tiny kernels with 60 memsets, 60 device-to-device memcpys, 60 external event
 //              records (left as they are), or none

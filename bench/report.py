@@ -62,10 +62,10 @@ def overhead_tables(overhead):
 
 def main(path, out_dir, commit, gpu):
     rows = [line.strip().split(",") for line in open(path) if line.count(",") >= 3]
-    header = f"Measured on {gpu}, commit {commit}, by scripts/gpu-bench.sh.\n\n"
+    header = f"Measured on {gpu}, commit {commit}, by `scripts/gpu.sh bench`.\n\n"
     files = {}
 
-    rounds = collections.OrderedDict()  # scripts/gpu-bench.sh measures the overhead in rounds
+    rounds = collections.OrderedDict()  # `scripts/gpu.sh bench` measures the overhead in rounds
     for row in rows:
         if row[0] == "overhead":
             rounds.setdefault(row[1], {}).setdefault(row[2], []).append((float(row[3]), float(row[4])))

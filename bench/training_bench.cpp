@@ -1,6 +1,6 @@
 // One training step of a launch-bound transformer (2 layers, hidden 256, 4 heads, batch 8,
 // seq 64, Adam), by several methods in one process: CPU time and wall time per step, and the
-// peak of allocated device memory against eager libtorch (scripts/gpu-bench.sh runs it next to
+// peak of allocated device memory against eager libtorch (`scripts/gpu.sh bench` runs it next to
 // bench/training.py, PyTorch's torch.compile(mode="reduce-overhead") on the same model, and
 // bench/training_report.py makes bench/results/training.md).
 //

@@ -52,7 +52,7 @@ def main(path, out_dir, commit, gpu):
         parts = line.strip().split(",")
         if len(parts) == 6 and parts[0] == "training":
             by_precision.setdefault(parts[1], collections.OrderedDict())[parts[2]] = tuple(float(v) for v in parts[3:])
-    lines = [f"Measured on {gpu}, commit {commit}, by scripts/gpu-bench.sh (or scripts/gpu-training.sh).\n\n",
+    lines = [f"Measured on {gpu}, commit {commit}, by `scripts/gpu.sh bench` (or `scripts/gpu.sh training`).\n\n",
              "One training step (forward, backward, Adam) of a transformer: 2 layers, hidden 256, 4 heads, "
              "batch 8, seq 64, float32 (tensors; the matmuls in fp32 or TF32 per table). CPU time: median per "
              "step, the GPU's queue drained every 4 steps (not timed); wall time: steps back to back, then a "

@@ -28,21 +28,3 @@ print_phases() {
   printf '%s' "$phases_report"
 }
 
-# The GPU scripts' configure step: Torch from CMAKE_PREFIX_PATH, then the python3 on the path;
-# the GPU architecture from TORCH_CUDA_ARCH_LIST / CMAKE_CUDA_ARCHITECTURES, else the first GPU's
-# compute capability (nvidia-smi).
-gpu_configure() {  # gpu_configure <build dir> <log file> [cmake args...]: RelWithDebInfo, Torch + CUDA
-  local build="$1" log="$2" torch_prefix capability
-  shift 2
-  if torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null); then
-    export CMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH:+$CMAKE_PREFIX_PATH:}$torch_prefix"
-  fi
-  local arch_args=()
-  capability=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' ')
-  if [ -n "$capability" ]; then
-    export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$capability}"
-    arch_args+=(-DCMAKE_CUDA_ARCHITECTURES="${CMAKE_CUDA_ARCHITECTURES:-${capability/./}}")
-  fi
-  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=ON -DCGT_WITH_CUDA=ON \
-    "${arch_args[@]}" "$@" >"$log" 2>&1 || { tail -30 "$log"; return 1; }
-}

@@ -1,4 +1,4 @@
-// The model benchmark's C++ half (scripts/gpu-bench-models.sh runs it after
+// The model benchmark's C++ half (`scripts/gpu.sh bench-models` runs it after
 // `bench/models/models.py export DIR`): serves the exported models from C++, eagerly with libtorch
 // and through cgt.torch, TorchScript and AOTInductor, on the requests the export wrote, and
 // compares every output with eager PyTorch's (the .output files).
@@ -516,7 +516,7 @@ int main(int argc, char* argv[]) {
   const std::string dir = argv[1];
   const std::string model = argv[2];
   const int calls = argc > 3 ? std::atoi(argv[3]) : 150;
-  // A second pass (scripts/gpu-bench-models.sh runs Python, C++, Python, C++) serves only.
+  // A second pass (`scripts/gpu.sh bench-models` runs Python, C++, Python, C++) serves only.
   const bool first_pass = std::getenv("CGT_BENCH_SECOND_PASS") == nullptr;
   if (!cgt::torch::is_available()) {
     std::cerr << "no CUDA device\n";

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The model benchmark's Python half (scripts/gpu-bench-models.sh runs it; the C++ half is
+"""The model benchmark's Python half (`scripts/gpu.sh bench-models` runs it; the C++ half is
 bench/models/model_bench.cpp):
 
   python3 bench/models/models.py export DIR [bert|resnet ...]
@@ -192,7 +192,7 @@ def warm_up_gpu(seconds=3.0):
 
 
 def measure(directory, names, calls, second_pass):
-    """second_pass: serve again (against drift: scripts/gpu-bench-models.sh runs Python, C++,
+    """second_pass: serve again (against drift: `scripts/gpu.sh bench-models` runs Python, C++,
     Python, C++), without the capture lines."""
     from torch._inductor import cudagraph_trees
 

@@ -122,7 +122,7 @@ def main():
         return 2
     serve, passes, pools, captures, launches, calls, notes = read(sys.argv[1])
     out = [f"# Real models served from C++", "",
-           f"Measured on {sys.argv[4]} at commit `{sys.argv[3]}` by `scripts/gpu-bench-models.sh` "
+           f"Measured on {sys.argv[4]} at commit `{sys.argv[3]}` by `scripts/gpu.sh bench-models` "
            "(bench/models/: models.py exports and runs the Python methods, model_bench the C++ ones; "
            "random weights, nothing downloaded).", ""]
     models = list(dict.fromkeys(m for (m, _, _) in serve))

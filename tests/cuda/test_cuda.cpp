@@ -140,7 +140,7 @@ TEST_CASE("cuda/a moved static input updates the recorded graph in place, and ev
 }
 
 // Tagged [provokes-api-errors]: the CUDA runtime reports the failed capture, and
-// scripts/gpu-test.sh runs it under memcheck apart, with API error reports off.
+// scripts/gpu.sh memcheck runs it under memcheck apart, with API error reports off.
 // take() copies an output after the work that wrote it, also from a pool whose stream is
 // non-blocking (not ordered with the legacy default stream that cudaMemcpy uses): 2000 kernels
 // that each add 1 run for milliseconds, and the copy must see all of them.
