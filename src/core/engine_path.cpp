@@ -11,6 +11,8 @@ module;
 #include <utility>
 #include <vector>
 
+#include "generation_rule.hpp"
+
 module cgt.backend;
 import :engine;
 
@@ -122,7 +124,7 @@ void Engine::end_path() {
 
 void Engine::end_path_if_over(std::uint64_t generation, PathCheck when) {
   if (current == nullptr) return;
-  if (path_generation != generation) {
+  if (GenerationRule::is_new_generation(path_generation, generation)) {
     end_path_for_new_generation();
     return;
   }

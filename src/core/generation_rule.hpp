@@ -77,9 +77,9 @@ class GenerationRule {
     call.generation = counter_.load();
     return call;
   }
-  /// Whether a path last run in generation `path_generation` is over for `call`.
-  [[nodiscard]] static bool is_new_generation(std::uint64_t path_generation, const CallGeneration& call) noexcept {
-    return path_generation != call.generation;
+  /// Whether a path last run in generation `path_generation` is over for a call in `generation`.
+  [[nodiscard]] static bool is_new_generation(std::uint64_t path_generation, std::uint64_t generation) noexcept {
+    return path_generation != generation;
   }
   /// The call that began `call.generation` failed before its work: the generation is not begun.
   /// A `mark_step_begin()` since (from the function, another thread) stands, and so does this

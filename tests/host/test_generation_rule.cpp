@@ -36,8 +36,8 @@ TEST_CASE("a forward begins a generation when the pool has a path and no backwar
     const CallGeneration call = rule.begin_call(CallRole::forward, /*has_path=*/true);
     CHECK(call.generation == 1);
     CHECK(call.begun_by_forward);
-    CHECK(GenerationRule::is_new_generation(0, call));
-    CHECK_FALSE(GenerationRule::is_new_generation(1, call));
+    CHECK(GenerationRule::is_new_generation(0, call.generation));
+    CHECK_FALSE(GenerationRule::is_new_generation(1, call.generation));
   }
 }
 
