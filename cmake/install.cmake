@@ -45,6 +45,10 @@ install(CODE "
 
 configure_package_config_file(cmake/cgtConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/cgtConfig.cmake
                               INSTALL_DESTINATION ${CGT_INSTALL_CMAKEDIR})
+# find_package(cgt 0.2) accepts 0.2.x only: while the major version is 0, a new minor version may
+# change the interface (CHANGELOG.md says how), so neither an older nor a newer minor version
+# stands in for the one asked for; a patch version never changes the interface. (From 1.0 on,
+# SameMajorVersion would be the rule.) tests/consumer/version checks both sides.
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/cgtConfigVersion.cmake COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/cgtConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/cgtConfigVersion.cmake
         DESTINATION ${CGT_INSTALL_CMAKEDIR})

@@ -1,6 +1,6 @@
 // The host demo: a toy two-layer "model" called as a decode loop through a graph-tree pool.
-// It prints, per call, whether the pool warmed up, recorded or replayed, then the counters, the
-// pool's memory and the tree as Graphviz DOT (also written to tree.dot).
+// It prints cgt's version, then per call whether the pool warmed up, recorded or replayed, then the
+// counters, the pool's memory and the tree as Graphviz DOT (also written to tree.dot).
 //
 //   build/examples/host_demo [steps]
 #include <cstddef>
@@ -66,6 +66,7 @@ Buffer filled(std::int64_t n, double start, double step) {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 6;
   constexpr std::int64_t width = 8;
+  std::cout << "cgt " << cgt::version_string << ", host backend\n";
 
   auto pool = cgt::host::make_pool();
   if (!pool) return report(pool.error());

@@ -1,8 +1,9 @@
 // A small libtorch decoder run through one cgt pool: a "prefill" and a "decode" function, decode
 // called once per generated token, for two batch sizes. The decoder's state is a static buffer
 // that both functions update in place (as a KV cache is), so it is never copied; the token is a
-// small input copied into the graph on each replay. Prints, per call, whether the pool warmed up,
-// recorded or replayed; then the counters, the pool's memory, and the tree (written as DOT).
+// small input copied into the graph on each replay. Prints cgt's and libtorch's versions, then per
+// call whether the pool warmed up, recorded or replayed; then the counters, the pool's memory, and
+// the tree (written as DOT).
 //
 //   build/examples/torch_decoder [tokens per request]
 #include <torch/torch.h>
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
     std::cerr << "torch_decoder needs a CUDA device\n";
     return 1;
   }
+  std::cout << "cgt " << cgt::version_string << ", libtorch " << TORCH_VERSION << '\n';
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
   const auto cuda = torch::TensorOptions().device(torch::kCUDA, 0);

@@ -18,6 +18,7 @@ module;
 export module cgt.backend;
 
 export import :error;          // Errc, Error, Result<T>, fail
+export import :version;        // Version, version, version_string: which cgt this is
 export import :options;        // Options, FunctionOptions, Reason, Event, LogSink
 export import :info;           // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason, GraphCounts
 export import :layout;         // ElementType, Layout: strided views, for the backends' buffers

@@ -78,6 +78,11 @@ using cgt::fail;       // `return cgt::fail(Errc::..., "message")` in code retur
 using cgt::Result;     // std::expected<T, Error>: what every fallible operation returns
 using cgt::to_string;  // names of Errc, Reason, FunctionMode, CallKind, NodeReason, ElementType values
 
+// Which cgt this is (modules/cgt-version.cppm): the project's version, as find_package compares it.
+using cgt::Version;         // major, minor, patch; ordered
+using cgt::version;         // the cgt this program was compiled against, e.g. {0, 2, 0}
+using cgt::version_string;  // the same as text, e.g. "0.2.0"
+
 // How a pool behaves and reports its decisions (modules/cgt-options.cppm).
 using cgt::Buckets;             // FunctionOptions::buckets: capture sizes, padding up to the next one
 using cgt::Event;               // one logged decision

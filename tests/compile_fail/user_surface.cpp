@@ -17,6 +17,7 @@ namespace {
   [[maybe_unused]] cgt::Errc code = cgt::Errc::output_overwritten;
   [[maybe_unused]] cgt::Error error{.code = code, .message = "m"};
   [[maybe_unused]] cgt::Result<int> result = cgt::fail(cgt::Errc::invalid_argument, "m");
+  [[maybe_unused]] const bool ordered = cgt::version >= cgt::Version{0, 0, 0} && !cgt::version_string.empty();
   [[maybe_unused]] cgt::Options options{.on_static_input_moved = cgt::OnStaticInputMoved::error,
                                         .log_sink = [](const cgt::Event& event) {
                                           (void)(event.kind == cgt::EventKind::warning);
