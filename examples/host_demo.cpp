@@ -1,6 +1,7 @@
-// The host demo: a toy two-layer "model" called as a decode loop through a graph-tree pool.
-// It prints cgt's version, then per call whether the pool warmed up, recorded or replayed, then the
-// counters, the pool's memory and the tree as Graphviz DOT (also written to tree.dot).
+// The host demo: a toy two-layer "model" called as a decode loop through a graph-tree pool. Every
+// third step exits early, after one layer: the tree branches there. It prints cgt's version, then
+// per call whether the pool warmed up, recorded or replayed, then the counters, the pool's memory
+// and the tree as Graphviz DOT (also written to tree.dot; scripts/demo.sh draws it as tree.svg).
 //
 //   build/examples/host_demo [steps]
 #include <cstddef>
@@ -84,26 +85,24 @@ int main(int argc, char** argv) {
     pool->mark_step_begin();  // outputs of the last step may be reclaimed from here on
     auto h1 = (*layer_fn)({state, w1, b1});
     if (!h1) return report(h1.error());
-    auto h2 = (*layer_fn)({*h1->get(0), w2, b2});  // the output of a graph, used in place
+    // Every third step exits early: the head reads layer 1's output, a branch of the tree.
+    const bool early_exit = step % 3 == 2;
+    const cgt::CallKind first = h1->kind();
+    cgt::Owning<cgt::host::Outputs> h2 = early_exit ? std::move(h1) : (*layer_fn)({*h1->get(0), w2, b2});
     if (!h2) return report(h2.error());
     auto out = (*head_fn)({*h2->get(0)});
     if (!out) return report(out.error());
     const Buffer& token = *out->get(1);  // borrowed: valid while `out` lives
-    std::cout << std::setw(4) << step << "  " << std::left << std::setw(12) << cgt::to_string(h1->kind())
-              << std::setw(12) << cgt::to_string(h2->kind()) << std::setw(12) << cgt::to_string(out->kind())
+    std::cout << std::setw(4) << step << "  " << std::left << std::setw(12) << cgt::to_string(first) << std::setw(12)
+              << (early_exit ? "(exit)" : cgt::to_string(h2->kind())) << std::setw(12) << cgt::to_string(out->kind())
               << std::right << token.get(0) << '\n';
     auto next = out->take(0);  // eager code between steps keeps a copy, not pool memory
     if (!next) return report(next.error());
     state = *next;
   }
 
-  const cgt::Stats stats = pool->stats();
-  std::cout << "\ncounters: calls " << stats.calls << ", warm-ups " << stats.warmups << ", recordings "
-            << stats.recordings << ", replays " << stats.replays << ", eager " << stats.eager_calls
-            << ", checkpoint restores " << stats.checkpoint_restores << '\n';
-  const cgt::MemoryInfo memory = pool->memory();
-  std::cout << "pool memory: " << memory.reserved_bytes << " bytes reserved, " << memory.allocated_bytes
-            << " allocated in " << memory.live_blocks << " blocks, peak " << memory.peak_allocated_bytes << '\n';
+  std::cout << "\ncounters: " << cgt::to_string(pool->stats()) << '\n';
+  std::cout << "pool memory: " << cgt::to_string(pool->memory()) << '\n';
   const std::string dot = pool->to_dot();
   std::ofstream("tree.dot") << dot;
   std::cout << "\ntree (also in tree.dot):\n" << dot;

@@ -3,6 +3,7 @@ module;
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 export module cgt.backend:info;
@@ -75,6 +76,11 @@ struct Stats {
   }
 };
 
+/// The counters as one line of text, for logs: "calls 18, warm-ups 3, recordings 3, replays 12,
+/// eager 0", then each other counter that is not zero, and the count of each reason that has any
+/// ("mutated_input 3").
+[[nodiscard]] std::string to_string(const Stats& stats);
+
 /// How a pool's CUDA graphs came to be (cgt.cuda and cgt.torch): for tests, benchmarks and tuning.
 struct GraphCounts {
   std::uint64_t instantiated = 0;      ///< executables instantiated (cudaGraphInstantiate)
@@ -117,5 +123,9 @@ struct MemoryInfo {
   /// storage still leased. `Pool::live_blocks()` lists the allocator's blocks only.
   std::size_t live_blocks = 0;
 };
+
+/// The memory as one line of text, for logs: "1048576 bytes reserved, 0 allocated in 0 blocks,
+/// peak 1024".
+[[nodiscard]] std::string to_string(const MemoryInfo& memory);
 
 }  // namespace cgt

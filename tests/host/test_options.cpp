@@ -436,3 +436,20 @@ TEST_CASE("warm_up_each_shape = false: a shape whose capture fails warms up and 
     }
   }
 }
+
+TEST_CASE("counters and memory read as one line of text", "[options][host]") {
+  auto pool = must(H::make_pool({.shape_key_limit = 1, .log_sink = [](const cgt::Event&) {}}));
+  auto f = must(H::add(pool, unary("f", in(0) + 1)));
+  for (int i = 0; i < 3; ++i) (void)must(f({H::make(HostTensor::full({4}, 1))}));
+  CHECK(cgt::to_string(pool.stats()) == "calls 3, warm-ups 1, recordings 1, replays 1, eager 0, failed matches 1");
+  // Another shape over the limit runs eagerly: the counter and its reason join the line.
+  (void)must(f({H::make(HostTensor::full({5}, 1))}));
+  CHECK(cgt::to_string(pool.stats()) ==
+        "calls 4, warm-ups 1, recordings 1, replays 1, eager 1, failed matches 1, fallback warnings 1, "
+        "shape_key_limit 1");
+  const cgt::MemoryInfo memory = pool.memory();
+  CHECK(cgt::to_string(memory) == std::to_string(memory.reserved_bytes) + " bytes reserved, " +
+                                      std::to_string(memory.allocated_bytes) + " allocated in " +
+                                      std::to_string(memory.live_blocks) + " blocks, peak " +
+                                      std::to_string(memory.peak_allocated_bytes));
+}
