@@ -1,5 +1,6 @@
-"""Turns the CSV lines of gpu_bench and pytorch_trees.py into the tables (and the scaling plot)
-of bench/results/. Usage: python3 bench/report.py results.csv out_dir "<commit>" "<gpu>"."""
+"""Turns the CSV lines of gpu_bench and pytorch_trees.py into the tables of bench/results/ and, where
+matplotlib is installed, their plots (overhead.png, scaling.png).
+Usage: python3 bench/report.py results.csv out_dir "<commit>" "<gpu>"."""
 import collections
 import statistics
 import sys
@@ -13,6 +14,9 @@ METHODS = ["eager libtorch", RAW, RAW_TORCH, "raw CUDAGraph::replay", "cgt.cuda"
 # libtorch ops' graph for the libtorch methods (they differ with 4 inputs: 1 kernel against 4).
 BASELINE = {m: RAW for m in (RAW, "cgt.cuda", "cgt.cuda non-blocking")}
 TARGET_STATIC, TARGET_COPIED, TARGET_TREES = 1.5, 2.0, 10.0
+PICTURES = {"overhead.png": "CPU time per call: raw cudaGraphLaunch, cgt.cuda, cgt.torch and PyTorch's trees",
+            "scaling.png": "cgt.cuda's CPU time per call as the tree grows"}
+PLOTTED = [RAW, "cgt.cuda", "cgt.torch", "PyTorch trees (Python)"]  # the raw launch first: the reference
 
 
 def median_round(values):
@@ -100,29 +104,92 @@ def main(path, out_dir, commit, gpu):
             capture.append(f"| {row[1]} | {row[2]} | {float(row[3]):.3f} | {float(row[4]):.3f} |\n")
     files["capture.md"] = "".join(capture)
 
+    drawn = plots(out_dir, overhead, scaling, f"{gpu}, commit {commit}")
     for name, text in files.items():
+        png = name.replace(".md", ".png")
+        if png in drawn:  # the picture goes under the header line, linked only where it was drawn
+            text = text.replace(header, f"{header}![{PICTURES[png]}]({png})\n\n", 1)
         with open(f"{out_dir}/{name}", "w") as out:
             out.write(text)
         print(f"==> {name}\n{text}")
 
+
+def plots(out_dir, overhead, scaling, where):
+    """Draws overhead.png and scaling.png into out_dir; returns the names drawn. The tables are the
+    result and the plots a convenience: without matplotlib, or where one fails, it says so and goes on."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, axes = plt.subplots(1, len(scaling), figsize=(4 * max(len(scaling), 1), 3.2))
-        for ax, (dim, points) in zip(axes if len(scaling) > 1 else [axes], scaling.items()):
-            xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o")
-            ax.set_xscale("log")
-            ax.set_xlabel(dim)
-            ax.set_ylabel("us per call")
-            ax.set_ylim(bottom=0)
-            ax.set_title(f"cost per call vs {dim}")
-        fig.suptitle(f"cgt.cuda on {gpu}", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(f"{out_dir}/scaling.png", dpi=110)
-    except Exception as error:  # the tables are the result; the plot is a convenience
-        print(f"no plot: {error}")
+    except ImportError as error:
+        print(f"no plots: {error}")
+        return set()
+    drawn = set()
+    for name, draw, data in (("overhead.png", plot_overhead, overhead), ("scaling.png", plot_scaling, scaling)):
+        try:
+            fig = draw(plt, data, where)
+            fig.savefig(f"{out_dir}/{name}", dpi=110)
+            plt.close(fig)
+            drawn.add(name)
+        except Exception as error:  # a plot never costs the tables
+            print(f"no {name}: {error}")
+    return drawn
+
+
+def plot_overhead(plt, overhead, where):
+    """CPU time per call of each work cell, one panel for static and one for copied inputs, log y:
+    PyTorch's trees cost 10-30x the others. With copied inputs the raw launch includes its
+    cudaMemcpyAsync per input, which cgt does with a node of the graph, hence cgt below it."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True, layout="constrained")
+    width = 0.8 / len(PLOTTED)
+    colors = {RAW: "0.55", "cgt.cuda": "tab:blue", "cgt.torch": "tab:green", "PyTorch trees (Python)": "tab:red"}
+    for ax, kind in zip(axes, ("static", "copied")):
+        configs = [c for c in overhead if c.endswith(kind)]
+        for i, method in enumerate(PLOTTED):
+            xs = [x + (i - (len(PLOTTED) - 1) / 2) * width for x, c in enumerate(configs) if method in overhead[c]]
+            ys = [overhead[c][method][0] for c in configs if method in overhead[c]]
+            ax.bar(xs, ys, width, label=method, color=colors[method])
+        for x, config in enumerate(configs):  # cgt.cuda against the raw launch, the trees against cgt.cuda
+            cpu = overhead[config]
+            for method, base, offset in (("cgt.cuda", RAW, -0.5), ("PyTorch trees (Python)", "cgt.cuda", 1.5)):
+                if method in cpu and base in cpu:
+                    ratio = cpu[method][0] / cpu[base][0]
+                    text = f"{ratio:.2f}x" if ratio < 10 else f"{ratio:.0f}x"
+                    ax.annotate(text, (x + offset * width, cpu[method][0]),
+                                ha="center", va="bottom", fontsize=7, xytext=(0, 1), textcoords="offset points",
+                                rotation=90 if ratio < 10 else 0)
+        ax.set_xticks(range(len(configs)))
+        ax.set_xticklabels([c.replace(f" {kind}", "").replace(" inputs=", "\ninputs=") for c in configs], fontsize=8)
+        ax.set_yscale("log")
+        top = max([100] + [2 * overhead[c][m][0] for c in configs for m in PLOTTED if m in overhead[c]])
+        ticks = [t for t in (0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000) if t <= top]
+        ax.set_ylim(0.5, top)
+        ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+        ax.set_xlabel("work: K kernels, inputs")
+        ax.set_title(f"{kind} inputs" + (" (raw = launch + one cudaMemcpyAsync per input)" if kind == "copied" else ""),
+                     fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].set_ylabel("CPU time per call (us, log scale)")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncol=len(PLOTTED),
+               fontsize=8, frameon=False)
+    fig.suptitle(f"CPU time per call, median of 3 rounds, on {where}\n"
+                 "above cgt.cuda: its factor over the raw launch; above the trees: theirs over cgt.cuda", fontsize=9)
+    return fig
+
+
+def plot_scaling(plt, scaling, where):
+    fig, axes = plt.subplots(1, len(scaling), figsize=(4 * max(len(scaling), 1), 3.2))
+    for ax, (dim, points) in zip(axes if len(scaling) > 1 else [axes], scaling.items()):
+        xs, ys = zip(*points)
+        ax.plot(xs, ys, marker="o")
+        ax.set_xscale("log")
+        ax.set_xlabel(dim)
+        ax.set_ylabel("CPU time per call (us)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"cost per call vs {dim}")
+    fig.suptitle(f"cgt.cuda on {where}", fontsize=9)
+    fig.tight_layout()
+    return fig
 
 
 if __name__ == "__main__":

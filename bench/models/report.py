@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes bench/results/models.md from the CSV lines of bench/models/models.py (Python: eager
 PyTorch, reduce-overhead, PyTorch's trees) and model_bench (C++: eager libtorch and cgt.torch,
-TorchScript and AOTInductor), with each model's targets (issue 12, items 4-6) checked.
+TorchScript and AOTInductor), with each model's targets (issue 12, items 4-6) checked, and, where
+matplotlib is installed, models.png (CPU and wall time per call of each model and batch).
 
   python3 bench/models/report.py RESULTS.csv OUT_DIR COMMIT "GPU NAME"
 """
@@ -13,6 +14,11 @@ NAMES = {"bert": "BERT-base (Hugging Face BertModel, 128 tokens)", "resnet": "Re
 RO = "PyTorch reduce-overhead"
 CGT_AOTI = "cgt.torch (AOTI)"
 CGT_AOTI_B1 = "cgt.torch (AOTI batch-1 package)"
+PICTURE = "![CPU and wall time per call of each model and batch: reduce-overhead against cgt.torch](models.png)"
+# The methods models.png shows, in its order: the Python ones, eager libtorch on AOTInductor's kernels,
+# and cgt on each format (the memset ablation and eager TorchScript stay in the table).
+PLOTTED = {"eager PyTorch": "0.7", RO: "tab:red", "eager libtorch (AOTI)": "tab:orange",
+           "cgt.torch (TorchScript)": "tab:cyan", CGT_AOTI: "tab:blue", CGT_AOTI_B1: "tab:purple"}
 
 
 def read(path):
@@ -116,6 +122,74 @@ def model_section(model, serve, passes, pools, captures, launches, calls):
     return out
 
 
+def plot(serve, out_dir, where):
+    """Draws models.png: CPU (top) and wall time (bottom) per call for each model (column) and batch,
+    log y (CPU runs from a few us to milliseconds); above cgt + AOTI, its ratio to reduce-overhead,
+    the targets' terms. Returns whether it drew: the table is the result, the plot a convenience, so
+    without matplotlib or on an error it says so and goes on."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        print(f"no plot: {error}")
+        return False
+    try:
+        models = list(dict.fromkeys(m for (m, _, _) in serve))
+        fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 7.5), squeeze=False, layout="constrained")
+        width = 0.8 / len(PLOTTED)
+        for column, model in enumerate(models):
+            batches = sorted({b for (m, b, _) in serve if m == model})
+            for row, label in enumerate(("CPU per call", "wall per call")):
+                ax = axes[row][column]
+                lowest, highest = math.inf, 0.0
+                for x, batch in enumerate(batches):  # a batch's bars side by side, only the methods it has
+                    present = [m for m in PLOTTED if (model, batch, m) in serve]
+                    ro = serve.get((model, batch, RO))
+                    for i, method in enumerate(present):
+                        value = serve[(model, batch, method)][row]
+                        lowest, highest = min(lowest, value), max(highest, value)
+                        ax.bar(x + (i - (len(present) - 1) / 2) * width, value, width, color=PLOTTED[method],
+                               label=method)
+                        if method in (CGT_AOTI, CGT_AOTI_B1) and ro:
+                            ratio = f"{ro[0] / value:.0f}x less" if row == 0 else f"{value / ro[1]:.2f}x"
+                            ax.annotate(ratio, (x + (i - (len(present) - 1) / 2) * width, value), ha="center",
+                                        va="bottom", rotation=90, fontsize=7, xytext=(0, 2), textcoords="offset points")
+                ax.set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
+                ax.set_yscale("log")
+                ax.set_ylim(lowest / 2.5, highest * 2)  # on a log axis a bar's length is arbitrary: none vanishes
+                plain_log_ticks(ax)
+                ax.set_ylabel(f"{label} (us, log scale)")
+                ax.grid(axis="y", alpha=0.3)
+                ax.set_title(f"{NAMES.get(model, model)}\n{label}; above cgt + AOTI: "
+                             + ("how much less CPU than reduce-overhead" if row == 0
+                                else "its wall / reduce-overhead's"),
+                             fontsize=9)
+        handles = {}
+        for ax in axes.flat:
+            handles.update(zip(*reversed(ax.get_legend_handles_labels())))
+        fig.legend([handles[m] for m in PLOTTED if m in handles], [m for m in PLOTTED if m in handles],
+                   loc="outside lower center", ncol=3, fontsize=8, frameon=False)
+        fig.suptitle(f"Real models served on {where}", fontsize=10)
+        fig.savefig(f"{out_dir}/models.png", dpi=110)
+        plt.close(fig)
+        return True
+    except Exception as error:  # a plot never costs the table
+        print(f"no plot: {error}")
+        return False
+
+
+def plain_log_ticks(ax):
+    """Labels a log axis with plain numbers (2000, not 2x10^3), at 1-2-5 steps where it spans under
+    two decades, else at the powers of ten."""
+    import matplotlib.ticker as ticker
+    low, high = ax.get_ylim()
+    steps = [1, 2, 5] if high / low < 100 else [1]
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=steps))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def main():
     if len(sys.argv) < 5:
         print(__doc__)
@@ -125,6 +199,8 @@ def main():
            f"Measured on {sys.argv[4]} at commit `{sys.argv[3]}` by `scripts/gpu.sh bench-models` "
            "(bench/models/: models.py exports and runs the Python methods, model_bench the C++ ones; "
            "random weights, nothing downloaded).", ""]
+    if plot(serve, sys.argv[2], f"{sys.argv[4]}, commit {sys.argv[3]} (medians, averaged over {passes} passes)"):
+        out += [PICTURE, ""]
     models = list(dict.fromkeys(m for (m, _, _) in serve))
     for model in models:
         out += model_section(model, serve, passes, pools, captures, launches, calls)

@@ -8,7 +8,7 @@
 cmd_bench() {
   local calls="${1:-3000}" rounds=3 round what precision
   local package="$root/$build/training-step.pt2"
-  keep+=(results.csv overhead.md memory.md scaling.md capture.md scaling.png training.md)
+  keep+=(results.csv overhead.md memory.md scaling.md capture.md scaling.png overhead.png training.md training.png)
   # The benchmark transformer's training step as an AOTInductor package, exported beside the build.
   in_background "export training-step.pt2" export-training.log 400 python3 scripts/aoti_training.py "$package"
   configure
@@ -50,7 +50,7 @@ cmd_bench_models() {
   local models=("$@") dir="$root/$build/bench-models" model
   [ ${#models[@]} -gt 0 ] || models=(bert resnet)
   phases=" ${PHASES:-export build python cpp python2 cpp2 report} "
-  keep+=(results.csv models.md)
+  keep+=(results.csv models.md models.png)
   mkdir -p "$dir"
   if has_phase export; then  # AOTInductor compiles C++ and Triton: minutes; one process per model
     for model in "${models[@]}"; do
@@ -108,7 +108,7 @@ serve_models_cpp() {  # serve_models_cpp <calls> <second pass: 0|1> <model...>: 
 # graph's difference from eager, also printed above the table).
 cmd_training() {
   local steps="${1:-200}" packages="$root/$build/training-models" precision
-  keep+=(results.csv training.md diffs.txt)
+  keep+=(results.csv training.md training.png diffs.txt)
   mkdir -p "$packages"
   in_background "export train_mlp.pt2" export-test.log 400 python3 scripts/export-test-models.py "$packages" --training-only
   in_background "export training-step.pt2" export-bench.log 400 python3 scripts/aoti_training.py "$packages/training-step.pt2"
