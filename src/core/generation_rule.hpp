@@ -45,6 +45,11 @@ struct CallGeneration {
 
 class GenerationRule {
  public:
+  GenerationRule() = default;
+  ~GenerationRule() = default;  // said here: clang-tidy's performance-trivially-destructible asks for it
+  GenerationRule(const GenerationRule&) = delete;
+  GenerationRule& operator=(const GenerationRule&) = delete;
+
   // --- any thread, no lock ---
 
   /// The program begins a generation (`Pool::mark_step_begin`). ENSURES: the next `begin_call`
