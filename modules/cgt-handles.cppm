@@ -55,9 +55,32 @@ template <class B>
 [[nodiscard]] Result<Pool<B>> make_pool(std::unique_ptr<Device> device, Options options);
 }  // namespace backend
 
-/// A read-only reference to the value a lease hands out: converts to `const Value&`.
+/// A read-only reference to the value a lease hands out. It converts to `const T&`, and reads like
+/// the value: `ref->numel()`, `(*ref).sizes()`, and a member `get` with arguments goes to the value
+/// (`ref.get(3)` is element 3 of a host buffer), while `ref.get()` is the `const T&` itself.
+///
+///   auto y = *out->get(0);   // a Ref<Buffer>: y.get(3), y->numel(), const Buffer& b = y;
 template <class T>
-using Ref = std::reference_wrapper<const T>;
+class Ref {
+ public:
+  Ref(const T& value) noexcept : value_(&value) {}        // NOLINT(google-explicit-constructor)
+  Ref(const T&&) = delete;                                // no reference to a temporary
+  operator const T&() const noexcept { return *value_; }  // NOLINT(google-explicit-constructor)
+  [[nodiscard]] const T& get() const noexcept { return *value_; }
+  [[nodiscard]] const T& operator*() const noexcept { return *value_; }
+  [[nodiscard]] const T* operator->() const noexcept { return value_; }
+  /// The value's own `get(args...)` (a host buffer's element).
+  template <class First, class... Rest>
+    requires requires(const T& value, First&& first, Rest&&... rest) {
+      value.get(std::forward<First>(first), std::forward<Rest>(rest)...);
+    }
+  decltype(auto) get(First&& first, Rest&&... rest) const {
+    return value_->get(std::forward<First>(first), std::forward<Rest>(rest)...);
+  }
+
+ private:
+  const T* value_;
+};
 
 /// A caller's claim on one output of a call. While it exists, no replay or recording reuses the
 /// memory behind it. Move-only; a moved-from lease is empty. Dropping it (destruction, `reset()`,
@@ -79,7 +102,7 @@ class OutputLease {
   [[nodiscard]] Result<Ref<Value>> get() const& [[clang::lifetimebound]] {
     auto value = detail::lease_value(core_);
     if (!value) return std::unexpected(std::move(value.error()));
-    return std::cref(*static_cast<const Value*>(*value));
+    return Ref<Value>(*static_cast<const Value*>(*value));
   }
   // The lease dies at the end of the statement, and the borrowed value with it.
   [[nodiscard]] Result<Ref<Value>> get() const&& = delete(
@@ -272,7 +295,7 @@ class Outputs {
     if (i >= leases_.size()) return index_error(i);
     auto value = detail::lease_value(leases_[i]);
     if (!value) return std::unexpected(std::move(value.error()));
-    return std::cref(*static_cast<const Value*>(*value));
+    return Ref<Value>(*static_cast<const Value*>(*value));
   }
   // The bundle dies at the end of the statement, and the borrowed value with it.
   [[nodiscard]] Result<Ref<Value>> get(std::size_t i) const&& = delete(

@@ -351,3 +351,26 @@ TEST_CASE("a lease moved into two arguments of one call is consumed once", "[han
   for (int i = 0; i < 4; ++i) step(i, false);  // warm-ups, recordings, replays: the storage dies in `sum`
   for (int i = 0; i < 4; ++i) step(i, true);   // here it must not
 }
+
+TEST_CASE("a Ref reads like the value it refers to", "[handles][host]") {
+  auto pool = must(cgt::host::make_pool());
+  auto twice = must(pool.add_function(
+      [](cgt::host::Context& ctx, cgt::host::Inputs in) {
+        Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y] {
+          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, 2 * x.get(i));
+        });
+        return cgt::host::Values{y};
+      },
+      {.name = "twice"}));
+  Buffer x = must(Buffer::make(cgt::ElementType::f32, {4}));
+  x.fill(1.5);
+  auto out = must(twice({x}));
+  auto y = must(out.get(0));  // a Ref<Buffer>
+  CHECK(y.get(3) == 3.0);     // the buffer's get, not the reference's
+  CHECK(y->numel() == 4);
+  CHECK((*y).rank() == 1);
+  const Buffer& same = y;
+  CHECK(&same == &y.get());
+  CHECK(same.get(0) == 3.0);
+}
