@@ -1048,7 +1048,7 @@ class Sequence {
   }
 
   void pass_stale_value() {
-    // A value escaped from a lease that a new step reclaimed, passed back in: the README says
+    // A value escaped from a lease that a new step reclaimed, passed back in: docs/errors.md says
     // it fails with output_overwritten (issue 9 item 6).
     if (shut_down_ || copy_out_) return;
     Fn* fn = nullptr;
