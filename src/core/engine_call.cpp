@@ -431,6 +431,15 @@ Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match
 }
 
 Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
+  // The steady loop of a program: the path replayed ends in a node without a child of this
+  // function, which is a root. PyTorch tries the roots once no child fits (below); with no child
+  // to try, and nothing that would keep the path (a warm-up goes on down it, a rerecord count is
+  // per node), that is decided first, and the checks below run once, at the roots.
+  if (state == PathState::execution && current != nullptr && !frame.variant->rerecorded &&
+      !current->children().has(frame.variant->id) && roots.has(frame.variant->id) &&
+      !needs_warmup(*frame.function, *frame.variant)) {
+    end_path_if_over(frame.generation, PathCheck::no_child_fits);
+  }
   if (auto reason = fallback_reason(frame)) return run_eager(frame, *reason);
 
   if (needs_warmup(*frame.function, *frame.variant)) {
