@@ -3,7 +3,8 @@
 //  * libtorch keeps its cuBLAS handles for the life of the process (a deliberately leaked
 //    singleton in its handle pool), and cuBLAS allocates device memory for each. After the tests,
 //    main() destroys the handle of this thread (the only one the tests use), found in the
-//    libcublas that libtorch loaded; the pool is never destroyed, so nothing uses it again.
+//    libcublas that libtorch loaded; the pool is never destroyed, so nothing uses it again. The
+//    same holds for its cuDNN handles (a convolution's), destroyed the same way.
 //  * After the tests, cached device and pinned host memory is handed back.
 #include <ATen/ATen.h>
 #include <ATen/core/CachingHostAllocator.h>
@@ -12,6 +13,11 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <catch2/catch_session.hpp>
 #include <dlfcn.h>
+
+struct cudnnContext;
+namespace at::native {
+cudnnContext* getCudnnHandle();  // ATen/cudnn/Handle.h, which needs cudnn.h
+}  // namespace at::native
 
 namespace {
 
@@ -31,9 +37,20 @@ void destroy_cublas_handle() {
   if (destroy != nullptr) (void)destroy(at::cuda::getCurrentCUDABlasHandle());
 }
 
+// cudnnDestroy of the libcudnn libtorch loaded, on this thread's handle (made now if no test made
+// one: made and destroyed, it leaves nothing). Declared here, as libtorch does, so that this file
+// needs no cuDNN headers.
+void destroy_cudnn_handle() {
+  using Destroy = int (*)(cudnnContext*);
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): dlsym's result is a function
+  const auto destroy = reinterpret_cast<Destroy>(dlsym(RTLD_DEFAULT, "cudnnDestroy"));
+  if (destroy != nullptr) (void)destroy(at::native::getCudnnHandle());
+}
+
 void hand_back_cached_memory() {
   c10::cuda::device_synchronize();
   destroy_cublas_handle();
+  destroy_cudnn_handle();
   at::cuda::clearCublasWorkspaces();
   c10::cuda::CUDACachingAllocator::emptyCache();
   at::getHostAllocator(at::kCUDA)->empty_cache();  // pinned buffers of tensor.item()
