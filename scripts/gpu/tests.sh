@@ -25,7 +25,7 @@ gpu_check() {
   if [ "$1" = 1 ]; then
     step "ctest (host + gpu)" ctest.log 0 ctest --test-dir "$build" --output-on-failure -j 8 --timeout 300
     grep -E "tests passed|tests failed|Not Run|Failed|\*\*\*" "$logs/ctest.log" | tail -n 20
-    rows+=("$(printf '%-40s %s' "  gpu tests skipped" "$(grep -c "Skipped" "$logs/ctest.log")")")
+    rows+=("$(printf '%-40s %s' "  gpu tests skipped" "$(grep -cE "Test +#[0-9]+: .*Skipped" "$logs/ctest.log")")")
   fi
   if [ "$2" = 1 ]; then memcheck_suites; fi
   if [ "$3" = 1 ]; then
