@@ -72,6 +72,7 @@ import cgt.backend;
 export namespace cgt {
 
 // Errors (modules/cgt-error.cppm).
+using cgt::Cause;      // Error::cause: what kind of failure the pool acted on (decide on it, not on text)
 using cgt::Errc;       // what went wrong
 using cgt::Error;      // a failure: code, message, function, node, input
 using cgt::fail;       // `return cgt::fail(Errc::..., "message")` in code returning a Result

@@ -16,6 +16,7 @@ namespace {
 [[maybe_unused]] void names(cgt::host::Pool& pool) {
   [[maybe_unused]] cgt::Errc code = cgt::Errc::output_overwritten;
   [[maybe_unused]] cgt::Error error{.code = code, .message = "m"};
+  [[maybe_unused]] const bool nested = error.cause == cgt::Cause::nested_pool;
   [[maybe_unused]] cgt::Result<int> result = cgt::fail(cgt::Errc::invalid_argument, "m");
   [[maybe_unused]] const bool ordered = cgt::version >= cgt::Version{0, 0, 0} && !cgt::version_string.empty();
   [[maybe_unused]] cgt::Options options{.on_static_input_moved = cgt::OnStaticInputMoved::error,
