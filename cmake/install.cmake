@@ -28,6 +28,9 @@ if(TARGET cgt_cuda)
 endif()
 if(TARGET cgt_torch)
   cgt_install_component(cgtTorchTargets cgt_torch)
+  # The parts cgt.torch-api.cppm includes in its purview, beside it (a quoted include finds them).
+  file(GLOB cgt_torch_interface_parts ${PROJECT_SOURCE_DIR}/modules/cgt.torch-*.inc)
+  install(FILES ${cgt_torch_interface_parts} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/cgt/modules)
   list(APPEND CGT_INSTALLED_COMPONENTS torch)
 endif()
 

@@ -1,15 +1,35 @@
-// cgt.torch:api — the libtorch backend's types; see cgt.torch.cppm for how to use them.
+// cgt.torch:api — the libtorch backend's interface; see cgt.torch.cppm for how to use it.
+//
+// One unit: its parts (autograd, optim, models) are the files cgt.torch-*.inc, included at its end.
+// libtorch's headers are then parsed once per build, where a partition of each part parsed them
+// again and merged them with the others' (a consumer's compile of cgt.torch took 4x as long).
 module;
 #include <ATen/ATen.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <expected>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+// The model adapters take these by reference; include <torch/script.h> or
+// <torch/csrc/inductor/aoti_package/model_package_loader.h> to make them.
+namespace torch::jit {
+struct Module;
+}  // namespace torch::jit
+namespace torch::inductor {
+class AOTIModelPackageLoader;
+}  // namespace torch::inductor
+
+// The deleted borrows of the models part say why (`= delete("...")`, C++26, which clang accepts earlier).
+#pragma clang diagnostic ignored "-Wc++26-extensions"
 
 export module cgt.torch:api;
 // The core and the backend interface; importers of cgt.torch get `cgt` only.
@@ -140,3 +160,8 @@ using Arg = cgt::Arg<Backend>;
 [[nodiscard]] Result<Pool> make_pool(PoolOptions options = {});
 
 }  // namespace cgt::torch
+
+// The parts, in the purview of this unit (see the top).
+#include "cgt.torch-autograd.inc"
+#include "cgt.torch-optim.inc"
+#include "cgt.torch-models.inc"

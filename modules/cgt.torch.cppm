@@ -34,7 +34,9 @@
 module;
 export module cgt.torch;
 export import cgt;
-export import :api;       // Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
-export import :autograd;  // AutogradFunction, make_autograd_function: pool functions in libtorch's autograd
-export import :optim;     // capturable Adam and SGD, make_training_step (training: a whole step as one graph)
-export import :models;    // add_jit_module, add_aoti_package: TorchScript modules and AOTInductor packages
+// One partition, cgt.torch-api.cppm, with its parts:
+//   the pool's types: Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
+//   cgt.torch-autograd.inc: AutogradFunction, make_autograd_function (pool functions in libtorch's autograd)
+//   cgt.torch-optim.inc: capturable Adam and SGD, make_training_step (training: a whole step as one graph)
+//   cgt.torch-models.inc: add_jit_module, add_aoti_package (TorchScript modules and AOTInductor packages)
+export import :api;

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# clang-format and clang-tidy over the library (modules/ and src/); fails on any finding.
+# clang-format and clang-tidy over the library (modules/ and src/); fails on any finding. The parts of
+# an interface unit (modules/*.inc) are formatted here and checked by clang-tidy within their unit.
 #   scripts/lint.sh [build-dir]
 # clang-tidy reads the build's compile commands and module files, so the build must have run;
 # the sources of backends that build did not include are left out.
@@ -7,7 +8,7 @@ set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$root"
 build="${1:-build}"
-mapfile -t sources < <(git ls-files 'modules/*.cppm' 'src/*.cppm' 'src/*.cpp' | sort)
+mapfile -t sources < <(git ls-files 'modules/*.cppm' 'modules/*.inc' 'src/*.cppm' 'src/*.cpp' | sort)
 clang-format-19 --dry-run --Werror "${sources[@]}"
 echo "clang-format: ${#sources[@]} files clean"
 

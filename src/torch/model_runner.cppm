@@ -19,7 +19,6 @@ class AOTIModelPackageLoader;
 module cgt.torch:model_runner;
 import cgt.backend;
 import :api;
-import :models;
 
 namespace cgt::torch {
 

@@ -35,7 +35,7 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
 
 // What every optimizer keeps: the parameters, their gradients and step counts, and the rules of
 // `step`, `zero_grad` and `attach_grads`. Shared by the user's handle and the steps' pool
-// functions (see cgt.torch-optim.cppm); its lists are filled when make_adam/make_sgd make it and
+// functions (see cgt.torch-optim.inc); its lists are filled when make_adam/make_sgd make it and
 // never change after, the tensors' contents change with every step and zero_grad of any handle.
 class Optimizer::State {
  public:

@@ -83,7 +83,7 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
   auto step = [optimizer = optimizer.share(), loss = std::move(loss)](Inputs in) mutable -> Values {
     const c10::AutoGradMode grad_on(true);
     // Static gradients are zeroed in place, at their addresses; per-step ones are set to none, so
-    // that the backward allocates them in this call (see cgt.torch-optim.cppm).
+    // that the backward allocates them in this call (see cgt.torch-optim.inc).
     const bool static_grads = optimizer.has_static_grads();
     optimizer.zero_grad(!static_grads);
     Values out = loss(in);
