@@ -4,7 +4,9 @@
 // libtorch's headers are then parsed once per build, where a partition of each part parsed them
 // again and merged them with the others' (a consumer's compile of cgt.torch took 4x as long).
 module;
-#include <ATen/ATen.h>
+// at::Tensor and c10::IValue only: <ATen/ATen.h> (every operator) would double a consumer's compile.
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
 #include <cstddef>
 #include <cstdint>

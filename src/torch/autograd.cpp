@@ -7,7 +7,10 @@
 // autograd graph inside one call of the backward function: its temporaries are the call's, and the
 // only thing that lives from the forward to the backward is the forward's inputs, held by leases.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>

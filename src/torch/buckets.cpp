@@ -1,6 +1,7 @@
 // Batch buckets in cgt.torch: inputs padded with libtorch ops, outputs sliced with `narrow`.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>

@@ -1,7 +1,8 @@
 // The libtorch device of a pool: its private memory pool, checkpoints, storages' lifetimes, and the
 // description of tensors for the engine.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/CUDAGraph.h>

@@ -1,7 +1,7 @@
 // cgt.torch:internal — what the libtorch backend's units share: the per-storage record, the
 // device's state, and the guards that turn libtorch exceptions and CUDA statuses into cgt errors.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>

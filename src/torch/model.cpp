@@ -2,7 +2,10 @@
 // rebuilding them inside it, flattening the model's output into tensors and rebuilding it for
 // the caller, and calling the pool function.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Dict.h>
+#include <ATen/core/List.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 #include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/GradMode.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>

@@ -3,7 +3,9 @@
 // is the pool function's body. The TorchScript and AOTInductor runners derive from it
 // (jit_adapter.cpp, aoti_adapter.cpp); model.cpp implements it.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/jit_type.h>
 
 #include <cstddef>
 #include <cstdint>

@@ -1,6 +1,6 @@
 // Eager runs and warm-ups of pool functions, and what their outputs are.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>

@@ -1,7 +1,7 @@
 // The whole training step as one pool function: zero the gradients in place, forward, backward,
 // optimizer step; or, for a program that computes its own gradients, that program, then the step.
 module;
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <c10/core/GradMode.h>
 
