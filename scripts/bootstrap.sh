@@ -2,8 +2,9 @@
 # Installs what building and testing cgt needs on Debian 12, and nothing when all of it is there.
 #   clang-19 + clang-tools-19 (clang-scan-deps for C++20 modules), libclang-rt-19-dev (sanitizers)
 #   and llvm-19 (llvm-symbolizer, for readable sanitizer reports),
-#   clang-format-19 / clang-tidy-19, ninja, Microsoft GSL, python3 (the README test), graphviz (the demo's
-#   picture of its tree), and CMake >= 3.28 + Catch2 3 from
+#   clang-format-19 / clang-tidy-19, libclang-19-dev + llvm-19-dev (headers for scripts/lint/tidy_scope.cpp,
+#   the plugin that keeps clang-tidy out of system headers), ninja, Microsoft GSL, python3 (the README
+#   test), graphviz (the demo's picture of its tree), and CMake >= 3.28 + Catch2 3 from
 #   bookworm-backports (added as an apt source when absent).
 set -euo pipefail
 
@@ -16,7 +17,7 @@ cmake_is_new_enough() {
 catch2_is_v3() { [ -f /usr/lib/cmake/Catch2/Catch2Config.cmake ] || [ -f /usr/lib/x86_64-linux-gnu/cmake/Catch2/Catch2Config.cmake ]; }
 
 plain=()
-for p in clang-19 clang-tools-19 libclang-rt-19-dev llvm-19 clang-format-19 clang-tidy-19 ninja-build libmsgsl-dev valgrind unzip python3 graphviz; do
+for p in clang-19 clang-tools-19 libclang-rt-19-dev llvm-19 clang-format-19 clang-tidy-19 libclang-19-dev llvm-19-dev ninja-build libmsgsl-dev valgrind unzip python3 graphviz; do
   have_pkg "$p" || plain+=("$p")
 done
 backports=()

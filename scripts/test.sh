@@ -5,8 +5,8 @@
 # tests report SKIPPED without a device), builds and runs the host suite again under ASan + LSan +
 # UBSan (any report fails), builds the host tests under TSan and runs them with the [threads]
 # cases (any report fails), and runs clang-format and clang-tidy. Prints the time of each phase.
-# clang-tidy (the longest phase) runs in the background from the end of the build, beside the
-# tests and the sanitizer builds, whose waits (configures, links, single-threaded tests) it fills.
+# The lint runs in the background from the end of the build, beside the tests and the sanitizer
+# builds, whose waits (configures, links, single-threaded tests) it fills.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$root"
