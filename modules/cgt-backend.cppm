@@ -280,6 +280,10 @@ struct Padded {
 };
 
 /// A device with a checkpointable memory pool, a stream that runs or captures, and graphs.
+/// These members are the engine's: a backend's device class declares its overrides, and
+/// using-declarations of those it does not override, private, so that the device a program
+/// reaches with `pool.device()` offers only the backend's own members (tests/device_surface.hpp
+/// checks each backend against the members a program could name).
 class Device {
  public:
   virtual ~Device() = default;

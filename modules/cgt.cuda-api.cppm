@@ -194,6 +194,14 @@ class Device final : public backend::Device {
   [[nodiscard]] Result<void> wait_for(const Device& producer) const;
   [[nodiscard]] const GraphCounts& graph_counts() const noexcept { return counts_; }
 
+ private:
+  // The engine's side (backend::Device), which it calls through the base class: private here, so
+  // that the device a program reaches with `pool.device()` offers only the members above.
+  // (Those it does not override too: a base member would otherwise be public through the base.)
+  using backend::Device::pad;
+  using backend::Device::sizes_of;
+  using backend::Device::slice;
+  using backend::Device::write_back;
   [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
   /// Whether the arena contains `storage`.

@@ -131,6 +131,9 @@ class Device final : public backend::Device {
   /// (the host backend has no graph to share with it; cgt.cuda updates that one's in place).
   [[nodiscard]] std::size_t recordings_redoing_another() const noexcept { return redoing_another_; }
 
+ private:
+  // The engine's side (backend::Device), which it calls through the base class: private here, so
+  // that the device a program reaches with `pool.device()` offers only the members above.
   [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
   /// Whether the arena contains `storage`.

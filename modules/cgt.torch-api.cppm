@@ -95,6 +95,13 @@ class Device final : public backend::Device {
   /// How this pool's graphs came to be: instantiated, updated in place, switched, nodes rewritten.
   [[nodiscard]] const GraphCounts& graph_counts() const noexcept;
 
+ private:
+  // The engine's side (backend::Device), which it calls through the base class: private here, so
+  // that the device a program reaches with `pool.device()` offers only the members above.
+  // (Those it does not override too: a base member would otherwise be public through the base.)
+  using backend::Device::owns;
+  using backend::Device::stamp;
+  using backend::Device::stamps_values;
   /// A tensor's element type by name ("Float"), for messages.
   [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
     return c10::toString(static_cast<c10::ScalarType>(dtype));
@@ -131,6 +138,7 @@ class Device final : public backend::Device {
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;
 
+ public:
   struct State;  // the libtorch objects; defined in src/torch
 
  private:

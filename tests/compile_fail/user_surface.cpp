@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "../device_surface.hpp"
+
 import cgt;
 import cgt.host;
 
@@ -83,5 +85,14 @@ namespace {
   return static_cast<int>(line.size()) + static_cast<int>(same) + static_cast<int>(device.arena().block_count()) +
          static_cast<int>(pool->to_dot().size()) + static_cast<int>(!pool->shutdown());
 }
+
+
+// The device a program reaches offers none of the engine's side (tests/device_surface.hpp).
+static_assert(!cgt_test::offers_the_engine_side<cgt::host::Device>);
+static_assert(requires(cgt::host::Device& d) {
+  d.arena();
+  d.stream();
+  d.recordings_redoing_another();
+});
 
 }  // namespace

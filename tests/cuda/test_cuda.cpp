@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/kernels.hpp"
+#include "device_surface.hpp"
 #include "scenario/spec.hpp"
 
 import cgt;
@@ -27,6 +28,16 @@ import cgt.cuda;
 
 using H = CudaHarness;
 using scenario::must;
+
+// The device a program reaches (`pool.device()`) offers its own members, none of the engine's side.
+static_assert(!cgt_test::offers_the_engine_side<cgt::cuda::Device>);
+static_assert(requires(cgt::cuda::Device& d, const cgt::cuda::Device& producer) {
+  d.stream();
+  d.arena();
+  d.synchronize();
+  d.wait_for(producer);
+  d.graph_counts();
+});
 
 #define REQUIRE_GPU() scenario::skip_unless_available<H>()
 

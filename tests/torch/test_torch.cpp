@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "scenario/spec.hpp"
+#include "device_surface.hpp"
 
 import cgt;
 import cgt.torch;
@@ -31,6 +32,14 @@ import cgt.torch;
 
 using H = TorchHarness;
 using scenario::must;
+
+// The device a program reaches (`pool.device()`) offers its own members, none of the engine's side.
+static_assert(!cgt_test::offers_the_engine_side<cgt::torch::Device>);
+static_assert(requires(cgt::torch::Device& d) {
+  d.index();
+  d.contains(0);
+  d.graph_counts();
+});
 
 #define REQUIRE_GPU() scenario::skip_unless_available<H>()
 
