@@ -16,7 +16,7 @@ export module cgt.backend:detail;
 import :error;
 import :options;
 import :info;
-import :backend;
+import :spi;
 
 namespace cgt::detail {
 

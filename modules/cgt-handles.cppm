@@ -36,7 +36,7 @@ export module cgt.backend:handles;
 import :error;
 import :options;
 import :info;
-import :backend;
+import :spi;
 import :detail;
 
 export namespace cgt {

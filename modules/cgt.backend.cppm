@@ -5,26 +5,26 @@
 // `cgt.torch`); only the code of a backend, and tests that stand a fake device in for one, import
 // this module. A backend:
 //  * implements `cgt::backend::Device` (its stream, its checkpointable allocator, running and
-//    recording a function) and `cgt::backend::Recording` (one captured graph) — :backend;
+//    recording a function) and `cgt::backend::Recording` (one captured graph) — :spi;
 //  * names a backend type `B` for the handle templates (`Value`, `Callable`, `Device`, `describe`,
 //    `take`, `make_invoker`; see :handles) and aliases `cgt::Pool<B>` and friends in its namespace;
 //  * makes its pools with `cgt::backend::make_pool<B>(std::make_unique<MyDevice>(...), options)`;
 //  * if its memory is a `cgt::Arena` and its values are buffers, reuses the helpers of
-//    :arena_backend (`finish_call`, `checkpoint_arena`, `restore_arena`, ...).
+//    :arena_spi (`finish_call`, `checkpoint_arena`, `restore_arena`, ...).
 //
 // The engine's plumbing (`cgt::detail`: engine handles, lease state, argument sources) is not
 // exported from here either: the handle templates use it where they are defined.
 module;
 export module cgt.backend;
 
-export import :error;          // Errc, Error, Result<T>, fail
-export import :version;        // Version, version, version_string: which cgt this is
-export import :options;        // Options, FunctionOptions, Reason, Event, LogSink
-export import :info;           // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason, GraphCounts
-export import :layout;         // ElementType, Layout: strided views, for the backends' buffers
-export import :handles;        // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Owning<T>, Node;
-                               // backend::make_pool<B>
-export import :backend;        // backend::Device, Recording, Checkpoint, ArgDesc, ArgSlot, Invoker, ...
-export import :arena;          // Arena: the checkpointable best-fit allocator of the host and cuda pools
-export import :arena_backend;  // backend helpers over an Arena: finish_call, checkpoint_arena, restore_arena
-export import :detail;         // exports nothing (the handles' plumbing); imported so that it is reachable
+export import :error;      // Errc, Error, Result<T>, fail
+export import :version;    // Version, version, version_string: which cgt this is
+export import :options;    // Options, FunctionOptions, Reason, Event, LogSink
+export import :info;       // Stats, MemoryInfo, Block, CallKind, NodeKind, NodeReason, GraphCounts
+export import :layout;     // ElementType, Layout: strided views, for the backends' buffers
+export import :handles;    // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Owning<T>, Node;
+                           // backend::make_pool<B>
+export import :spi;        // backend::Device, Recording, Checkpoint, ArgDesc, ArgSlot, Invoker, ...
+export import :arena;      // Arena: the checkpointable best-fit allocator of the host and cuda pools
+export import :arena_spi;  // backend helpers over an Arena: finish_call, checkpoint_arena, restore_arena
+export import :detail;     // exports nothing (the handles' plumbing); imported so that it is reachable

@@ -26,7 +26,7 @@ export module cgt.backend:engine;
 import :error;
 import :options;
 import :info;
-import :backend;
+import :spi;
 import :detail;
 import :handles;
 

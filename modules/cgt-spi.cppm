@@ -1,4 +1,4 @@
-// cgt.backend:backend — the interface a backend (host, cuda, torch) implements for the tree engine.
+// cgt.backend:spi — the interface a backend (host, cuda, torch) implements for the tree engine.
 // Users of cgt do not need anything here; backend authors do. The engine in src/core knows a
 // device only through these types.
 module;
@@ -14,7 +14,7 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.backend:backend;
+export module cgt.backend:spi;
 import :error;
 import :info;
 import :options;

@@ -1,4 +1,4 @@
-// cgt.backend:arena_backend — what a backend whose pool is a cgt::Arena and whose values are buffers
+// cgt.backend:arena_spi — what a backend whose pool is a cgt::Arena and whose values are buffers
 // (`empty()`, `fits()`, `numel()`, `storage()`, `storage_bytes()`, `on_storage`, `with_layout`) does
 // the same way whatever the device: free a call's temporaries, describe its outputs to the engine, checkpoint and
 // restore the arena. Used by cgt.host and cgt.cuda.
@@ -13,9 +13,9 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.backend:arena_backend;
+export module cgt.backend:arena_spi;
 import :arena;
-import :backend;
+import :spi;
 import :error;
 
 export namespace cgt::backend {
