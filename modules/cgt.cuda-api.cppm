@@ -183,7 +183,8 @@ class Device final : public backend::Device {
   Device& operator=(const Device&) = delete;
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
-  [[nodiscard]] Arena& arena() noexcept { return *arena_; }
+  /// The pool's memory, to look at (what is allocated, where): the engine's to change, not the program's.
+  [[nodiscard]] const Arena& arena() const noexcept { return *arena_; }
   /// Waits for the pool's stream.
   [[nodiscard]] Result<void> synchronize() const;
   /// Orders this pool's later work after the work issued so far on `producer`'s stream, without
@@ -239,7 +240,6 @@ class Device final : public backend::Device {
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;
 
- private:
   friend class Context;
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);

@@ -125,7 +125,8 @@ class Device final : public backend::Device {
  public:
   Device(ArenaOptions arena, bool poison_dead_memory);
 
-  [[nodiscard]] Arena& arena() noexcept { return *arena_; }
+  /// The pool's memory, to look at (what is allocated, where): the engine's to change, not the program's.
+  [[nodiscard]] const Arena& arena() const noexcept { return *arena_; }
   [[nodiscard]] Stream& stream() noexcept { return stream_; }
   /// Recordings for which the engine named the recording they redo because a static input moved
   /// (the host backend has no graph to share with it; cgt.cuda updates that one's in place).
@@ -175,7 +176,6 @@ class Device final : public backend::Device {
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;
 
- private:
   friend class Context;
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);

@@ -53,4 +53,8 @@ concept offers_all_of_the_engine_side =
     engine_side::stamp<D> && engine_side::releases_unowned_storage<D> && engine_side::owns<D> &&
     engine_side::why_no_buckets<D> && engine_side::sizes_of<D>;
 
+/// A program can allocate in the pool's memory through `arena()` (the engine's to change: no).
+template <class D>
+concept allocates_through_its_arena = requires(D& d) { d.arena().allocate(64); };
+
 }  // namespace cgt_test

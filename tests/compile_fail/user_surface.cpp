@@ -94,5 +94,12 @@ static_assert(requires(cgt::host::Device& d) {
   d.stream();
   d.recordings_redoing_another();
 });
+// Its memory is there to look at, not to change (the engine's); a device that handed out its arena
+// would allow it.
+struct HandsOutItsArena {
+  cgt::host::Arena& arena();
+};
+static_assert(!cgt_test::allocates_through_its_arena<cgt::host::Device>);
+static_assert(cgt_test::allocates_through_its_arena<HandsOutItsArena>);
 
 }  // namespace

@@ -38,6 +38,13 @@ static_assert(requires(cgt::cuda::Device& d, const cgt::cuda::Device& producer) 
   d.wait_for(producer);
   d.graph_counts();
 });
+// Its memory is there to look at, not to change (the engine's); a device that handed out its arena
+// would allow it.
+struct HandsOutItsArena {
+  cgt::cuda::Arena& arena();
+};
+static_assert(!cgt_test::allocates_through_its_arena<cgt::cuda::Device>);
+static_assert(cgt_test::allocates_through_its_arena<HandsOutItsArena>);
 
 #define REQUIRE_GPU() scenario::skip_unless_available<H>()
 

@@ -57,7 +57,9 @@ class FlakyDevice final : public cgt::backend::Device {
                                            cgt::backend::RunMode mode) override {
     if (leak_a_block && mode == cgt::backend::RunMode::warmup) {
       leak_a_block = false;
-      (void)host.arena().allocate(64);
+      // A warm-up of its own whose output it keeps: its block stays allocated, and no lease holds it.
+      auto leaked = inner.run(*leaker_, {}, cgt::backend::RunMode::warmup);
+      if (leaked) leaked_ = std::move(*leaked);
     }
     return inner.run(fn, args, mode);
   }
@@ -93,6 +95,10 @@ class FlakyDevice final : public cgt::backend::Device {
   void shutdown() override { inner.shutdown(); }
 
  private:
+  std::unique_ptr<cgt::backend::Invoker> leaker_ = cgt::host::Backend::make_invoker(
+      [](cgt::host::Context& ctx, cgt::host::Inputs /*in*/) { return cgt::host::Values{ctx.allocate(ElementType::f32, {16})}; });
+  std::optional<cgt::backend::RunResult> leaked_;
+
   class FlakyRecording final : public cgt::backend::Recording {
    public:
     FlakyRecording(std::unique_ptr<cgt::backend::Recording> inner, FlakyDevice& device)

@@ -1153,7 +1153,7 @@ class Sequence {
   std::mt19937_64 rng_;
   Figures& figures_;
   std::optional<cgt::host::Pool> pool_;
-  cgt::host::Arena* arena_ = nullptr;  // the pool's; alive while a function or the pool is
+  const cgt::host::Arena* arena_ = nullptr;  // the pool's; alive while a function or the pool is
   std::deque<Owned> owned_;
   std::map<std::int64_t, std::size_t> weights_;
   std::vector<Fn> fns_;
