@@ -42,12 +42,8 @@ for expected in cppcoreguidelines-init-variables readability-container-size-empt
   }
 done
 export plugin
-# Units over libtorch's headers take the reduced set of src/torch/.clang-tidy (see there why).
 tidy_one() {
-  case "$1" in
-    *torch*) clang-tidy-19 --load="$plugin" -p "$2" --quiet --config-file=src/torch/.clang-tidy "$1" ;;
-    *) clang-tidy-19 --load="$plugin" -p "$2" --quiet "$1" ;;
-  esac
+  clang-tidy-19 --load="$plugin" -p "$2" --quiet "$1"
 }
 export -f tidy_one
 # Findings make clang-tidy fail; they are collected from its output instead of stopping here.

@@ -75,7 +75,7 @@ Result<Model> add_aoti_package(Pool& pool, std::shared_ptr<Loader> loader, Model
   auto runner =
       std::make_shared<AotiRunner>(std::move(loader), static_cast<c10::DeviceIndex>(device->get().index()), priming);
   // Its kernels are loaded by the priming run and serve every shape: later shapes need no warm-up.
-  auto function = register_model(pool, runner, options, /*warm_up_each_shape_by_default=*/false);
+  auto function = register_model(pool, runner, std::move(options), /*warm_up_each_shape_by_default=*/false);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));
 }

@@ -32,7 +32,6 @@ module;
 #include <expected>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -107,94 +106,100 @@ std::vector<Arg> args_of(std::span<const at::Tensor> values) {
 
 }  // namespace
 
-/// What every call of one autograd function shares, and what its nodes keep alive.
+/// What every call of one autograd function shares, and what its nodes keep alive. Made by
+/// make_autograd_function once its pool functions are registered, so that it always holds all
+/// three (a Function has no empty state).
 struct AutogradFunction::State {
-  std::string name;
-  std::int16_t device = 0;
-  std::shared_ptr<Callable> fn;
-  // Set once made (a Function has no empty state to start from).
-  std::optional<Function> inference;
-  std::optional<Function> forward;
-  std::optional<Function> backward;
   /// The parameters that receive gradients, and their gradient buffers (outside the pool): the
   /// `.grad()` a parameter had when the function was made (an optimizer's static gradient, so
   /// that the backward graph accumulates into it with no copy: `adopted`), otherwise buffers made
-  /// here, views of one flat tensor where the dtypes allow (zeroed in one launch). Set once, by
-  /// make_autograd_function.
-  std::vector<at::Tensor> parameters;
-  std::vector<at::Tensor> gradients;
-  std::vector<bool> adopted;
-  std::vector<bool> in_flat;
-  at::Tensor flat;
-  /// Per made buffer: the tensor handed out as the parameter's `.grad()`, a TensorImpl of its own
-  /// over the buffer's memory (the graph writes the buffer's address, so the buffer itself can
-  /// never move). Because it is its own impl, a `.grad()` the program kept after dropping it can
-  /// be moved onto a copy before the buffer is zeroed, as eager's kept `.grad()` keeps its
-  /// values. Set by publish_gradients, reset when moved away by prepare_gradients; undefined for
-  /// adopted buffers, which are handed out as themselves (the optimizer that owns one reads it).
-  std::vector<at::Tensor> handed_out;
+  /// here, views of one flat tensor where the dtypes allow (zeroed in one launch). Made once, by
+  /// make_gradients.
+  struct Gradients {
+    std::vector<at::Tensor> parameters;
+    std::vector<at::Tensor> buffers;
+    std::vector<bool> adopted;
+    std::vector<bool> in_flat;
+    at::Tensor flat;
+    /// Per made buffer: the tensor handed out as the parameter's `.grad()`, a TensorImpl of its
+    /// own over the buffer's memory (the graph writes the buffer's address, so the buffer itself
+    /// can never move). Because it is its own impl, a `.grad()` the program kept after dropping it
+    /// can be moved onto a copy before the buffer is zeroed, as eager's kept `.grad()` keeps its
+    /// values. Set by publish, reset when moved away by prepare; undefined for adopted buffers,
+    /// which are handed out as themselves (the optimizer that owns one reads it).
+    std::vector<at::Tensor> handed_out;
 
-  /// Before a backward: a buffer that is not its parameter's `.grad()` holds nothing of it, and
-  /// is zeroed, since the backward graph accumulates into it.
-  void prepare_gradients() {
-    std::vector<std::size_t> stale;
-    bool whole_flat_stale = flat.defined();
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      if (!is_buffer(parameters[i].grad(), i)) {
-        stale.push_back(i);
-      } else if (in_flat[i]) {
-        whole_flat_stale = false;
+    /// Before a backward: a buffer that is not its parameter's `.grad()` holds nothing of it, and
+    /// is zeroed, since the backward graph accumulates into it.
+    void prepare() {
+      std::vector<std::size_t> stale;
+      bool whole_flat_stale = flat.defined();
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        if (!is_buffer(parameters[i].grad(), i)) {
+          stale.push_back(i);
+        } else if (in_flat[i]) {
+          whole_flat_stale = false;
+        }
+      }
+      for (const std::size_t i : stale) release_kept_gradient(i);
+      if (whole_flat_stale) flat.zero_();
+      for (const std::size_t i : stale) {
+        if (!whole_flat_stale || !in_flat[i]) buffers[i].zero_();
       }
     }
-    for (const std::size_t i : stale) release_kept_gradient(i);
-    if (whole_flat_stale) flat.zero_();
-    for (const std::size_t i : stale) {
-      if (!whole_flat_stale || !in_flat[i]) gradients[i].zero_();
-    }
-  }
 
-  /// After a backward: the buffer becomes `.grad()` where there is none (eager's AccumulateGrad
-  /// steals the first gradient), or is added to a `.grad()` the program set itself.
-  void publish_gradients() {
-    for (std::size_t i = 0; i < parameters.size(); ++i) {
-      at::Tensor& grad = parameters[i].mutable_grad();
-      if (!grad.defined()) {
-        grad = hand_out(i);
-      } else if (!is_buffer(grad, i)) {
-        const at::NoGradGuard no_grad;
-        grad.add_(gradients[i]);
+    /// After a backward: the buffer becomes `.grad()` where there is none (eager's AccumulateGrad
+    /// steals the first gradient), or is added to a `.grad()` the program set itself.
+    void publish() {
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        at::Tensor& grad = parameters[i].mutable_grad();
+        if (!grad.defined()) {
+          grad = hand_out(i);
+        } else if (!is_buffer(grad, i)) {
+          const at::NoGradGuard no_grad;
+          grad.add_(buffers[i]);
+        }
       }
     }
-  }
 
-  [[nodiscard]] bool is_buffer(const at::Tensor& grad, std::size_t i) const {
-    return grad.defined() && grad.data_ptr() == gradients[i].data_ptr() && grad.sizes() == gradients[i].sizes() &&
-           grad.strides() == gradients[i].strides();
-  }
-
- private:
-  /// The tensor that becomes parameter `i`'s `.grad()`: reused while only this state holds it,
-  /// so the common loop (set to none, backward) makes no tensor and copies nothing.
-  at::Tensor hand_out(std::size_t i) {
-    if (adopted[i]) return gradients[i];
-    at::Tensor& tensor = handed_out[i];
-    if (!tensor.defined()) {
-      const at::Tensor& buffer = gradients[i];
-      tensor = at::empty({0}, buffer.options());
-      tensor.set_(buffer.storage(), buffer.storage_offset(), buffer.sizes(), buffer.strides());
+    [[nodiscard]] bool is_buffer(const at::Tensor& grad, std::size_t i) const {
+      return grad.defined() && grad.data_ptr() == buffers[i].data_ptr() && grad.sizes() == buffers[i].sizes() &&
+             grad.strides() == buffers[i].strides();
     }
-    return tensor;
-  }
 
-  /// REQUIRES: buffer `i` is about to be zeroed (it is not the parameter's `.grad()`). A handed-out
-  /// tensor that someone besides this state still holds moves onto a copy of its values.
-  void release_kept_gradient(std::size_t i) {
-    at::Tensor& tensor = handed_out[i];
-    if (!tensor.defined() || tensor.use_count() == 1) return;
-    const at::NoGradGuard no_grad;
-    tensor.set_(tensor.clone());
-    tensor = at::Tensor();
-  }
+   private:
+    /// The tensor that becomes parameter `i`'s `.grad()`: reused while only this state holds it,
+    /// so the common loop (set to none, backward) makes no tensor and copies nothing.
+    at::Tensor hand_out(std::size_t i) {
+      if (adopted[i]) return buffers[i];
+      at::Tensor& tensor = handed_out[i];
+      if (!tensor.defined()) {
+        const at::Tensor& buffer = buffers[i];
+        tensor = at::empty({0}, buffer.options());
+        tensor.set_(buffer.storage(), buffer.storage_offset(), buffer.sizes(), buffer.strides());
+      }
+      return tensor;
+    }
+
+    /// REQUIRES: buffer `i` is about to be zeroed (it is not the parameter's `.grad()`). A
+    /// handed-out tensor that someone besides this state still holds moves onto a copy of its
+    /// values.
+    void release_kept_gradient(std::size_t i) {
+      at::Tensor& tensor = handed_out[i];
+      if (!tensor.defined() || tensor.use_count() == 1) return;
+      const at::NoGradGuard no_grad;
+      tensor.set_(tensor.clone());
+      tensor = at::Tensor();
+    }
+  };
+
+  std::string name;
+  std::int16_t device = 0;
+  std::shared_ptr<Callable> fn;
+  Function inference;
+  Function forward;
+  Function backward;
+  Gradients gradients;
 };
 
 namespace {
@@ -314,9 +319,10 @@ bool parameters_wanted(const AutogradFunction::State& state) {
                 "inputs and read .grad(), or differentiate that part eagerly (outside cgt)");
     const auto* accumulate = dynamic_cast<const ::torch::autograd::AccumulateGrad*>(node);
     if (accumulate == nullptr) continue;
-    const bool is_parameter = std::ranges::any_of(state.parameters, [accumulate](const at::Tensor& parameter) {
-      return parameter.unsafeGetTensorImpl() == accumulate->variable.unsafeGetTensorImpl();
-    });
+    const bool is_parameter =
+        std::ranges::any_of(state.gradients.parameters, [accumulate](const at::Tensor& parameter) {
+          return parameter.unsafeGetTensorImpl() == accumulate->variable.unsafeGetTensorImpl();
+        });
     if (!is_parameter) continue;
     TORCH_CHECK(!info.captures_, "torch::autograd::grad with respect to a parameter of cgt autograd function \"",
                 state.name,
@@ -324,8 +330,8 @@ bool parameters_wanted(const AutogradFunction::State& state) {
                 "backward() and read .grad(), or differentiate that part eagerly (outside cgt)");
     if (info.needed_) ++named;
   }
-  TORCH_CHECK(named == 0 || named == state.parameters.size(), "backward(inputs=...) names ", named, " of the ",
-              state.parameters.size(), " parameters of cgt autograd function \"", state.name,
+  TORCH_CHECK(named == 0 || named == state.gradients.parameters.size(), "backward(inputs=...) names ", named,
+              " of the ", state.gradients.parameters.size(), " parameters of cgt autograd function \"", state.name,
               "\": its backward graph fills all of their .grad() or none; name all of them or none");
   return named != 0;
 }
@@ -367,13 +373,13 @@ bool parameters_wanted(const AutogradFunction::State& state) {
   args.emplace_back(output_mask);
   args.emplace_back(std::int64_t{with_parameters ? 1 : 0});
 
-  if (with_parameters) state.prepare_gradients();
+  if (with_parameters) state.gradients.prepare();
   auto out = [&] {
     const RngOffsetScope rng(state.device, rng_offset);
-    return (*state.backward)(std::span<const Arg>(args));
+    return state.backward(std::span<const Arg>(args));
   }();
   if (!out) raise("cgt autograd function \"" + state.name + "\": the backward failed", out.error());
-  if (with_parameters) state.publish_gradients();
+  if (with_parameters) state.gradients.publish();
 
   ::torch::autograd::variable_list result(num_outputs());
   for (std::size_t i = 0; i < result.size() && i < out->size(); ++i) {
@@ -428,18 +434,18 @@ std::string_view AutogradFunction::name() const noexcept {
   return state_ ? std::string_view(state_->name) : std::string_view();
 }
 const Function& AutogradFunction::inference_function() const {
-  return *state_->inference;
+  return state_->inference;
 }
 const Function& AutogradFunction::forward_function() const {
-  return *state_->forward;
+  return state_->forward;
 }
 const Function& AutogradFunction::backward_function() const {
-  return *state_->backward;
+  return state_->backward;
 }
 
 Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tensor>& inputs) const {
   if (!state_) return fail(Errc::invalid_argument, "call of an empty AutogradFunction handle (moved from)");
-  State& state = *state_;
+  const State& state = *state_;
   if (inputs.size() > max_positions) {
     return fail(Errc::invalid_argument, in_quotes(state.name) + " takes at most " + std::to_string(max_positions) +
                                             " inputs; it was given " + std::to_string(inputs.size()));
@@ -452,7 +458,7 @@ Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tenso
   }
   bool any_requires_grad = false;
   for (const at::Tensor& input : inputs) any_requires_grad = any_requires_grad || input.requires_grad();
-  for (const at::Tensor& parameter : state.parameters)
+  for (const at::Tensor& parameter : state.gradients.parameters)
     any_requires_grad = any_requires_grad || parameter.requires_grad();
   const bool records_backward = at::GradMode::is_enabled() && !c10::InferenceMode::is_enabled() && any_requires_grad;
 
@@ -464,7 +470,7 @@ Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tenso
 
   AutogradOutputs result;
   if (!records_backward) {
-    auto out = (*state.inference)(std::span<const Arg>(args));
+    auto out = state.inference(std::span<const Arg>(args));
     if (!out) return std::unexpected(std::move(out.error()));
     result.kind_ = out->kind();
     for (std::size_t i = 0; i < out->size(); ++i) {
@@ -479,7 +485,7 @@ Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tenso
   }
 
   const std::uint64_t offset = rng_offset(state.device);
-  auto out = (*state.forward)(std::span<const Arg>(args));
+  auto out = state.forward(std::span<const Arg>(args));
   if (!out) return std::unexpected(std::move(out.error()));
   if (out->size() > max_positions) {
     return fail(Errc::invalid_argument, in_quotes(state.name) + " returns at most " + std::to_string(max_positions) +
@@ -537,91 +543,179 @@ Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tenso
   return result;
 }
 
-Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, AutogradOptions options) {
-  auto state = std::make_shared<AutogradFunction::State>();
-  state->name = std::move(options.name);
-  auto device = pool.device();
-  if (!device) return std::unexpected(std::move(device.error()));
-  state->device = device->get().index();
-  for (std::size_t i = 0; i < options.parameters.size(); ++i) {
-    const at::Tensor& parameter = options.parameters[i];
+namespace {
+
+using Gradients = AutogradFunction::State::Gradients;
+
+/// Those of `parameters` that receive gradients: the ones that require one. Fails with
+/// `invalid_argument` for one that is undefined or not a leaf.
+Result<std::vector<at::Tensor>> trained_parameters(const std::vector<at::Tensor>& parameters, std::string_view name) {
+  std::vector<at::Tensor> trained;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const at::Tensor& parameter = parameters[i];
     if (!parameter.defined() || !parameter.is_leaf()) {
-      return fail(Errc::invalid_argument, "parameter " + std::to_string(i) + " of " + in_quotes(state->name) + " is " +
+      return fail(Errc::invalid_argument, "parameter " + std::to_string(i) + " of " + in_quotes(name) + " is " +
                                               (parameter.defined() ? "not a leaf" : "undefined") +
                                               ": parameters are the leaves whose .grad() the backward fills");
     }
-    if (parameter.requires_grad()) state->parameters.push_back(parameter);
+    if (parameter.requires_grad()) trained.push_back(parameter);
   }
+  return trained;
+}
 
-  // The gradient buffers: a `.grad()` the parameter has (outside this pool, with its own dtype,
-  // sizes and a dense layout) is adopted; the others are made here, zero, outside the pool.
-  const Device& pool_device = device->get();
-  auto adoptable = [&pool_device](const at::Tensor& parameter) {
-    const at::Tensor& grad = parameter.grad();
-    return grad.defined() && !grad.requires_grad() && grad.device() == parameter.device() &&
-           grad.scalar_type() == parameter.scalar_type() && grad.sizes() == parameter.sizes() &&
-           grad.is_non_overlapping_and_dense() &&
-           !pool_device.contains(reinterpret_cast<std::uintptr_t>(grad.data_ptr()));
-  };
-  auto made = [&]() -> Result<void> {
+/// Whether the `.grad()` of `parameter` can be its gradient buffer: outside the pool, with the
+/// parameter's dtype and sizes, and a dense layout.
+bool adoptable(const at::Tensor& parameter, const Device& pool_device) {
+  const at::Tensor& grad = parameter.grad();
+  return grad.defined() && !grad.requires_grad() && grad.device() == parameter.device() &&
+         grad.scalar_type() == parameter.scalar_type() && grad.sizes() == parameter.sizes() &&
+         grad.is_non_overlapping_and_dense() && !pool_device.contains(backend::address_of(grad.data_ptr()));
+}
+
+/// Whether the buffers `to_make` can all be views of one flat tensor: there is one, and they all
+/// have the first one's dtype and device.
+bool fit_one_tensor(const std::vector<at::Tensor>& parameters, const std::vector<std::size_t>& to_make) {
+  if (to_make.empty()) return false;
+  const at::Tensor& first = parameters[to_make.front()];
+  return std::ranges::all_of(to_make, [&](std::size_t i) {
+    return parameters[i].scalar_type() == first.scalar_type() && parameters[i].device() == first.device();
+  });
+}
+
+/// Makes the buffers `to_make` over one flat tensor of zeros, in the parameters' order.
+void make_flat_buffers(Gradients& gradients, const std::vector<std::size_t>& to_make) {
+  const std::vector<at::Tensor>& parameters = gradients.parameters;
+  std::int64_t total = 0;
+  for (const std::size_t i : to_make) total += parameters[i].numel();
+  gradients.flat = at::zeros({total}, parameters[to_make.front()].options().requires_grad(false));
+  std::int64_t offset = 0;
+  for (const std::size_t i : to_make) {
+    const at::Tensor& parameter = parameters[i];
+    // A tensor over the flat storage, not an autograd view of it: optimizers' zero_grad()
+    // detach_()es a .grad(), which libtorch refuses for a view.
+    at::Tensor buffer = at::empty({0}, gradients.flat.options());
+    buffer.set_(gradients.flat.storage(), offset, parameter.sizes(), c10::contiguous_strides(parameter.sizes()));
+    gradients.buffers[i] = std::move(buffer);
+    gradients.in_flat[i] = true;
+    offset += parameter.numel();
+  }
+}
+
+/// The gradient buffers of `parameters` (see State::Gradients): a `.grad()` the parameter has is
+/// adopted where it can be (`adoptable`); the others are made here, zero, outside the pool.
+/// Throws what libtorch throws.
+Gradients make_gradients(std::vector<at::Tensor> parameters, const Device& pool_device) {
+  const at::NoGradGuard no_grad;
+  Gradients gradients;
+  gradients.parameters = std::move(parameters);
+  const std::size_t count = gradients.parameters.size();
+  gradients.buffers.resize(count);
+  gradients.adopted.assign(count, false);
+  gradients.in_flat.assign(count, false);
+  gradients.handed_out.resize(count);
+  std::vector<std::size_t> to_make;
+  for (std::size_t i = 0; i < count; ++i) {
+    const at::Tensor& parameter = gradients.parameters[i];
+    if (adoptable(parameter, pool_device)) {
+      gradients.buffers[i] = parameter.grad();
+      gradients.adopted[i] = true;
+    } else {
+      to_make.push_back(i);
+    }
+  }
+  if (fit_one_tensor(gradients.parameters, to_make)) {
+    make_flat_buffers(gradients, to_make);
+  } else {
+    for (const std::size_t i : to_make) {
+      const at::Tensor& parameter = gradients.parameters[i];
+      gradients.buffers[i] = at::zeros(parameter.sizes(), parameter.options().requires_grad(false));
+    }
+  }
+  return gradients;
+}
+
+/// The body of the backward pool function: `fn`, the forward, again under grad mode, then its
+/// gradients, in one call. Arguments: the n inputs, the outputs' gradients (for the outputs in the
+/// output mask), n, the input mask, the output mask, and 1 where the gradients of `parameters` are
+/// added to their `buffers` (0 for `torch::autograd::grad`: a graph of its own). Returns one
+/// gradient per input (undefined where the mask says none).
+Values recompute_gradients(Callable& fn, const std::vector<at::Tensor>& parameters,
+                           const std::vector<at::Tensor>& buffers, const Inputs& in) {
+  const std::size_t count = in.size();
+  const auto n = static_cast<std::size_t>(in.scalar(count - 4));
+  const std::int64_t input_mask = in.scalar(count - 3);
+  const std::int64_t output_mask = in.scalar(count - 2);
+  const bool with_parameters = in.scalar(count - 1) != 0;
+  std::vector<at::Tensor> inputs(n);
+  std::vector<at::Tensor> targets;
+  for (std::size_t i = 0; i < n; ++i) {
+    inputs[i] = in[i].detach();
+    if (bit(input_mask, i)) {
+      inputs[i].requires_grad_(true);
+      targets.push_back(inputs[i]);
+    }
+  }
+  if (with_parameters) targets.insert(targets.end(), parameters.begin(), parameters.end());
+  Values outputs;
+  {
+    const at::AutoGradMode grad_mode(true);
+    const std::vector<std::int64_t> no_scalars(n, 0);
+    outputs = fn(Inputs(inputs, no_scalars));
+  }
+  std::vector<at::Tensor> differentiated;
+  std::vector<at::Tensor> grad_outputs;
+  std::size_t next = n;
+  for (std::size_t j = 0; j < outputs.size(); ++j) {
+    if (!bit(output_mask, j)) continue;
+    const at::Tensor& grad = in[next++];
+    if (!outputs[j].defined() || !outputs[j].requires_grad()) continue;  // constant: no gradient flows
+    differentiated.push_back(outputs[j]);
+    grad_outputs.push_back(grad);
+  }
+  Values result(n);
+  if (differentiated.empty() || targets.empty()) return result;
+  const auto grads = ::torch::autograd::grad(differentiated, targets, grad_outputs, /*retain_graph=*/false,
+                                             /*create_graph=*/false, /*allow_unused=*/true);
+  std::size_t next_grad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!bit(input_mask, i)) continue;
+    result[i] = grads[next_grad++];
+    // A gradient passed straight through (an addition's) is one of this call's inputs: an
+    // output must be memory the call made.
+    if (result[i].defined() && aliases_any(result[i], in)) result[i] = result[i].clone();
+  }
+  if (!with_parameters) return result;
+  const at::NoGradGuard no_grad;
+  for (std::size_t p = 0; p < parameters.size(); ++p, ++next_grad) {
+    if (grads[next_grad].defined()) buffers[p].add_(grads[next_grad]);
+  }
+  return result;
+}
+
+}  // namespace
+
+Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, AutogradOptions options) {
+  std::string name = std::move(options.name);
+  auto device = pool.device();
+  if (!device) return std::unexpected(std::move(device.error()));
+  auto trained = trained_parameters(options.parameters, name);
+  if (!trained) return std::unexpected(std::move(trained.error()));
+  auto gradients = [&]() -> Result<Gradients> {
     try {
-      const at::NoGradGuard no_grad;
-      const auto& params = state->parameters;
-      state->gradients.resize(params.size());
-      state->adopted.assign(params.size(), false);
-      state->in_flat.assign(params.size(), false);
-      state->handed_out.resize(params.size());
-      std::vector<std::size_t> to_make;
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        if (adoptable(params[i])) {
-          state->gradients[i] = params[i].grad();
-          state->adopted[i] = true;
-        } else {
-          to_make.push_back(i);
-        }
-      }
-      bool uniform = !to_make.empty();
-      std::int64_t total = 0;
-      for (const std::size_t i : to_make) {
-        const at::Tensor& p = params[i];
-        const at::Tensor& first = params[to_make.front()];
-        uniform = uniform && p.scalar_type() == first.scalar_type() && p.device() == first.device();
-        total += p.numel();
-      }
-      if (uniform) {
-        state->flat = at::zeros({total}, params[to_make.front()].options().requires_grad(false));
-        std::int64_t offset = 0;
-        for (const std::size_t i : to_make) {
-          const at::Tensor& p = params[i];
-          // A tensor over the flat storage, not an autograd view of it: optimizers' zero_grad()
-          // detach_()es a .grad(), which libtorch refuses for a view.
-          at::Tensor gradient = at::empty({0}, state->flat.options());
-          gradient.set_(state->flat.storage(), offset, p.sizes(), c10::contiguous_strides(p.sizes()));
-          state->gradients[i] = std::move(gradient);
-          state->in_flat[i] = true;
-          offset += p.numel();
-        }
-      } else {
-        for (const std::size_t i : to_make) {
-          state->gradients[i] = at::zeros(params[i].sizes(), params[i].options().requires_grad(false));
-        }
-      }
+      return make_gradients(std::move(*trained), device->get());
     } catch (const std::exception& error) {
       return fail(Errc::backend_error,
-                  std::string("allocating the gradient buffers of ") + in_quotes(state->name) + ": " + error.what());
+                  std::string("allocating the gradient buffers of ") + in_quotes(name) + ": " + error.what());
     }
-    return {};
   }();
-  if (!made) return std::unexpected(std::move(made.error()));
+  if (!gradients) return std::unexpected(std::move(gradients.error()));
 
-  state->fn = std::make_shared<Callable>(std::move(fn));
-  const std::shared_ptr<Callable> body = state->fn;
+  const auto body = std::make_shared<Callable>(std::move(fn));
   auto add = [&](Callable callable, std::string_view suffix, FunctionMode mode) -> Result<Function> {
     return pool.add_function(
         std::move(callable),
-        {.name = state->name + std::string(suffix), .static_inputs = options.static_inputs, .mode = mode});
+        {.name = name + std::string(suffix), .static_inputs = options.static_inputs, .mode = mode});
   };
-
   auto no_grad = [body](Inputs in) {
     const at::NoGradGuard guard;
     return (*body)(in);
@@ -630,72 +724,18 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
   if (!inference) return std::unexpected(std::move(inference.error()));
   auto forward = add(no_grad, ".forward", FunctionMode::forward);
   if (!forward) return std::unexpected(std::move(forward.error()));
-
-  // The backward: the forward again under grad mode, then its gradients, in one call. Arguments:
-  // the n inputs, the outputs' gradients (for the outputs in the output mask), n, the input mask,
-  // the output mask, and 1 where the parameters' gradients are added to their buffers (0 for
-  // `torch::autograd::grad`: a graph of its own). Returns one gradient per input (undefined where
-  // the mask says none).
-  std::vector<at::Tensor> parameters = state->parameters;
-  std::vector<at::Tensor> gradients = state->gradients;
-  auto backward = add(
-      [body, parameters, gradients](Inputs in) -> Values {
-        const std::size_t count = in.size();
-        const auto n = static_cast<std::size_t>(in.scalar(count - 4));
-        const std::int64_t input_mask = in.scalar(count - 3);
-        const std::int64_t output_mask = in.scalar(count - 2);
-        const bool with_parameters = in.scalar(count - 1) != 0;
-        std::vector<at::Tensor> inputs(n);
-        std::vector<at::Tensor> targets;
-        for (std::size_t i = 0; i < n; ++i) {
-          inputs[i] = in[i].detach();
-          if (bit(input_mask, i)) {
-            inputs[i].requires_grad_(true);
-            targets.push_back(inputs[i]);
-          }
-        }
-        if (with_parameters) targets.insert(targets.end(), parameters.begin(), parameters.end());
-        Values outputs;
-        {
-          const at::AutoGradMode grad_mode(true);
-          const std::vector<std::int64_t> no_scalars(n, 0);
-          outputs = (*body)(Inputs(inputs, no_scalars));
-        }
-        std::vector<at::Tensor> differentiated;
-        std::vector<at::Tensor> grad_outputs;
-        std::size_t next = n;
-        for (std::size_t j = 0; j < outputs.size(); ++j) {
-          if (!bit(output_mask, j)) continue;
-          const at::Tensor& grad = in[next++];
-          if (!outputs[j].defined() || !outputs[j].requires_grad()) continue;  // constant: no gradient flows
-          differentiated.push_back(outputs[j]);
-          grad_outputs.push_back(grad);
-        }
-        Values result(n);
-        if (differentiated.empty() || targets.empty()) return result;
-        const auto grads = ::torch::autograd::grad(differentiated, targets, grad_outputs, /*retain_graph=*/false,
-                                                   /*create_graph=*/false, /*allow_unused=*/true);
-        std::size_t next_grad = 0;
-        for (std::size_t i = 0; i < n; ++i) {
-          if (!bit(input_mask, i)) continue;
-          result[i] = grads[next_grad++];
-          // A gradient passed straight through (an addition's) is one of this call's inputs: an
-          // output must be memory the call made.
-          if (result[i].defined() && aliases_any(result[i], in)) result[i] = result[i].clone();
-        }
-        if (!with_parameters) return result;
-        const at::NoGradGuard no_grad;
-        for (std::size_t p = 0; p < parameters.size(); ++p, ++next_grad) {
-          if (grads[next_grad].defined()) gradients[p].add_(grads[next_grad]);
-        }
-        return result;
-      },
-      ".backward", FunctionMode::backward);
+  auto backward = add([body, parameters = gradients->parameters, buffers = gradients->buffers](
+                          Inputs in) { return recompute_gradients(*body, parameters, buffers, in); },
+                      ".backward", FunctionMode::backward);
   if (!backward) return std::unexpected(std::move(backward.error()));
-  state->inference = std::move(*inference);
-  state->forward = std::move(*forward);
-  state->backward = std::move(*backward);
-  return AutogradFunction(std::move(state));
+  return AutogradFunction(
+      std::make_shared<AutogradFunction::State>(AutogradFunction::State{.name = std::move(name),
+                                                                        .device = device->get().index(),
+                                                                        .fn = body,
+                                                                        .inference = std::move(*inference),
+                                                                        .forward = std::move(*forward),
+                                                                        .backward = std::move(*backward),
+                                                                        .gradients = std::move(*gradients)}));
 }
 
 }  // namespace cgt::torch

@@ -61,7 +61,7 @@ Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /
     sizes[dim] = size;
     auto padded = std::make_shared<at::Tensor>(at::empty(sizes, source.options()));
     padded->narrow(d, 0, rows).copy_(source);
-    at::Tensor added = padded->narrow(d, rows, size - rows);
+    const at::Tensor added = padded->narrow(d, rows, size - rows);
     if (pad.mode == PadMode::replicate) {
       added.copy_(source.narrow(d, rows - 1, 1).expand_as(added));
     } else {

@@ -69,7 +69,7 @@ int device_count() noexcept {
 
 Device::Device(std::int16_t device, bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes) {
   const auto index = static_cast<c10::DeviceIndex>(device);
-  c10::cuda::CUDAGuard device_guard(index);
+  const c10::cuda::CUDAGuard device_guard(index);
   // The caching allocator must be initialised before its pool functions are used.
   (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, index));
   // One stream for every warm-up and recording: the allocator binds segments to streams, and
@@ -114,7 +114,7 @@ bool Device::contains(std::uintptr_t address) const {
 
 Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
   return guarded("checkpointing the pool", [&]() -> Result<std::unique_ptr<backend::Checkpoint>> {
-    c10::cuda::CUDAGuard device_guard(state_->index);
+    const c10::cuda::CUDAGuard device_guard(state_->index);
     // Only the allocator's books, which the pool's queued work does not change: no waiting for it.
     // (A restore waits, since it frees blocks that work may still use.) A warm-up or recording
     // starts without waiting for the previous call's graph to finish.
@@ -125,8 +125,8 @@ Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
 Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
                              std::span<const std::uintptr_t> dead) {
   return guarded("restoring a checkpoint", [&]() -> Result<void> {
-    State& state = *state_;
-    c10::cuda::CUDAGuard device_guard(state.index);
+    const State& state = *state_;
+    const c10::cuda::CUDAGuard device_guard(state.index);
     synchronize_pool_streams(state);
     std::unordered_map<std::uintptr_t, TorchStorage*> live_by_address;
     for (backend::StorageHandle* handle : live) {
@@ -186,7 +186,7 @@ void Device::adopt(backend::StorageHandle& storage) {
 
 Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
   return guarded("copying an output out of the pool", [&]() -> Result<std::shared_ptr<void>> {
-    c10::cuda::CUDAGuard device_guard(state_->index);
+    const c10::cuda::CUDAGuard device_guard(state_->index);
     auto rescued = std::make_shared<Rescued>();
     rescued->bytes = at::empty({static_cast<std::int64_t>(storage.bytes)},
                                at::TensorOptions().dtype(at::kByte).device(at::kCUDA, state_->index));
@@ -258,7 +258,7 @@ void Device::shutdown() {
   if (!state_ || state_->shut_down) return;
   state_->shut_down = true;
   try {
-    c10::cuda::CUDAGuard device_guard(state_->index);
+    const c10::cuda::CUDAGuard device_guard(state_->index);
     synchronize_pool_streams(*state_);
     allocator::releasePool(state_->index, state_->pool);
     allocator::emptyCache(state_->pool);  // frees the pool's segments once nothing uses them

@@ -14,12 +14,12 @@ namespace {
 using StateMember = c10::intrusive_ptr<at::CUDAGeneratorState> at::CUDAGeneratorImpl::*;
 
 struct Tag {
-  friend StateMember member_of(Tag);
+  friend StateMember member_of(Tag /*tag*/);
 };
 
 template <StateMember Member>
 struct Expose {
-  friend StateMember member_of(Tag) { return Member; }
+  friend StateMember member_of(Tag /*tag*/) { return Member; }
 };
 
 template struct Expose<&at::CUDAGeneratorImpl::state_>;

@@ -42,7 +42,7 @@ namespace cgt::torch {
 namespace allocator = c10::cuda::CUDACachingAllocator;
 
 /// CUDA statuses as cgt errors, as cgt.cuda makes them.
-using kernels::checked;
+using kernels::checked;  // NOLINT(misc-unused-using-decls): for the module's other units
 
 /// One storage of the pool as libtorch sees it: the StorageImpl that outputs view, and the tensors
 /// cgt itself holds over it. Anything else holding the StorageImpl or one of those tensors has
@@ -102,7 +102,7 @@ struct Device::State {
   std::unordered_map<const c10::StorageImpl*, std::weak_ptr<TorchStorage>> records;
 
   State(c10::DeviceIndex device, c10::cuda::CUDAStream pool_stream, c10::MempoolId_t id)
-      : index(device), stream(pool_stream), pool(id) {}
+      : index(device), stream(pool_stream), pool(std::move(id)) {}
 
   /// The record of `storage`, made on first sight.
   std::shared_ptr<TorchStorage> record_for(const c10::Storage& storage) {
@@ -296,7 +296,8 @@ class InputVersions {
   [[nodiscard]] std::vector<std::uint32_t> written(const CallInputs& inputs) const {
     std::vector<std::uint32_t> changed;
     for (std::size_t i = 0; i < before_.size(); ++i) {
-      if (before_[i] && inputs.values[i]._version() != *before_[i]) changed.push_back(static_cast<std::uint32_t>(i));
+      const std::optional<std::int64_t>& before = before_[i];
+      if (before && inputs.values[i]._version() != *before) changed.push_back(static_cast<std::uint32_t>(i));
     }
     return changed;
   }

@@ -95,10 +95,16 @@ bool is_scalar_arithmetic(const ::torch::jit::Node& node) {
   return kinds.contains(node.kind());
 }
 
-// The uses (node, input index) of device constants in the arithmetic that computes `value`, or
-// nullopt where that arithmetic reads anything but constants and host sizes, or where one of its
-// results is also used elsewhere (moving it to the host would change what that use sees).
-using Use = std::pair<::torch::jit::Node*, std::size_t>;
+// A use of a device constant: the node that reads it, at which input, and the constant's value.
+struct Use {
+  ::torch::jit::Node* user = nullptr;
+  std::size_t index = 0;
+  at::Tensor value;
+};
+
+// The uses of device constants in the arithmetic that computes `value`, or nullopt where that
+// arithmetic reads anything but constants and host sizes, or where one of its results is also used
+// elsewhere (moving it to the host would change what that use sees).
 std::optional<std::vector<Use>> device_constants_of(::torch::jit::Value* value) {
   ::torch::jit::Node* node = value->node();
   if (node->kind() == c10::prim::NumToTensor) return std::vector<Use>{};  // a host tensor
@@ -110,7 +116,7 @@ std::optional<std::vector<Use>> device_constants_of(::torch::jit::Value* value) 
     if (input->node()->kind() == c10::prim::Constant) {
       const std::optional<c10::IValue> constant = ::torch::jit::toIValue(input);
       if (!constant || !constant->isTensor() || constant->toTensor().dim() != 0) return std::nullopt;
-      if (!constant->toTensor().is_cpu()) found.emplace_back(node, i);
+      if (!constant->toTensor().is_cpu()) found.push_back({.user = node, .index = i, .value = constant->toTensor()});
       continue;
     }
     std::optional<std::vector<Use>> deeper = device_constants_of(input);
@@ -125,9 +131,9 @@ void keep_host_numbers_on_host(::torch::jit::Graph& graph) {
     if (!converts_to_host_number(*node)) continue;
     const std::optional<std::vector<Use>> uses = device_constants_of(node->input(0));
     if (!uses) continue;
-    for (const auto& [user, index] : *uses) {
+    for (const auto& [user, index, value] : *uses) {
       const ::torch::jit::WithInsertPoint before(user);
-      user->replaceInput(index, graph.insertConstant(::torch::jit::toIValue(user->input(index))->toTensor().cpu()));
+      user->replaceInput(index, graph.insertConstant(value.cpu()));
     }
   }
 }
@@ -146,7 +152,7 @@ void make_capturable_unoptimised(::torch::jit::Module& module) {
 Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, ModelOptions options) {
   auto device = pool.device();
   if (!device) return std::unexpected(std::move(device.error()));
-  const c10::DeviceIndex index = static_cast<c10::DeviceIndex>(device->get().index());
+  const auto index = static_cast<c10::DeviceIndex>(device->get().index());
   try {
     if (!module.find_method("forward")) {
       return fail(Errc::invalid_argument, "the TorchScript module has no forward method", options.name);
@@ -176,10 +182,11 @@ Result<Model> add_jit_module(Pool& pool, const ::torch::jit::Module& module, Mod
                   options.name);
     }
   }
-  auto runner = std::make_shared<JitRunner>(std::move(runs), index, priming, options.jit_optimize);
+  const bool optimised = options.jit_optimize;  // read here: `options` moves into register_model
+  auto runner = std::make_shared<JitRunner>(std::move(runs), index, priming, optimised);
   // Optimised, its executor profiles and optimises each new signature in the warm-up's priming
   // runs; without, a new batch size records at its first call, as an AOTInductor package's.
-  auto function = register_model(pool, runner, options, /*warm_up_each_shape_by_default=*/options.jit_optimize);
+  auto function = register_model(pool, runner, std::move(options), /*warm_up_each_shape_by_default=*/optimised);
   if (!function) return std::unexpected(std::move(function.error()));
   return Model(std::move(*function), std::move(runner));
 }

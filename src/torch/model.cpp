@@ -36,7 +36,9 @@ namespace cgt::torch {
 namespace {
 
 // The call whose pool function runs on this thread (set by Model::operator() around the call):
-// the runner rebuilds the model's inputs from its structure.
+// the runner rebuilds the model's inputs from its structure. Mutable and global to the unit: the
+// pool calls the runner with the flat inputs only, so this is how the call's structure reaches it.
+// NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): see above
 thread_local const ModelCall* current_call = nullptr;
 
 class CurrentCall {
@@ -165,13 +167,13 @@ c10::IValue rebuild_input(const InputNode& node, const Inputs& in, std::size_t& 
       return c10::ivalue::Tuple::create(std::move(elements));
     }
     case InputNode::Kind::list: {
-      c10::impl::GenericList list(node.element_type);
+      const c10::impl::GenericList list(node.element_type);
       list.reserve(node.children.size());
       for (const InputNode& child : node.children) list.push_back(rebuild_input(child, in, next));
       return list;
     }
     case InputNode::Kind::dict: {
-      c10::impl::GenericDict dict(node.element_type, node.value_type);
+      const c10::impl::GenericDict dict(node.element_type, node.value_type);
       dict.reserve(node.children.size());
       for (std::size_t i = 0; i < node.children.size(); ++i) {
         dict.insert(node.keys[i], rebuild_input(node.children[i], in, next));
@@ -284,13 +286,13 @@ c10::IValue rebuild_output(const OutputStructure& node, const std::vector<at::Te
       return c10::ivalue::Tuple::create(std::move(elements));
     }
     case OutputStructure::Kind::list: {
-      c10::impl::GenericList list(node.element_type);
+      const c10::impl::GenericList list(node.element_type);
       list.reserve(node.children.size());
       for (const OutputStructure& child : node.children) list.push_back(rebuild_output(child, tensors));
       return list;
     }
     case OutputStructure::Kind::dict: {
-      c10::impl::GenericDict dict(node.element_type, node.value_type);
+      const c10::impl::GenericDict dict(node.element_type, node.value_type);
       for (std::size_t i = 0; i < node.children.size(); ++i) {
         dict.insert(node.keys[i], rebuild_output(node.children[i], tensors));
       }
@@ -312,7 +314,7 @@ std::string message_of(const std::exception& error) {
 Result<void> Model::Runner::flatten_inputs(const std::vector<c10::IValue>& inputs, ModelCall& call,
                                            std::vector<Arg>& args) const {
   call.runner = this;
-  InputFlattener flattener{args};
+  InputFlattener flattener{.args = args};
   call.inputs.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     if (!structured_inputs && !inputs[i].isTensor()) {
@@ -386,13 +388,13 @@ void Model::Runner::prime(const std::vector<c10::IValue>& arguments) {
   primed_done.block(pool_stream);
 }
 
-Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner, const ModelOptions& options,
+Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner, ModelOptions options,
                                 bool warm_up_each_shape_by_default) {
   return pool.add_function([runner = std::move(runner)](Inputs in) { return (*runner)(in); },
-                           {.name = options.name,
-                            .static_inputs = options.static_inputs,
-                            .mutated_inputs = options.mutated_inputs,
-                            .graph_sizes = options.graph_sizes,
+                           {.name = std::move(options.name),
+                            .static_inputs = std::move(options.static_inputs),
+                            .mutated_inputs = std::move(options.mutated_inputs),
+                            .graph_sizes = std::move(options.graph_sizes),
                             .size_source = options.size_source,
                             .warm_up_each_shape = options.warm_up_each_shape.value_or(warm_up_each_shape_by_default)});
 }

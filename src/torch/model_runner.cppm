@@ -93,10 +93,11 @@ struct Model::Runner {
   std::unordered_set<std::uint64_t> primed;
 };
 
-/// Registers `runner` with `pool` as a pool function made with `options`; an unset
-/// `warm_up_each_shape` is `warm_up_each_shape_by_default` (the format's default).
-[[nodiscard]] Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner,
-                                              const ModelOptions& options, bool warm_up_each_shape_by_default);
+/// Registers `runner` with `pool` as a pool function made with `options` (taken, as the `add_*`
+/// functions take theirs); an unset `warm_up_each_shape` is `warm_up_each_shape_by_default` (the
+/// format's default).
+[[nodiscard]] Result<Function> register_model(Pool& pool, std::shared_ptr<Model::Runner> runner, ModelOptions options,
+                                              bool warm_up_each_shape_by_default);
 
 /// Loads an AOTInductor package for capture, on `device`: `run_single_threaded`, as the default
 /// runner records a CUDA event per run and queries it at the next, which a capture does not

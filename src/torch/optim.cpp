@@ -197,9 +197,9 @@ Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static
     }
   }
   try {
-    c10::NoGradGuard no_grad;
+    const c10::NoGradGuard no_grad;
     for (std::size_t i = 0; i < params.size(); ++i) {
-      at::Tensor& p = params[i];
+      const at::Tensor& p = params[i];
       if (static_grads) {
         // The gradient keeps an existing `.grad`'s values (a program may accumulate before the
         // first step) but is always a tensor of ours, made here: never one that lives in a pool.
@@ -224,12 +224,12 @@ std::vector<at::Tensor> Optimizer::State::pick(const std::vector<at::Tensor>& al
   if (index.size() == all.size()) return all;
   std::vector<at::Tensor> picked;
   picked.reserve(index.size());
-  for (std::size_t i : index) picked.push_back(all[i]);
+  for (const std::size_t i : index) picked.push_back(all[i]);
   return picked;
 }
 
 void Optimizer::State::step() {
-  c10::NoGradGuard no_grad;
+  const c10::NoGradGuard no_grad;
   // Host decisions about which parameters have a gradient: in a graph they are taken once, when
   // it is recorded (the training step attaches every gradient first, so all of them take part).
   std::vector<std::size_t> with_grad;
@@ -237,7 +237,7 @@ void Optimizer::State::step() {
   with_grad.reserve(params_.size());
   grads.reserve(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
+    const at::Tensor& p = params_[i];
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
     if (static_grads_ && !grad.is_same(grads_[i])) {
@@ -252,7 +252,7 @@ void Optimizer::State::step() {
 }
 
 void Optimizer::State::step(std::span<const at::Tensor> grads) {
-  c10::NoGradGuard no_grad;
+  const c10::NoGradGuard no_grad;
   TORCH_CHECK(grads.size() == params_.size(), "the optimizer has ", params_.size(), " parameters but was given ",
               grads.size(), " gradients");
   std::vector<at::Tensor> given;
@@ -279,10 +279,10 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
 
 void Optimizer::State::zero_grad(bool set_to_none) {
   if (set_to_none) {
-    for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+    for (const at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
     return;
   }
-  c10::NoGradGuard no_grad;
+  const c10::NoGradGuard no_grad;
   // Gradients the program put in place of ours are zeroed too (as libtorch's zero_grad does).
   std::vector<at::Tensor> grads;
   grads.reserve(params_.size());
@@ -295,7 +295,7 @@ void Optimizer::State::zero_grad(bool set_to_none) {
 Result<void> Optimizer::State::attach_grads() {
   if (!static_grads_) return {};  // per-step gradients: nothing to attach
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i];
+    const at::Tensor& p = params_[i];
     if (!p.grad().defined()) {
       p.mutable_grad() = grads_[i];
     } else if (!p.grad().is_same(grads_[i])) {
@@ -319,7 +319,7 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
     return std::unexpected(std::move(ok.error()));
   }
   try {
-    c10::NoGradGuard no_grad;
+    const c10::NoGradGuard no_grad;
     for (const at::Tensor& p : state->params_) {
       state->exp_avgs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
       state->exp_avg_sqs_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
@@ -402,7 +402,7 @@ void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std
   at::_foreach_add_(steps, 1);
   if (o.weight_decay != 0) {
     if (o.decoupled_weight_decay) {
-      at::_foreach_mul_(params, 1 - o.lr * o.weight_decay);
+      at::_foreach_mul_(params, 1 - (o.lr * o.weight_decay));
     } else {
       grads = at::_foreach_add(grads, params, o.weight_decay);
     }
@@ -412,8 +412,8 @@ void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std
   at::_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - o.beta2);
 
   // step_size = -lr / (1 - beta1^t), bias_correction2_sqrt = sqrt(1 - beta2^t), per parameter.
-  std::vector<at::Tensor> step_size = at::_foreach_pow(o.beta1, steps);
-  std::vector<at::Tensor> correction2_sqrt = at::_foreach_pow(o.beta2, steps);
+  const std::vector<at::Tensor> step_size = at::_foreach_pow(o.beta1, steps);
+  const std::vector<at::Tensor> correction2_sqrt = at::_foreach_pow(o.beta2, steps);
   at::_foreach_sub_(step_size, 1);
   at::_foreach_sub_(correction2_sqrt, 1);
   at::_foreach_neg_(correction2_sqrt);
@@ -428,7 +428,7 @@ void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std
     second = pick(max_exp_avg_sqs_, index);
     at::_foreach_maximum_(second, exp_avg_sqs);
   }
-  std::vector<at::Tensor> denom = at::_foreach_sqrt(second);
+  const std::vector<at::Tensor> denom = at::_foreach_sqrt(second);
   at::_foreach_div_(denom, correction2_sqrt);
   at::_foreach_add_(denom, o.eps);
   at::_foreach_div_(denom, step_size);
@@ -449,7 +449,7 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   }
   if (options.momentum != 0) {
     try {
-      c10::NoGradGuard no_grad;
+      const c10::NoGradGuard no_grad;
       for (const at::Tensor& p : state->params_) {
         state->momentum_buffers_.push_back(at::zeros_like(p, at::MemoryFormat::Preserve));
       }

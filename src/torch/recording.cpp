@@ -274,7 +274,7 @@ cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
   // It undoes what capture_begin registered with the generator, under the same lock.
   const std::lock_guard<std::mutex> registration(generator_registration());
   cudaError_t broken = cudaSuccess;
-  const cudaStream_t stream = state.stream.stream();
+  cudaStream_t stream = state.stream.stream();
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (const cudaError_t asked = cudaStreamIsCapturing(stream, &status); asked != cudaSuccess) broken = asked;
   if (status == cudaStreamCaptureStatusInvalidated) broken = cudaErrorStreamCaptureInvalidated;
@@ -353,8 +353,9 @@ std::vector<CopiedInput> describe_copies(const std::vector<at::Tensor>& slots, s
     if (!slots[i].defined()) continue;
     const at::Tensor& slot = slots[i];
     const c10::Storage& storage = slot.storage();
-    at::Tensor view = tensor_over(storage_over(backend::address_of(storage.data_ptr().get()), storage.nbytes(), device),
-                                  slot.scalar_type(), slot.sizes(), slot.strides(), slot.storage_offset());
+    const at::Tensor view =
+        tensor_over(storage_over(backend::address_of(storage.data_ptr().get()), storage.nbytes(), device),
+                    slot.scalar_type(), slot.sizes(), slot.strides(), slot.storage_offset());
     CopiedInput copy;
     copy.index = i;
     copy.memcpy_ok = slot.is_contiguous() && bytes_are_values(*static_cast<const at::Tensor*>(args[i].value));
@@ -577,7 +578,7 @@ Result<Placement> place_graph(Device::State& state, const backend::RecordPlan& p
     return fail(Errc::function_failed, "the captured graph cannot be instantiated: " + instantiated.error().message);
   }
   ++state.graph_counts.instantiated;
-  const cudaGraphExec_t exec = capture.graph->raw_cuda_graph_exec();
+  cudaGraphExec_t exec = capture.graph->raw_cuda_graph_exec();
   return Placement{.exec = std::make_shared<SharedExec>(std::move(capture.graph), exec, std::move(capture.nodes)),
                    .own_graph = nullptr};
 }

@@ -152,7 +152,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   // no host synchronisation, which another thread's capture would not survive.
   std::vector<std::uintptr_t> allocated_before;
   auto before = guarded("preparing a warm-up", [&]() -> Result<c10::cuda::CUDAStream> {
-    c10::cuda::CUDAGuard device_guard(state.index);
+    const c10::cuda::CUDAGuard device_guard(state.index);
     allocated_before = addresses_of(allocated_blocks(state));
     c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(state.index);
     follow(state.stream, caller);
@@ -161,7 +161,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   if (!before) return std::unexpected(std::move(before.error()));
   const InputVersions versions(inputs);
   auto outputs = guarded("warming up", [&]() -> Result<Values> {
-    c10::cuda::CUDAGuard device_guard(state.index);
+    const c10::cuda::CUDAGuard device_guard(state.index);
     Result<Values> produced;
     {
       const PoolAllocation allocation(state);
