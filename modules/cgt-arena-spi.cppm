@@ -1,4 +1,4 @@
-// cgt.backend:arena_spi — what a backend whose pool is a cgt::Arena and whose values are buffers
+// cgt.core:arena_spi — what a backend whose pool is a cgt::Arena and whose values are buffers
 // (`empty()`, `fits()`, `numel()`, `storage()`, `storage_bytes()`, `on_storage`, `with_layout`) does
 // the same way whatever the device: free a call's temporaries, describe its outputs to the engine, checkpoint and
 // restore the arena. Used by cgt.host and cgt.cuda.
@@ -13,7 +13,7 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.backend:arena_spi;
+export module cgt.core:arena_spi;
 import :arena;
 import :spi;
 import :error;

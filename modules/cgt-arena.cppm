@@ -1,4 +1,4 @@
-// cgt.backend:arena — a best-fit allocator over segments whose book-keeping can be checkpointed and
+// cgt.core:arena — a best-fit allocator over segments whose book-keeping can be checkpointed and
 // restored: the memory pool of the host backend (host segments) and of the cuda backend (segments
 // from cudaMalloc). Usable on its own.
 module;
@@ -12,7 +12,7 @@ module;
 #include <tuple>
 #include <vector>
 
-export module cgt.backend:arena;
+export module cgt.core:arena;
 import :error;
 import :info;
 

@@ -1,4 +1,4 @@
-// cgt.backend:detail — the non-template plumbing behind the handle templates of :handles.
+// cgt.core:detail — the non-template plumbing behind the handle templates of :handles.
 // Nothing here is exported, to users or to backend authors: the handle templates name it where they
 // are defined, so their instantiations in a user's code work without the names being visible there.
 module;
@@ -12,7 +12,7 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.backend:detail;
+export module cgt.core:detail;
 import :error;
 import :options;
 import :info;

@@ -1,11 +1,11 @@
-// cgt.backend:error — how every fallible operation of cgt reports failure.
+// cgt.core:error — how every fallible operation of cgt reports failure.
 module;
 #include <cstdint>
 #include <expected>
 #include <string>
 #include <string_view>
 
-export module cgt.backend:error;
+export module cgt.core:error;
 
 export namespace cgt {
 

@@ -1,4 +1,4 @@
-// cgt.backend:handles — the handles a program holds: Pool, Function, Arg, Outputs, OutputLease, Node.
+// cgt.core:handles — the handles a program holds: Pool, Function, Arg, Outputs, OutputLease, Node.
 // They are templates over a backend (cgt::host, cgt::torch, ...); each backend module names them,
 // e.g. `cgt::host::Pool`. A backend type `B` provides:
 //   using Value    = ...;  // what a call takes and a lease hands out (a buffer view, an at::Tensor)
@@ -32,7 +32,7 @@ module;
 // accepts earlier): the message is what a user who wrote a dangling borrow reads.
 #pragma clang diagnostic ignored "-Wc++26-extensions"
 
-export module cgt.backend:handles;
+export module cgt.core:handles;
 import :error;
 import :options;
 import :info;

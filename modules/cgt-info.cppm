@@ -1,4 +1,4 @@
-// cgt.backend:info — what a pool can tell about itself: counters, memory, kinds of calls and nodes.
+// cgt.core:info — what a pool can tell about itself: counters, memory, kinds of calls and nodes.
 module;
 #include <array>
 #include <cstddef>
@@ -6,7 +6,7 @@ module;
 #include <string>
 #include <string_view>
 
-export module cgt.backend:info;
+export module cgt.core:info;
 import :options;
 
 export namespace cgt {

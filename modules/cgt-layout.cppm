@@ -1,4 +1,4 @@
-// cgt.backend:layout — element types and strided layouts: what a buffer view of the host and cuda backends
+// cgt.core:layout — element types and strided layouts: what a buffer view of the host and cuda backends
 // is, apart from the memory it views.
 module;
 #include <array>
@@ -8,7 +8,7 @@ module;
 #include <string>
 #include <string_view>
 
-export module cgt.backend:layout;
+export module cgt.core:layout;
 import :error;
 
 export namespace cgt {

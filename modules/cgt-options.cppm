@@ -1,4 +1,4 @@
-// cgt.backend:options — how a pool and its functions behave, and how the pool reports its decisions.
+// cgt.core:options — how a pool and its functions behave, and how the pool reports its decisions.
 module;
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +8,7 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.backend:options;
+export module cgt.core:options;
 
 export namespace cgt {
 

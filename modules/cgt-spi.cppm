@@ -1,4 +1,4 @@
-// cgt.backend:spi — the interface a backend (host, cuda, torch) implements for the tree engine.
+// cgt.core:spi — the interface a backend (host, cuda, torch) implements for the tree engine.
 // Users of cgt do not need anything here; backend authors do. The engine in src/core knows a
 // device only through these types.
 module;
@@ -14,7 +14,7 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.backend:spi;
+export module cgt.core:spi;
 import :error;
 import :info;
 import :options;

@@ -60,12 +60,12 @@
 //
 // This module is the whole user's surface: the names below, and what the backend modules add in
 // their namespaces (`cgt::host`, `cgt::cuda`, `cgt::torch`). A backend of your own is written
-// against `cgt.backend` (modules/cgt.backend.cppm), which also has the backend interface
+// against `cgt.core` (modules/cgt.core.cppm), which also has the backend interface
 // (`cgt::backend::Device`, ...) and the `cgt::Arena` allocator; `cgt` re-exports only the user's
 // names from it (as `import std;` re-exports the standard library's names).
 module;
 export module cgt;
-import cgt.backend;
+import cgt.core;
 
 // clang-tidy 19 takes an exported using-declaration for an unused one.
 // NOLINTBEGIN(misc-unused-using-decls)

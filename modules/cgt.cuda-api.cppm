@@ -14,7 +14,7 @@ module;
 
 export module cgt.cuda:api;
 // The core and the backend interface; importers of cgt.cuda get `cgt` only.
-import cgt.backend;
+import cgt.core;
 
 export namespace cgt::cuda {
 

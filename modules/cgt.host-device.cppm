@@ -14,7 +14,7 @@ module;
 
 export module cgt.host:device;
 // The core and the backend interface; importers of cgt.host get `cgt` only.
-import cgt.backend;
+import cgt.core;
 import :buffer;
 
 export namespace cgt::host {

@@ -20,4 +20,4 @@ export module cgt.host;
 export import cgt;
 export import :buffer;  // Buffer, copy, ElementType (cgt::ElementType)
 export import :device;  // Context, Inputs, Values, Stream, Graph, Device, PoolOptions, make_pool, Pool...,
-                        // Arena, ArenaOptions (the allocator of cgt.backend)
+                        // Arena, ArenaOptions (the allocator of cgt.core)

@@ -35,7 +35,7 @@ class AOTIModelPackageLoader;
 
 export module cgt.torch:api;
 // The core and the backend interface; importers of cgt.torch get `cgt` only.
-import cgt.backend;
+import cgt.core;
 
 export namespace cgt::torch {
 

@@ -8,7 +8,7 @@
 namespace cgt_test::engine_side {
 
 // One per member of backend::Device a program could name (those whose parameters are engine types
-// cannot be named outside cgt.backend at all).
+// cannot be named outside cgt.core at all).
 template <class D>
 concept shutdown = requires(D& d) { d.shutdown(); };
 template <class D>

@@ -1,4 +1,4 @@
-// cgt.backend:engine (internal) — the tree engine's state: functions and their shape variants, the tree of
+// cgt.core:engine (internal) — the tree engine's state: functions and their shape variants, the tree of
 // nodes, the storages that outputs view, the current path. The per-call algorithm lives in the
 // engine_*.cpp units beside this file.
 module;
@@ -22,7 +22,7 @@ module;
 
 #include "generation_rule.hpp"
 
-export module cgt.backend:engine;
+export module cgt.core:engine;
 import :error;
 import :options;
 import :info;

@@ -10,7 +10,7 @@ module;
 
 #include "generation_rule.hpp"
 
-module cgt.backend;
+module cgt.core;
 import :engine;
 
 namespace cgt::detail {

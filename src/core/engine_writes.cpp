@@ -11,7 +11,7 @@ module;
 #include <string>
 #include <utility>
 
-module cgt.backend;
+module cgt.core;
 import :engine;
 
 namespace cgt::detail {

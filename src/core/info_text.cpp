@@ -5,7 +5,7 @@ module;
 #include <string>
 #include <string_view>
 
-module cgt.backend;
+module cgt.core;
 
 namespace cgt {
 namespace {

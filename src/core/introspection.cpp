@@ -10,7 +10,7 @@ module;
 #include <string>
 #include <vector>
 
-module cgt.backend;
+module cgt.core;
 import :engine;
 
 namespace cgt {

@@ -14,7 +14,7 @@ module;
 #include <type_traits>
 #include <utility>
 
-module cgt.backend;
+module cgt.core;
 
 namespace cgt {
 namespace {

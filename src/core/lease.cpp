@@ -14,7 +14,7 @@ module;
 #include <utility>
 #include <vector>
 
-module cgt.backend;
+module cgt.core;
 import :engine;
 
 namespace cgt::detail {

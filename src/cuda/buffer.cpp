@@ -13,7 +13,7 @@ module;
 #include <vector>
 
 module cgt.cuda;
-import cgt.backend;
+import cgt.core;
 import :internal;
 
 namespace cgt::cuda {

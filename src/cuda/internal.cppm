@@ -10,7 +10,7 @@ module;
 #include <string>
 
 module cgt.cuda:internal;
-import cgt.backend;
+import cgt.core;
 
 #include "cuda_status.hpp"  // in the purview: it names cgt types (see there)
 

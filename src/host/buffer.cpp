@@ -11,7 +11,7 @@ module;
 #include <utility>
 
 module cgt.host;
-import cgt.backend;
+import cgt.core;
 
 namespace cgt::host {
 

@@ -15,7 +15,7 @@ module;
 #include <vector>
 
 module cgt.host;
-import cgt.backend;
+import cgt.core;
 
 namespace cgt::host {
 namespace {

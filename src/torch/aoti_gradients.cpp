@@ -11,7 +11,7 @@ module;
 #include <vector>
 
 module cgt.torch;
-import cgt.backend;
+import cgt.core;
 import :model_runner;
 
 namespace cgt::torch {

@@ -39,7 +39,7 @@ module;
 #include <vector>
 
 module cgt.torch;
-import cgt.backend;
+import cgt.core;
 
 namespace cgt::torch {
 

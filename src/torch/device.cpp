@@ -28,7 +28,7 @@ module;
 #include <vector>
 
 module cgt.torch;
-import cgt.backend;
+import cgt.core;
 import :internal;
 
 namespace cgt::torch {

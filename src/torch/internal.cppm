@@ -32,7 +32,7 @@ module;
 #include <vector>
 
 module cgt.torch:internal;
-import cgt.backend;
+import cgt.core;
 import :api;
 
 #include "cuda_status.hpp"  // in the purview: it names cgt types (see there)

@@ -19,7 +19,7 @@ class AOTIModelPackageLoader;
 }  // namespace torch::inductor
 
 module cgt.torch:model_runner;
-import cgt.backend;
+import cgt.core;
 import :api;
 
 namespace cgt::torch {

@@ -1,7 +1,7 @@
 // Must not compile: `import cgt;` (with a backend module) gives a program the user's names only.
-// What backend authors need is in `import cgt.backend;`, and the engine's plumbing is exported by
+// What backend authors need is in `import cgt.core;`, and the engine's plumbing is exported by
 // no module. Each marked line names one of them and must fail with clang's "must be imported
-// from module 'cgt.backend'" (the name exists, but no import makes it visible here) or, for the
+// from module 'cgt.core'" (the name exists, but no import makes it visible here) or, for the
 // static `Pool::adopt` that backends once used, "no member named". Clang makes a hidden name's
 // neighbours visible once it reported one, so each line is compiled on its own: the build defines
 // HIDDEN_NAME to its number. (`user_surface.cpp` is the other side.)

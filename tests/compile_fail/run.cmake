@@ -43,7 +43,7 @@ set(what "deleted-borrow")
 if(ERRORS STREQUAL "hidden")
   # Clang says "declaration of 'X' must be imported from module 'M' before it is required" for a
   # name that exists in a module the TU reaches but that no import makes visible.
-  string(REGEX MATCHALL "error: (declaration of '[^']+' must be imported from module 'cgt\\.backend' before it is required|no member named 'adopt' in [^\n]*)"
+  string(REGEX MATCHALL "error: (declaration of '[^']+' must be imported from module 'cgt\\.core' before it is required|no member named 'adopt' in [^\n]*)"
          deleted "${output}")
   set(what "not-exported-name")
 endif()

@@ -25,7 +25,7 @@
 import cgt;
 import cgt.host;
 // A fake device stands in for the host one, through the backend interface.
-import cgt.backend;
+import cgt.core;
 
 #include "scenario/scenarios.hpp"
 #include "host/harness.hpp"
@@ -95,8 +95,10 @@ class FlakyDevice final : public cgt::backend::Device {
   void shutdown() override { inner.shutdown(); }
 
  private:
-  std::unique_ptr<cgt::backend::Invoker> leaker_ = cgt::host::Backend::make_invoker(
-      [](cgt::host::Context& ctx, cgt::host::Inputs /*in*/) { return cgt::host::Values{ctx.allocate(ElementType::f32, {16})}; });
+  std::unique_ptr<cgt::backend::Invoker> leaker_ =
+      cgt::host::Backend::make_invoker([](cgt::host::Context& ctx, cgt::host::Inputs /*in*/) {
+        return cgt::host::Values{ctx.allocate(ElementType::f32, {16})};
+      });
   std::optional<cgt::backend::RunResult> leaked_;
 
   class FlakyRecording final : public cgt::backend::Recording {

@@ -21,7 +21,7 @@
 import cgt;
 import cgt.host;
 // Drives the host device through the backend interface.
-import cgt.backend;
+import cgt.core;
 
 namespace {
 

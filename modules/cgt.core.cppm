@@ -1,5 +1,5 @@
-// cgt.backend — cgt for backend authors: everything `import cgt;` gives (read modules/cgt.cppm
-// first), plus what a backend needs to put a device under the tree engine.
+// cgt.core — the engine's module: the user's names, which `cgt` re-exports (read modules/cgt.cppm
+// first), and what a backend needs to put a device under the tree engine.
 //
 // A program that uses a backend imports `cgt` and the backend's module (`cgt.host`, `cgt.cuda`,
 // `cgt.torch`); only the code of a backend, and tests that stand a fake device in for one, import
@@ -15,7 +15,7 @@
 // The engine's plumbing (`cgt::detail`: engine handles, lease state, argument sources) is not
 // exported from here either: the handle templates use it where they are defined.
 module;
-export module cgt.backend;
+export module cgt.core;
 
 export import :error;      // Errc, Error, Result<T>, fail
 export import :version;    // Version, version, version_string: which cgt this is
