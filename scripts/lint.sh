@@ -30,6 +30,10 @@ done)
 # finding. The fixture proves that findings still come out with it loaded.
 plugin="$build/tidy_scope.so"
 if [ ! -f "$plugin" ] || [ scripts/lint/tidy_scope.cpp -nt "$plugin" ]; then
+  if [ ! -f /usr/lib/llvm-19/include/clang/Frontend/FrontendPluginRegistry.h ]; then
+    echo "lint: the clang-tidy plugin needs clang's headers (libclang-19-dev, llvm-19-dev): run scripts/bootstrap.sh" >&2
+    exit 1
+  fi
   read -ra llvm_flags <<<"$(llvm-config-19 --cxxflags)"
   clang++-19 "${llvm_flags[@]}" -O2 -fPIC -shared -fno-rtti scripts/lint/tidy_scope.cpp -o "$plugin"
 fi
