@@ -28,15 +28,7 @@ done)
 # clang-tidy's checks walk the declarations outside system headers only, as clang-tidy 21 does on
 # its own: scripts/lint/tidy_scope.cpp (a clang plugin) says why, and how it was shown to change no
 # finding. The fixture proves that findings still come out with it loaded.
-plugin="$build/tidy_scope.so"
-if [ ! -f "$plugin" ] || [ scripts/lint/tidy_scope.cpp -nt "$plugin" ]; then
-  if [ ! -f /usr/lib/llvm-19/include/clang/Frontend/FrontendPluginRegistry.h ]; then
-    echo "lint: the clang-tidy plugin needs clang's headers (libclang-19-dev, llvm-19-dev): run scripts/bootstrap.sh" >&2
-    exit 1
-  fi
-  read -ra llvm_flags <<<"$(llvm-config-19 --cxxflags)"
-  clang++-19 "${llvm_flags[@]}" -O2 -fPIC -shared -fno-rtti scripts/lint/tidy_scope.cpp -o "$plugin"
-fi
+plugin=$(bash scripts/lint/plugin.sh "$build")
 fixture_findings=$(clang-tidy-19 --load="$plugin" --quiet --config-file=.clang-tidy scripts/lint/fixture.cpp \
   -- -std=c++23 2>&1 | grep -oE "\[[a-z-]+(,|\])" | sort -u | tr -d '[],' | tr '\n' ' ' || true)
 for expected in cppcoreguidelines-init-variables readability-container-size-empty modernize-use-nodiscard; do

@@ -11,7 +11,7 @@ build="${1:-build}"
 shift || true
 files=("$@")
 [ ${#files[@]} -gt 0 ] || files=(src/core/engine_call.cpp modules/cgt-handles.cppm src/host/device.cpp src/torch/optim.cpp)
-bash scripts/lint.sh "$build" >/dev/null  # builds the plugin (and must pass)
+plugin=$(bash scripts/lint/plugin.sh "$build")
 checks='*,-llvmlibc-*,-fuchsia-*,-altera-*,-llvm-header-guard'
 findings() {  # file [--load=plugin]
   clang-tidy-19 ${2:+"$2"} -p "$build" --quiet --checks="$checks" --warnings-as-errors='' "$1" 2>/dev/null |
@@ -20,7 +20,7 @@ findings() {  # file [--load=plugin]
 status=0
 for f in "${files[@]}"; do
   without=$(findings "$f")
-  with=$(findings "$f" --load="$build/tidy_scope.so")
+  with=$(findings "$f" --load="$plugin")
   if [ "$without" == "$with" ]; then
     echo "$f: $(grep -c . <<<"$with") findings with every check on, the same with the plugin"
   else
