@@ -101,12 +101,15 @@ class HostRecording final : public backend::Recording {
   }
 
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
-    for (const Copy& copy : copies_) {
+    for (Copy& copy : copies_) {
       const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
-      // The source fits its storage (Backend::describe checked it). Same sizes (the shape key says so) and type (the
-      // engine checks every call's element types against the first call's); with the slot's strides (a dense slot), one
-      // memcpy will do.
-      if (copy.dense && same_strides(source, copy.slot)) {
+      // The source fits its storage (Backend::describe checked it). Same sizes and strides (the shape key says so: a
+      // graph replays only for calls of its key) and type (the engine checks every call's element types against the
+      // first call's): whether one memcpy will do is the same for every replay, decided at the first.
+      if (copy.by_memcpy == Copy::Way::unknown) {
+        copy.by_memcpy = copy.dense && same_strides(source, copy.slot) ? Copy::Way::memcpy : Copy::Way::elementwise;
+      }
+      if (copy.by_memcpy == Copy::Way::memcpy) {
         std::memcpy(copy.slot.data(), source.data(), copy.bytes);
       } else {
         host::copy(source, copy.slot);
@@ -127,10 +130,12 @@ class HostRecording final : public backend::Recording {
 
  private:
   struct Copy {
+    enum class Way : std::uint8_t { unknown, memcpy, elementwise };
     std::size_t input;
     Buffer slot;
     bool dense;  // no gaps, overlap or broadcast: a copy with equal strides is one memcpy
     std::size_t bytes;
+    Way by_memcpy = Way::unknown;
   };
   Graph graph_;
   std::vector<Copy> copies_;
