@@ -23,8 +23,8 @@ namespace cgt::detail {
 class Engine;  // the tree and its state, defined in src/core
 struct Cell;   // one output storage and the leases on it
 
-void retain(Engine& engine) noexcept;
-void release(Engine& engine) noexcept;
+void retain(Engine& engine, std::uint32_t count = 1) noexcept;
+void release(Engine& engine, std::uint32_t count = 1) noexcept;
 
 /// Shared ownership of an engine: every handle that needs the pool's memory holds one.
 /// (Members are declared `inline`: in a named module, in-class definitions are not implicitly
@@ -37,6 +37,14 @@ class EngineRef {
   }
   inline EngineRef(const EngineRef& other) noexcept : EngineRef(other.engine_) {}
   inline EngineRef(EngineRef&& other) noexcept : engine_(std::exchange(other.engine_, nullptr)) {}
+  /// Takes over a reference the caller counted already (`retain(engine, n)` for n handles at once).
+  [[nodiscard]] inline static EngineRef adopt(Engine* engine) noexcept {
+    EngineRef ref;
+    ref.engine_ = engine;
+    return ref;
+  }
+  /// Lets go of the engine without counting the reference down: the caller does, for several at once.
+  inline Engine* forget() noexcept { return std::exchange(engine_, nullptr); }
   inline EngineRef& operator=(EngineRef other) noexcept {
     std::swap(engine_, other.engine_);
     return *this;
@@ -88,9 +96,40 @@ struct LeaseCore {
 /// True while the lease can hand out its value.
 [[nodiscard]] bool lease_is_valid(const LeaseCore& lease) noexcept;
 
+/// A block for up to `kLeaseBlock` leases that this thread freed before, or null (lease.cpp).
+[[nodiscard]] void* take_lease_block() noexcept;
+/// Keeps a block of `kLeaseBlock` leases for the thread's next call; false when the thread keeps
+/// enough already (the caller frees it).
+[[nodiscard]] bool keep_lease_block(void* block) noexcept;
+inline constexpr std::size_t kLeaseBlock = 8;
+
+/// Allocates the lease arrays of calls' outputs. A program calling in a loop allocates and frees
+/// one array per call: arrays of up to `kLeaseBlock` leases are kept per thread for the next call,
+/// where malloc and free cost a tenth of a replay's bookkeeping.
+template <class T>
+struct LeaseAllocator {
+  using value_type = T;
+  inline LeaseAllocator() = default;
+  template <class U>
+  inline LeaseAllocator(const LeaseAllocator<U>& /*other*/) noexcept {}  // NOLINT(google-explicit-constructor)
+  [[nodiscard]] inline T* allocate(std::size_t n) {
+    if (n > kLeaseBlock) return std::allocator<T>().allocate(n);
+    if (void* kept = take_lease_block()) return static_cast<T*>(kept);
+    return std::allocator<T>().allocate(kLeaseBlock);  // any small array gets a whole block
+  }
+  inline void deallocate(T* block, std::size_t n) noexcept {
+    if (n > kLeaseBlock) return std::allocator<T>().deallocate(block, n);
+    if (!keep_lease_block(block)) std::allocator<T>().deallocate(block, kLeaseBlock);
+  }
+  friend bool operator==(const LeaseAllocator& /*a*/, const LeaseAllocator& /*b*/) noexcept { return true; }
+};
+
+/// The leases of one call's outputs.
+using LeaseArray = std::vector<LeaseCore, LeaseAllocator<LeaseCore>>;
+
 /// What one call produced.
 struct CallOutputs {
-  std::vector<LeaseCore> leases;
+  LeaseArray leases;
   CallKind kind = CallKind::eager;
   std::int64_t node = -1;
 };
@@ -104,7 +143,10 @@ struct CallOutputs {
 class ArgSource {
  public:
   [[nodiscard]] virtual std::size_t size() const noexcept = 0;
-  [[nodiscard]] virtual Result<void> describe(std::size_t i, backend::ArgSlot& slot, backend::ArgDesc& desc) const = 0;
+  /// Describes every argument into `slots` and `descs` (`size()` of each), in one call: a replay
+  /// describes them all. An error has `Error::input` set to the argument that failed.
+  [[nodiscard]] virtual Result<void> describe(std::span<backend::ArgSlot> slots,
+                                              std::span<backend::ArgDesc> descs) const = 0;
 
  protected:
   ~ArgSource() = default;

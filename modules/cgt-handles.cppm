@@ -352,7 +352,7 @@ class Outputs {
                                             std::to_string(leases_.size()) + " outputs (none if it was moved from)");
   }
 
-  mutable std::vector<detail::LeaseCore> leases_;
+  mutable detail::LeaseArray leases_;
   CallKind kind_ = CallKind::eager;
   std::int64_t node_ = -1;
 };
@@ -405,8 +405,15 @@ class Function {
    public:
     explicit Source(std::span<const Arg<B>> args) noexcept : args_(args) {}
     [[nodiscard]] std::size_t size() const noexcept override { return args_.size(); }
-    [[nodiscard]] Result<void> describe(std::size_t i, backend::ArgSlot& slot, backend::ArgDesc& desc) const override {
-      return args_[i].describe(slot, desc, is_first_consumer(i));
+    [[nodiscard]] Result<void> describe(std::span<backend::ArgSlot> slots,
+                                        std::span<backend::ArgDesc> descs) const override {
+      for (std::size_t i = 0; i < args_.size(); ++i) {
+        if (auto described = args_[i].describe(slots[i], descs[i], is_first_consumer(i)); !described) [[unlikely]] {
+          described.error().input = static_cast<std::int32_t>(i);
+          return described;
+        }
+      }
+      return {};
     }
 
    private:

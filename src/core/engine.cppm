@@ -719,7 +719,8 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 [[nodiscard]] LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
                                    std::uint32_t function, std::uint32_t output);
 /// Makes the empty `lease` a lease on `cell` for a value the engine (a recording) owns: the
-/// replay's hot path, filling leases in place.
+/// replay's hot path, filling leases in place. REQUIRES: the caller counted the lease's reference
+/// to `engine` already (`retain(engine, n)` for a call's n leases); the lease adopts it.
 void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
               std::uint32_t output) noexcept;
 

@@ -101,16 +101,13 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
 // Reads every argument's description into `slots` and `descs`; an error names the input.
 Result<void> describe_arguments(const ArgSource& source, const std::string& function, std::span<backend::ArgSlot> slots,
                                 std::span<backend::ArgDesc> descs) {
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    if (auto described = source.describe(i, slots[i], descs[i]); !described) {
-      Error error = std::move(described.error());
-      error.message = "input " + std::to_string(i) + " of " + quoted(function) + ": " + error.message;
-      error.function = function;
-      error.input = static_cast<std::int32_t>(i);
-      return std::unexpected(std::move(error));
-    }
+  auto described = source.describe(slots, descs);
+  if (!described) [[unlikely]] {
+    Error& error = described.error();
+    error.message = "input " + std::to_string(error.input) + " of " + quoted(function) + ": " + error.message;
+    error.function = function;
   }
-  return {};
+  return described;
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::ui
 
 void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
               std::uint32_t output) noexcept {
-  lease.engine = EngineRef(&engine);
+  lease.engine = EngineRef::adopt(&engine);
   if (cell != nullptr) {
     cell->add_lease(engine.lives, engine.generation_rule.current());
     if (engine.stamps_values) engine.device->stamp(value, cell->life());
@@ -39,6 +39,7 @@ void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, s
 LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
                      std::uint32_t function, std::uint32_t output) {
   LeaseCore lease;
+  retain(engine);
   lease_to(lease, engine, cell, value, function, output);
   lease.owner = std::move(owner);
   return lease;

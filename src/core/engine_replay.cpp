@@ -154,10 +154,12 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   CallOutputs out;
   out.kind = CallKind::replay;
   out.node = node.id();
-  out.leases.reserve(node.output_count());
-  for (std::size_t i = 0; i < node.output_count(); ++i) {
-    LeaseCore& lease = out.leases.emplace_back();
-    lease_to(lease, *this, node.cells()[i].get(), recording.output(i), function.id, static_cast<std::uint32_t>(i));
+  const std::size_t count = node.output_count();
+  out.leases.reserve(count);
+  retain(*this, static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
+  for (std::size_t i = 0; i < count; ++i) {
+    lease_to(out.leases.emplace_back(), *this, node.cells()[i].get(), recording.output(i), function.id,
+             static_cast<std::uint32_t>(i));
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   consume_arguments(frame);

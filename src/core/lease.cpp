@@ -116,31 +116,79 @@ void lease_drop(LeaseCore& lease) noexcept {
 }
 
 void leases_drop(std::span<LeaseCore> leases) noexcept {
-  // A call's leases share one engine: their cells go under one hold of its state.
-  std::array<Cell*, 8> few{};
-  std::vector<Cell*> many;  // only for a call with more outputs than `few` holds
-  if (leases.size() > few.size()) many.reserve(leases.size());
+  // A call's leases share one engine: their cells go under one hold of its state (eight at a time),
+  // and their references to it in one count. A lease of another engine (none of a call's) is
+  // dropped on its own.
   Engine* engine = nullptr;
+  std::array<Cell*, 8> cells{};
   std::size_t count = 0;
   for (LeaseCore& lease : leases) {
+    if (!lease.engine) continue;
+    if (engine == nullptr) engine = lease.engine.get();
+    if (lease.engine.get() != engine) {
+      lease_drop(lease);
+      continue;
+    }
     Cell* cell = std::exchange(lease.cell, nullptr);
     if (cell == nullptr) continue;
-    engine = lease.engine.get();
-    if (many.capacity() > 0) {
-      many.push_back(cell);
-    } else {
-      few[count] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < leases.size() <= 8
+    cells[count++] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < 8 here
+    if (count == cells.size()) {
+      engine->drop_leases(cells);
+      count = 0;
     }
-    ++count;
   }
-  if (engine != nullptr) {
-    engine->drop_leases(many.capacity() > 0 ? std::span<Cell* const>(many) : std::span<Cell* const>(few.data(), count));
-  }
+  if (count > 0) engine->drop_leases({cells.data(), count});
+  std::uint32_t references = 0;
   for (LeaseCore& lease : leases) {  // engine references last: they may be the engine's last
     lease.value = nullptr;
     lease.owner.reset();
-    lease.engine = EngineRef();
+    if (lease.engine.forget() != nullptr) ++references;
   }
+  if (references > 0) release(*engine, references);
+}
+
+namespace {
+
+// The lease blocks this thread freed (`LeaseAllocator`), freed at its exit. A lease array freed
+// after that (a static holding outputs, destroyed after the thread's locals) is freed at once.
+class LeaseBlocks {
+ public:
+  LeaseBlocks() = default;
+  LeaseBlocks(const LeaseBlocks&) = delete;
+  LeaseBlocks& operator=(const LeaseBlocks&) = delete;
+  ~LeaseBlocks() {
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::allocator<LeaseCore>().deallocate(static_cast<LeaseCore*>(kept_.at(i)), kLeaseBlock);
+    }
+    count_ = 0;
+    closed_ = true;
+  }
+  [[nodiscard]] void* take() noexcept { return count_ > 0 ? kept_.at(--count_) : nullptr; }
+  [[nodiscard]] bool keep(void* block) noexcept {
+    if (closed_ || count_ == kept_.size()) return false;
+    kept_.at(count_++) = block;
+    return true;
+  }
+
+ private:
+  std::array<void*, 4> kept_{};  // a program holding a few calls' outputs at a time
+  std::size_t count_ = 0;
+  bool closed_ = false;
+};
+
+LeaseBlocks& lease_blocks() noexcept {
+  thread_local LeaseBlocks blocks;
+  return blocks;
+}
+
+}  // namespace
+
+void* take_lease_block() noexcept {
+  return lease_blocks().take();
+}
+
+bool keep_lease_block(void* block) noexcept {
+  return lease_blocks().keep(block);
 }
 
 bool lease_is_valid(const LeaseCore& lease) noexcept {

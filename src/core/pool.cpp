@@ -35,13 +35,13 @@ Engine::~Engine() {
   graph_nodes.clear();
 }
 
-void retain(Engine& engine) noexcept {
-  engine.refs.fetch_add(1, std::memory_order_relaxed);
+void retain(Engine& engine, std::uint32_t count) noexcept {
+  engine.refs.fetch_add(count, std::memory_order_relaxed);
 }
 
-void release(Engine& engine) noexcept {
+void release(Engine& engine, std::uint32_t count) noexcept {
   // The last handle may go on any thread; acq_rel orders every use before the delete.
-  if (engine.refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+  if (engine.refs.fetch_sub(count, std::memory_order_acq_rel) == count) {
     delete &engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
   }
 }
