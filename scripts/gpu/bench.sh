@@ -37,6 +37,22 @@ cmd_bench() {
   cat "$logs/training-report.log"
 }
 
+# overhead [calls]: only the CPU cost per call of bench's overhead table (gpu_bench and PyTorch's
+# Python trees taking turns in rounds), for a change to the call path; writes overhead.md.
+cmd_overhead() {
+  local calls="${1:-3000}" rounds=3 round
+  keep+=(results.csv overhead.md overhead.png)
+  configure
+  build gpu_bench
+  : >"$logs/results.csv"
+  for round in $(seq "$rounds"); do
+    measure "gpu_bench overhead, round $round" cpp.log 0 "$build/bench/gpu_bench" overhead $((calls / rounds)) || exit 1
+    measure "pytorch_trees overhead, round $round" pytorch.log 0 python3 bench/pytorch_trees.py overhead $((calls / rounds)) || exit 1
+  done
+  step "report" report.log 0 python3 bench/report.py "$logs/results.csv" "$logs" "$commit" "$gpu"
+  sed -n '/^==> overhead.md/,/^==> memory.md/p' "$logs/report.log" | sed '$d'
+}
+
 # bench-models [calls] [model...]: BERT-base and ResNet-18 (bert, resnet; default both) with random
 # weights, exported here from the machine's transformers / torchvision (nothing downloaded), served
 # by eager PyTorch, reduce-overhead, eager libtorch and cgt.torch (TorchScript and AOTInductor);
