@@ -18,13 +18,21 @@ module;
 #include <ATen/ops/_fused_adam.h>
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
 #include <c10/core/GradMode.h>
+#include <c10/cuda/CUDAStream.h>
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <expected>
+#include <iterator>
 #include <memory>
 #include <span>
 #include <string>
@@ -63,9 +71,12 @@ class Optimizer::State {
   State& operator=(const State&) = delete;
   virtual ~State() = default;
 
-  // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`)
-  // and step counts; fails with `invalid_argument` naming the first unusable parameter.
-  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads);
+  // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`),
+  // step counts and learning rate (`lr`); fails with `invalid_argument` naming the first unusable
+  // parameter.
+  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads, double lr);
+  // Writes `lr` to the device (see Optimizer::set_lr).
+  [[nodiscard]] Result<void> set_lr(double lr);
   void step();
   void step(std::span<const at::Tensor> grads);
   void zero_grad(bool set_to_none);
@@ -76,6 +87,14 @@ class Optimizer::State {
   std::vector<at::Tensor> steps_;
   std::vector<std::size_t> all_;  // 0, 1, ..., n-1
   bool static_grads_ = true;
+  // The learning rate, where the update reads it: a float32 scalar on each device of the
+  // parameters (the fused kernels read a float there), and per parameter its device's; `lr_` is
+  // the value last written.
+  std::vector<at::Tensor> lr_by_device_;
+  std::vector<at::Tensor> lrs_;
+  double lr_ = 0;
+  LrSchedule schedule_;
+  std::int64_t scheduled_steps_ = 0;
 
  protected:
   // The update of the parameters at `index` (all of them, or those with a gradient), whose
@@ -142,6 +161,52 @@ Result<void> Optimizer::attach_grads() {
   return state_->attach_grads();
 }
 
+Result<void> Optimizer::set_lr(double lr) {
+  if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::set_lr"));
+  return state_->set_lr(lr);
+}
+
+double Optimizer::lr() const noexcept {
+  return state_ != nullptr ? state_->lr_ : 0;
+}
+
+Result<void> Optimizer::set_schedule(LrSchedule schedule, std::int64_t start) {
+  if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::set_schedule"));
+  if (start < 0) {
+    return fail(Errc::invalid_argument,
+                "set_schedule: the step to start from is " + std::to_string(start) + "; steps count from 0");
+  }
+  state_->schedule_ = std::move(schedule);
+  state_->scheduled_steps_ = start;
+  return {};
+}
+
+std::int64_t Optimizer::scheduled_steps() const noexcept {
+  return state_ != nullptr ? state_->scheduled_steps_ : 0;
+}
+
+Result<void> Optimizer::take_scheduled_lr() {
+  if (state_ == nullptr || !state_->schedule_) return {};
+  double rate = 0;
+  try {
+    rate = state_->schedule_(state_->scheduled_steps_);
+  } catch (const std::exception& e) {
+    return fail(Errc::function_failed, "the learning-rate schedule threw at step " +
+                                           std::to_string(state_->scheduled_steps_) + ": " + e.what());
+  }
+  if (auto set = state_->set_lr(rate); !set) {
+    Error error = std::move(set.error());
+    error.message =
+        "the learning-rate schedule at step " + std::to_string(state_->scheduled_steps_) + ": " + error.message;
+    return std::unexpected(std::move(error));
+  }
+  return {};
+}
+
+void Optimizer::count_scheduled_step() noexcept {
+  if (state_ != nullptr && state_->schedule_) ++state_->scheduled_steps_;
+}
+
 bool Optimizer::has_static_grads() const noexcept {
   return state_ != nullptr && state_->static_grads_;
 }
@@ -187,7 +252,7 @@ const SGDOptions& SGD::options() const noexcept {
   return state != nullptr ? state->options_ : defaults;
 }
 
-Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static_grads) {
+Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static_grads, double lr) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     if (auto ok = check_param(params[i], i); !ok) return ok;
     for (std::size_t j = 0; j < i; ++j) {
@@ -210,12 +275,51 @@ Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static
       }
       steps_.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
       all_.push_back(i);
+      const auto same_device = [&p](const at::Tensor& t) { return t.device() == p.device(); };
+      auto rate = std::ranges::find_if(lr_by_device_, same_device);
+      if (rate == lr_by_device_.end()) {
+        lr_by_device_.push_back(at::full({}, lr, p.options().dtype(at::kFloat).requires_grad(false)));
+        rate = std::prev(lr_by_device_.end());
+      }
+      lrs_.push_back(*rate);
     }
   } catch (const std::exception& e) {
     return fail(Errc::backend_error, std::string("making the optimizer's state: ") + e.what());
   }
   params_ = std::move(params);
   static_grads_ = static_grads;
+  lr_ = lr;
+  return {};
+}
+
+namespace {
+
+// Whether the current stream of `device` is capturing a graph (a pool function being recorded).
+bool is_capturing(const at::Device& device) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t asked = cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &status);
+  return asked != cudaSuccess || status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+Result<void> Optimizer::State::set_lr(double lr) {
+  if (!std::isfinite(lr) || lr < 0) {
+    return fail(Errc::invalid_argument, "the learning rate must be finite and >= 0, not " + std::to_string(lr));
+  }
+  for (const at::Tensor& rate : lr_by_device_) {
+    if (!is_capturing(rate.device())) continue;
+    return fail(Errc::invalid_argument,
+                "set_lr while the current stream captures a graph (inside a pool function): the write would be "
+                "recorded, and every replay would set this rate again; set the rate between steps, or give the "
+                "optimizer a schedule (set_schedule)");
+  }
+  try {
+    for (const at::Tensor& rate : lr_by_device_) rate.fill_(lr);  // a kernel on the current stream: no wait
+  } catch (const std::exception& e) {
+    return fail(Errc::backend_error, std::string("writing the learning rate: ") + e.what());
+  }
+  lr_ = lr;
   return {};
 }
 
@@ -315,7 +419,7 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
   }
   auto state = std::make_shared<Adam::State>();
   state->options_ = options;
-  if (auto ok = state->adopt(std::move(params), options.static_grads); !ok) {
+  if (auto ok = state->adopt(std::move(params), options.static_grads, options.lr); !ok) {
     return std::unexpected(std::move(ok.error()));
   }
   try {
@@ -378,15 +482,17 @@ void Adam::State::update(const std::vector<std::size_t>& index, std::vector<at::
     update_multi_tensor(index, std::move(grads));
     return;
   }
-  // The steps are counted first (the kernel reads them), then every tensor is updated in one pass.
+  // The steps are counted first (the kernel reads them), then every tensor is updated in one pass,
+  // at the learning rate on the device (one device: the kernel takes the parameters of one).
   const auto& o = options_;
+  const at::Tensor& lr = lrs_[index.front()];
   at::_foreach_add_(steps, 1);
   if (o.decoupled_weight_decay) {
-    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr, o.beta1, o.beta2,
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, o.beta1, o.beta2,
                       o.weight_decay, o.eps, o.amsgrad, /*maximize=*/false);
   } else {
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o.lr, o.beta1, o.beta2,
-                     o.weight_decay, o.eps, o.amsgrad, /*maximize=*/false);
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, o.beta1, o.beta2, o.weight_decay,
+                     o.eps, o.amsgrad, /*maximize=*/false);
   }
 }
 
@@ -397,12 +503,15 @@ void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std
   const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
   const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
   const std::vector<at::Tensor> steps = pick(steps_, index);
+  const std::vector<at::Tensor> lrs = pick(lrs_, index);  // each parameter's device's rate
   const auto& o = options_;
 
   at::_foreach_add_(steps, 1);
   if (o.weight_decay != 0) {
     if (o.decoupled_weight_decay) {
-      at::_foreach_mul_(params, 1 - (o.lr * o.weight_decay));
+      const std::vector<at::Tensor> decay = at::_foreach_mul(lrs, -o.weight_decay);  // 1 - lr * weight_decay
+      at::_foreach_add_(decay, 1);
+      at::_foreach_mul_(params, decay);
     } else {
       grads = at::_foreach_add(grads, params, o.weight_decay);
     }
@@ -417,7 +526,7 @@ void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std
   at::_foreach_sub_(step_size, 1);
   at::_foreach_sub_(correction2_sqrt, 1);
   at::_foreach_neg_(correction2_sqrt);
-  at::_foreach_div_(step_size, o.lr);
+  at::_foreach_div_(step_size, lrs);
   at::_foreach_reciprocal_(step_size);
   at::_foreach_sqrt_(correction2_sqrt);
 
@@ -444,7 +553,7 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   }
   auto state = std::make_shared<SGD::State>();
   state->options_ = options;
-  if (auto ok = state->adopt(std::move(params), options.static_grads); !ok) {
+  if (auto ok = state->adopt(std::move(params), options.static_grads, options.lr); !ok) {
     return std::unexpected(std::move(ok.error()));
   }
   if (options.momentum != 0) {
@@ -479,7 +588,8 @@ void SGD::State::update(const std::vector<std::size_t>& index, std::vector<at::T
       grads = buffers;
     }
   }
-  at::_foreach_add_(params, grads, -o.lr);
+  // params -= lr * grads, at the rate on the device.
+  at::_foreach_sub_(params, at::_foreach_mul(grads, pick(lrs_, index)));
 }
 
 Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, FunctionOptions options) {
@@ -531,8 +641,10 @@ Result<void> OptimizerStep::operator()() const {
                       "zero_grad(true) makes a new one): use zero_grad(false), or attach_grads() before the backward");
     }
   }
+  if (auto rate = optimizer_.take_scheduled_lr(); !rate) return rate;
   auto out = function_(std::span<const Arg>());
   if (!out) return std::unexpected(std::move(out.error()));
+  optimizer_.count_scheduled_step();
   return {};
 }
 

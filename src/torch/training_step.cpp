@@ -139,7 +139,10 @@ Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
   if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "TrainingStep: the step was moved from");
   if (!optimizer_.has_static_grads()) optimizer_.zero_grad(true);
   if (auto attached = optimizer_.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
-  return function_(args);
+  if (auto rate = optimizer_.take_scheduled_lr(); !rate) return std::unexpected(std::move(rate.error()));
+  auto out = function_(args);
+  if (out) optimizer_.count_scheduled_step();
+  return out;
 }
 
 }  // namespace cgt::torch
