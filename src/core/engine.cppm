@@ -1,5 +1,5 @@
-// cgt.core:engine (internal) — the tree engine's state: functions and their shape variants, the tree of
-// nodes, the storages that outputs view, the current path. The per-call algorithm lives in the
+// cgt.core:engine (internal) — the tree engine's state: functions and their shape variants, the tree
+// (its nodes and cells are :tree's), the path (:path). The per-call algorithm lives in the
 // engine_*.cpp units beside this file.
 module;
 #include <expected>
@@ -29,125 +29,10 @@ import :info;
 import :spi;
 import :detail;
 import :handles;
+import :tree;
+import :path;
 
 namespace cgt::detail {
-
-class TreeNode;
-
-/// One storage that outputs view. Liveness is the number of leases on it, nothing else: while a
-/// lease exists the memory is live; when the last lease goes, it is dead. Its liveness changes
-/// only through the methods below.
-struct Cell {  // a struct: declared so in :detail
- public:
-  inline Cell(Engine& engine, backend::StorageHandle storage, std::uint32_t function) noexcept
-      : storage(std::move(storage)), engine(&engine), function(function) {}
-
-  /// The device's handle on the memory (the device fills in its native record; who owns the
-  /// block, the allocator or a replay, changes as the path does).
-  backend::StorageHandle storage;
-  const gsl::not_null<Engine*> engine;
-  const std::uint32_t function;  ///< function that produced it (for messages)
-
-  [[nodiscard]] inline bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
-  [[nodiscard]] inline std::uint32_t leases() const noexcept { return leases_; }
-  /// A new generation took the memory back while leases existed.
-  [[nodiscard]] inline bool is_reclaimed() const noexcept { return reclaimed_; }
-  /// Changes whenever the storage comes to life (its first lease after none): values handed out
-  /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
-  [[nodiscard]] inline std::uint64_t life() const noexcept { return life_; }
-  /// Generation in which the storage was last handed out (for messages).
-  [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
-  /// The memory copied out when it was reclaimed (`copy_out_on_new_step`), or null.
-  [[nodiscard]] inline const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
-
-  /// A lease on it is handed out in `generation`; the first after none brings the memory to life,
-  /// with the next of the engine's `lives`.
-  inline void add_lease(std::uint64_t& lives, std::uint64_t generation) noexcept {
-    ++refs_;
-    if (leases_++ == 0) life_ = ++lives;
-    generation_ = generation;
-  }
-  /// A lease on it goes (its reference is let go by the caller). True when it was the last: the
-  /// memory dies now, and a copy kept for `copy_out_on_new_step` goes with it.
-  [[nodiscard]] inline bool drop_lease() noexcept {
-    if (--leases_ > 0) return false;
-    copied_out_.reset();
-    return true;
-  }
-  /// A new generation takes the memory back while leases hold it; from now on they read `copy` (or
-  /// fail, where there is none).
-  inline void mark_reclaimed(std::shared_ptr<void> copy) noexcept {
-    reclaimed_ = true;
-    copied_out_ = std::move(copy);
-  }
-  /// The call that began the generation failed before its work, with the memory never released: the
-  /// leases read it again, and the copy goes (`Engine::restore_ended_path`).
-  inline void unmark_reclaimed() noexcept {
-    reclaimed_ = false;
-    copied_out_.reset();
-  }
-
- private:
-  friend class CellRef;
-  std::uint32_t refs_ = 0;    ///< owners of this object: leases and nodes
-  std::uint32_t leases_ = 0;  ///< leases on the storage: live while > 0
-  bool reclaimed_ = false;
-  std::uint64_t generation_ = 0;
-  std::uint64_t life_ = 0;
-  std::shared_ptr<void> copied_out_;
-};
-
-/// Shared ownership of a cell by nodes (leases count their reference by hand).
-class CellRef {
- public:
-  CellRef() = default;
-  inline explicit CellRef(Cell* cell) noexcept : cell_(cell) {
-    if (cell_ != nullptr) ++cell_->refs_;
-  }
-  inline CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
-  inline CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
-  CellRef& operator=(CellRef other) noexcept {
-    std::swap(cell_, other.cell_);
-    return *this;
-  }
-  inline ~CellRef() { unref(cell_); }
-  [[nodiscard]] inline Cell* get() const noexcept { return cell_; }
-  Cell* operator->() const noexcept { return cell_; }
-  inline explicit operator bool() const noexcept { return cell_ != nullptr; }
-  friend bool operator==(const CellRef& a, const CellRef& b) noexcept { return a.cell_ == b.cell_; }
-
-  /// Drops one reference, deleting the cell when none is left.
-  inline static void unref(Cell* cell) noexcept {
-    if (cell != nullptr && --cell->refs_ == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
-  }
-
- private:
-  Cell* cell_ = nullptr;
-};
-
-[[nodiscard]] CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function);
-
-/// How an output of a recording relates to other memory (PyTorch's `OutputAliasInfo`).
-enum class AliasKind : std::uint8_t {
-  none,             ///< no value (undefined tensor, empty buffer)
-  new_storage,      ///< a storage this graph allocated
-  alias_of_output,  ///< views the storage of an earlier output of the same call
-  alias_of_prior,   ///< views the storage of an output of an earlier graph of the path
-  external,         ///< not pool memory (a static input, a constant): returned as recorded
-};
-
-struct OutputAlias {
-  AliasKind kind = AliasKind::none;
-  std::uint32_t output = 0;  ///< for alias_of_output
-  PathIndex prior;           ///< for alias_of_prior
-};
-
-/// Per (node, function variant) facts: PyTorch's `num_rerecord`. (Whether a call mutates an input
-/// that is not pool memory is decided for every call from its own inputs, never cached: a cached
-/// answer went stale when a recording failed and a later call passed a caller's buffer.)
-struct ChildFacts {
-  std::uint32_t rerecords = 0;
-};
 
 /// One function at one shape key (PyTorch's FunctionID): nodes of the tree belong to a variant.
 struct Variant {
@@ -205,163 +90,6 @@ inline constexpr std::uintptr_t kInputAlignment = 16;
   return function.is_static[i] && desc.data % kInputAlignment == 0;
 }
 
-/// How a graph reads one input.
-enum class InputUse : std::uint8_t {
-  scalar,           ///< baked into the graph (a scalar is part of the shape key)
-  managed,          ///< pool-managed: an output of an earlier graph of the path, read in place
-  static_in_place,  ///< a static input, aligned: read in place
-  copied,           ///< copied into a pool slot on every replay
-};
-
-/// The nodes under one parent (or the roots of the tree), by variant, with per-variant facts.
-class Children {
- public:
-  /// The nodes of `variant`, in the order they were recorded (empty: none).
-  [[nodiscard]] inline std::span<const std::unique_ptr<TreeNode>> of(std::uint32_t variant) const noexcept {
-    const auto found = by_variant_.find(variant);
-    if (found == by_variant_.end()) return {};
-    return found->second;
-  }
-  [[nodiscard]] inline bool has(std::uint32_t variant) const noexcept { return by_variant_.contains(variant); }
-  /// Variants in the order their first node was added.
-  [[nodiscard]] inline const std::vector<std::uint32_t>& order() const noexcept { return order_; }
-  /// Adds `node` after the others of its variant; returns it.
-  TreeNode& add(std::unique_ptr<TreeNode> node);
-  /// What is known of `variant` at this place of the tree, whether or not a node of it exists.
-  [[nodiscard]] inline ChildFacts& facts(std::uint32_t variant) { return facts_[variant]; }
-  [[nodiscard]] std::size_t count_descendants() const;
-  void clear() noexcept;
-
- private:
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> by_variant_;
-  std::vector<std::uint32_t> order_;
-  std::unordered_map<std::uint32_t, ChildFacts> facts_;
-};
-
-/// A node of the tree: a recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode). The
-/// public `cgt::Node` is a read-only view of one, by id. Its fields derive from one another (a
-/// cell per output, aliases that share cells, liveness snapshots): they change only through the
-/// methods below, each of which keeps them consistent.
-class TreeNode {
- public:
-  /// A node for a call of `variant` right after `parent` (null: a root). Graph nodes are numbered
-  /// from 0 in recording order, warm-up nodes count down from -1.
-  TreeNode(NodeKind kind, std::int64_t id, NodeReason reason, std::uint32_t variant, TreeNode* parent);
-  TreeNode(const TreeNode&) = delete;
-  TreeNode& operator=(const TreeNode&) = delete;
-  ~TreeNode();
-
-  // --- identity, fixed when made ---
-  [[nodiscard]] inline std::int64_t id() const noexcept { return id_; }
-  [[nodiscard]] inline NodeKind kind() const noexcept { return kind_; }
-  [[nodiscard]] inline NodeReason reason() const noexcept { return reason_; }
-  [[nodiscard]] inline std::uint32_t variant() const noexcept { return variant_; }
-  [[nodiscard]] inline TreeNode* parent() const noexcept { return parent_; }
-  /// Root first, ending with this node (PyTorch's path_weakrefs).
-  [[nodiscard]] inline const std::vector<TreeNode*>& path() const noexcept { return path_; }
-  [[nodiscard]] inline std::size_t depth() const noexcept { return path_.size() - 1; }
-  [[nodiscard]] inline Children& children() noexcept { return children_; }
-  [[nodiscard]] inline const Children& children() const noexcept { return children_; }
-  [[nodiscard]] inline std::size_t num_descendants() const { return children_.count_descendants(); }
-
-  // --- inputs (graph nodes) ---
-  /// Records how the graph reads each input, and the address of those it reads in place.
-  void take_inputs(std::span<const InputUse> uses, std::span<const backend::ArgDesc> descs);
-  [[nodiscard]] inline const std::vector<std::uint32_t>& managed_inputs() const noexcept { return managed_inputs_; }
-  [[nodiscard]] inline const std::vector<std::uint32_t>& static_inputs() const noexcept { return static_inputs_; }
-  /// Per input: the data address it was recorded with, if read in place (else 0).
-  [[nodiscard]] inline const std::vector<std::uintptr_t>& recorded_data() const noexcept { return recorded_data_; }
-  /// Per input: copied into a pool slot on every replay.
-  [[nodiscard]] inline const std::vector<bool>& copied_to_slot() const noexcept { return copied_to_slot_; }
-
-  // --- outputs (both kinds) ---
-  /// Takes the outputs of the node's warm-up or recording: where each lives, and how it aliases
-  /// other memory (`AliasKind`): an output viewing a live output of the path or an earlier output
-  /// of this call shares that one's cell; a new storage of the pool gets a new cell. Called before
-  /// the node is entered: the path searched is its parent's.
-  void take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function);
-  [[nodiscard]] inline std::size_t output_count() const noexcept { return output_count_; }
-  /// Per output: the storage it views in the current execution (null: not pool memory).
-  [[nodiscard]] inline const std::vector<CellRef>& cells() const noexcept { return cells_; }
-  [[nodiscard]] inline const std::vector<OutputAlias>& aliases() const noexcept { return aliases_; }
-  /// Per output: the storage address it was made at (0: not pool memory).
-  [[nodiscard]] inline const std::vector<std::uintptr_t>& output_storage() const noexcept { return output_storage_; }
-  /// The cell of output `index.output` of the node at `index.depth` of this node's path.
-  [[nodiscard]] inline const CellRef& cell_at(PathIndex index) const noexcept {
-    return path_[index.depth]->cells_[index.output];
-  }
-  /// The live output of this node's path (root to this node) at `storage`, if any.
-  [[nodiscard]] std::optional<PathIndex> live_output_at(std::uintptr_t storage) const noexcept;
-
-  // --- recording (graph nodes) ---
-  inline void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept {
-    recording_ = std::move(recording);
-  }
-  /// Marks the graph recorded, its outputs handed out: keeps `checkpoint` (the allocator right
-  /// after) and derives, from the path's liveness before the call (`liveness_before`, without this
-  /// node) and now, what must be dead before and after each replay.
-  void mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
-                     const std::vector<std::vector<bool>>& liveness_before);
-  [[nodiscard]] inline backend::Recording* recording() const noexcept { return recording_.get(); }
-  [[nodiscard]] inline const backend::Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
-  /// Path liveness right after recording (with this node).
-  [[nodiscard]] inline const std::vector<std::vector<bool>>& liveness_after() const noexcept { return liveness_after_; }
-  /// Outputs of the path live when the parent was recorded but dead when this was: they must be
-  /// dead before a replay, which reuses their memory.
-  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_before() const noexcept {
-    return expected_dead_before_;
-  }
-  /// Outputs of the path that died during the recording (leases the call consumed): they must die
-  /// during every replay too.
-  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_after() const noexcept {
-    return expected_dead_after_;
-  }
-  /// Everything live right after recording.
-  [[nodiscard]] inline const std::vector<PathIndex>& live_after() const noexcept { return live_after_; }
-
-  // --- replay (engine_replay.cpp: the hot path) ---
-  /// Points each output at the storage this replay writes (a new cell where the last one is
-  /// still held or was reclaimed), and tells the recording if that changed.
-  void bind_outputs_for_replay(Engine& engine);
-
- private:
-  [[nodiscard]] bool is_bound_as_is() const noexcept;
-
-  std::int64_t id_;
-  NodeKind kind_;
-  NodeReason reason_;
-  std::uint32_t variant_;
-  TreeNode* parent_;
-  std::vector<TreeNode*> path_;
-  Children children_;
-
-  std::unique_ptr<backend::Recording> recording_;
-  std::unique_ptr<backend::Checkpoint> checkpoint_;
-  std::vector<std::uint32_t> managed_inputs_;
-  std::vector<std::uint32_t> static_inputs_;
-  std::vector<std::uintptr_t> recorded_data_;
-  std::vector<bool> copied_to_slot_;
-  std::vector<std::vector<bool>> liveness_after_;
-  std::vector<PathIndex> expected_dead_before_;
-  std::vector<PathIndex> expected_dead_after_;
-  std::vector<PathIndex> live_after_;
-
-  std::size_t output_count_ = 0;
-  std::vector<OutputAlias> aliases_;
-  std::vector<CellRef> cells_;
-  std::vector<std::uintptr_t> output_storage_;
-  std::vector<std::size_t> output_bytes_;
-  bool outputs_own_storage_ = false;            ///< every output is new_storage: a replay may skip rebinding
-  std::vector<backend::StorageHandle*> bound_;  ///< storages the recording's outputs view now
-  std::vector<const void*> bound_native_;       ///< and their native records at that time
-};
-
-/// Each node's outputs along `nodes`: live or not.
-[[nodiscard]] std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes);
-
-/// Where the current path is (PyTorch's ExecutionState).
-enum class PathState : std::uint8_t { none, warmup, recording, execution };
-
 /// What a search among the children of the current node found. Each field says one thing,
 /// whatever the others hold.
 struct Match {
@@ -382,21 +110,6 @@ struct Match {
 struct PoolSnapshot {
   std::unique_ptr<backend::Checkpoint> checkpoint;
   std::vector<std::uintptr_t> owned_live;  ///< storages the allocator owned for live leases then
-};
-
-/// The path a new generation ended, while the call that began the generation has not done its work yet
-/// (`Engine::ended_path`). Its live outputs already read as reclaimed, but their memory is still
-/// allocated: a warm-up or a recording allocates around it, and a failing call puts the path back
-/// as it was, so that a call that fails changes nothing the caller holds.
-struct EndedPath {
-  TreeNode* current = nullptr;
-  PathState state = PathState::none;
-  std::uint64_t generation = 0;
-  std::vector<std::unique_ptr<TreeNode>> warmup_chain;
-  std::vector<CellRef> cells;           ///< the outputs live when the path ended
-  std::uint64_t leases_copied_out = 0;  ///< leases on them then, for `Stats` once released
-  std::uint64_t leases_invalidated = 0;
-  bool memory_held = false;  ///< `Engine::hold_ended_path_memory` ran
 };
 
 /// How a bucketed call padded its arguments (`CallFrame::padding`).
@@ -486,21 +199,17 @@ class Engine {
   mutable std::mutex functions_mutex;
   std::vector<std::unique_ptr<Variant>> variants;
   Children roots;
-  std::vector<gsl::not_null<TreeNode*>> graph_nodes;    ///< by id
-  std::vector<std::unique_ptr<TreeNode>> warmup_chain;  ///< warm-up nodes of the current path
-  std::int64_t next_warmup_id = -1;
+  std::vector<gsl::not_null<TreeNode*>> graph_nodes;  ///< by id
+  /// The node the program is at, its state and warm-up nodes, and the path a new generation ended
+  /// (path.cppm, the path's one owner). Its ended record is set by `end_path_if_over` when a new
+  /// generation ends a path with live outputs, and gone before the call does work that may reuse
+  /// their memory (`release_ended_path`: a replay, a recording's checkpoint, a warm-up or eager run
+  /// that succeeded), or when the call fails before that (`restore_ended_path`).
+  Path path;
 
-  TreeNode* current = nullptr;
-  PathState state = PathState::none;
   /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
   GenerationRule generation_rule;
-  std::uint64_t lives = 0;            ///< the last Cell::life given out
-  std::uint64_t path_generation = 0;  ///< the generation in which the current path last ran
-  /// Set by `end_path_if_over` when a new generation ends a path with live outputs; cleared before the
-  /// call does work that may reuse their memory (`release_ended_path`: a replay, a recording's
-  /// checkpoint, a warm-up or eager run that succeeded), or when the call fails before that
-  /// (`restore_ended_path`). Never set between calls.
-  std::optional<EndedPath> ended_path;
+  std::uint64_t lives = 0;  ///< the last Cell::life given out
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
@@ -519,8 +228,6 @@ class Engine {
   [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
   std::optional<Reason> fallback_reason(CallFrame& frame);
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
-  /// Whether `storage` is the memory of an output of the path this call's new generation ended.
-  [[nodiscard]] bool is_output_of_ended_path(std::uintptr_t storage) const noexcept;
   bool mutates_unmanaged_input(CallFrame& frame);
   [[nodiscard]] bool needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept;
 
@@ -601,34 +308,26 @@ class Engine {
   /// Ends the current path if it is over: reclaims it if a new generation began since it last ran, or
   /// ends it if no output of the path is live (at `call_start`, only a path warming up or recording).
   void end_path_if_over(std::uint64_t generation, PathCheck when);
-  [[nodiscard]] bool all_outputs_dead() const;
-  void end_path();
   /// Reclaims the whole path now (shutdown): leases read as reclaimed, memory released.
   void reclaim_path();
-  /// Ends the path for a new generation: its live outputs read as reclaimed from now on, their memory
-  /// stays allocated until `release_ended_path` (kept in `ended_path`).
+  /// Ends the path for a new generation (`Path::end_for_new_generation`): its live outputs read as
+  /// reclaimed from now on, or as their copies (`copy_out_on_new_step`); their memory stays
+  /// allocated until `release_ended_path`.
   void end_path_for_new_generation();
   /// Releases the memory of the path a new generation ended, if any: the call's work may reuse it now.
   void release_ended_path() noexcept;
   /// The call that began a new generation failed before `release_ended_path`: the path and its leases
-  /// are as they were before the call.
+  /// are as they were before the call (`Path::put_back_ended`).
   void restore_ended_path() noexcept;
-  /// Before a warm-up or recording while `ended_path` is set: makes its outputs' memory allocated
-  /// in the pool's allocator, so that the call's work allocates around it. (A replayed path's
-  /// outputs are its graphs' memory, which the allocator counts as free: put it at the ended
-  /// node's checkpoint, with them live, as a warm-up after a replay does.)
+  /// Before a warm-up or recording while the path has an ended record: makes its outputs' memory
+  /// allocated in the pool's allocator, so that the call's work allocates around it
+  /// (`Path::hold_ended_memory`: a replayed path's outputs are restored at its node's checkpoint).
   Result<void> hold_ended_path_memory();
+  /// REQUIRES: a current graph node. ENSURES: the allocator is at its checkpoint, with the path's
+  /// live storages allocated (and owned by the allocator) and the ones that died since freed.
   Result<void> restore_checkpoint();
-  [[nodiscard]] std::span<TreeNode* const> path() const noexcept;
-  [[nodiscard]] std::vector<std::vector<bool>> path_liveness() const;
-  [[nodiscard]] std::optional<PathIndex> live_alias_in_path(std::uintptr_t storage) const;
-  /// The cell of the live output of the path whose storage is `storage`, or null.
-  [[nodiscard]] Cell* live_cell_in_path(std::uintptr_t storage) const;
-  [[nodiscard]] bool is_path_output(std::uintptr_t storage) const;
-  [[nodiscard]] std::vector<Cell*> live_path_cells() const;
   void cell_died(Cell& cell) noexcept;
   void consume_arguments(const CallFrame& frame) noexcept;
-  void enter(TreeNode& node, PathState new_state, const CallFrame& frame);
   ChildFacts& facts_for(std::uint32_t variant);
 
   // --- checks and reporting (engine_checks.cpp) ---

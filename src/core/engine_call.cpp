@@ -349,7 +349,7 @@ bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant
   // cannot follow it on the same path: once warming up, the path warms up until it ends.
   const bool shape_needs_it =
       !variant.warmed_up && !options.skip_warmup && (function.options.warm_up_each_shape || !function.warmed_up_once);
-  return shape_needs_it || state == PathState::warmup || options.force_warmup;
+  return shape_needs_it || path.state() == PathState::warmup || options.force_warmup;
 }
 
 Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
@@ -362,10 +362,10 @@ Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
     if (desc.kind != backend::ArgKind::value || !device->owns(desc.storage)) continue;
     // Live memory is not enough: it may live again for another output since this value escaped
     // (where the backend stamps values, their life number must be the memory's current one).
-    if (const Cell* cell = live_cell_in_path(desc.storage)) {
+    if (const Cell* cell = path.live_cell(desc.storage)) {
       if (!stamps_values || desc.life == cell->life()) continue;
     }
-    if (is_output_of_ended_path(desc.storage)) {
+    if (path.is_output_of_ended(desc.storage)) {
       return fail(Errc::output_overwritten,
                   "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
                       " is an output of the last step, whose memory the new step this call begins reclaims; the "
@@ -388,7 +388,7 @@ bool Engine::mutates_unmanaged_input(CallFrame& frame) {
   bool mutates = false;
   for (std::size_t i = 0; i < frame.descs.size() && !mutates; ++i) {
     mutates = function.is_mutated[i] && frame.descs[i].kind == backend::ArgKind::value &&
-              !is_usable_in_place(function, i, frame.descs[i]) && !is_path_output(frame.descs[i].storage);
+              !is_usable_in_place(function, i, frame.descs[i]) && !path.is_output(frame.descs[i].storage);
   }
   if (mutates && !function.warned_mutation) {
     // Decided per call, and warned once per function, as the reference does.
@@ -432,15 +432,15 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   // function, which is a root. PyTorch tries the roots once no child fits (below); with no child
   // to try, and nothing that would keep the path (a warm-up goes on down it, a rerecord count is
   // per node), that is decided first, and the checks below run once, at the roots.
-  if (state == PathState::execution && current != nullptr && !frame.variant->rerecorded &&
-      !current->children().has(frame.variant->id) && roots.has(frame.variant->id) &&
+  if (path.state() == PathState::execution && path.node() != nullptr && !frame.variant->rerecorded &&
+      !path.node()->children().has(frame.variant->id) && roots.has(frame.variant->id) &&
       !needs_warmup(*frame.function, *frame.variant)) {
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
   }
   if (auto reason = fallback_reason(frame)) return run_eager(frame, *reason);
 
   if (needs_warmup(*frame.function, *frame.variant)) {
-    if (state == PathState::execution) {
+    if (path.state() == PathState::execution) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }
@@ -449,7 +449,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   }
 
   NodeReason reason = NodeReason::first_call;
-  if (state != PathState::recording) {
+  if (path.state() != PathState::recording) {
     const Match match = find_replayable_child(frame);
     if (match.replayable != nullptr) return replay(*match.replayable, frame);
     if (match.static_moved_child != nullptr && options.on_static_input_moved == OnStaticInputMoved::error) {
@@ -457,9 +457,9 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     }
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
-    if (current != nullptr && roots.has(frame.variant->id)) {
+    if (path.node() != nullptr && roots.has(frame.variant->id)) {
       end_path_if_over(frame.generation, PathCheck::no_child_fits);
-      if (current == nullptr) return run_tree(frame);
+      if (path.node() == nullptr) return run_tree(frame);
     }
     if (match.moved_managed_input >= 0) {
       ChildFacts& facts = facts_for(frame.variant->id);
@@ -484,7 +484,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     }
 
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
-    if (current != nullptr) {
+    if (path.node() != nullptr) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }

@@ -33,13 +33,12 @@ Result<void> Engine::check_memory() const {
   // Blocks the allocator counts as allocated must be exactly the storages that live leases hold
   // and the allocator owns (PyTorch's check_memory_pool).
   std::vector<std::uintptr_t> expected;
-  for (const Cell* cell : live_path_cells()) {
+  for (const Cell* cell : path.live_cells()) {
     if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
   }
-  if (ended_path) {  // a path a new generation ended: its memory is released once the call does its work
-    for (const CellRef& cell : ended_path->cells) {
-      if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
-    }
+  // A path a new generation ended: its memory is released once the call does its work.
+  for (const CellRef& cell : path.ended_cells()) {
+    if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
   }
   std::vector<std::string> problems;
   for (const Block& block : device->live_blocks()) {

@@ -25,7 +25,7 @@ CallRole role_of(const FunctionRecord& function) noexcept {
 }
 
 CallGeneration Engine::begin_generation(FunctionRecord& function) {
-  const CallGeneration call = generation_rule.begin_call(role_of(function), current != nullptr);
+  const CallGeneration call = generation_rule.begin_call(role_of(function), path.node() != nullptr);
   if (call.begun_by_forward) ++stats.steps_begun_by_forward;
   // The outputs a backward will read stay live: the forward goes on down the path.
   if (call.held_by_pending_backward) warn_if_pending_backward_repeats(function);
@@ -39,13 +39,14 @@ void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {
   // occurrence, or each after a different function, is an ordinary path (layer 1, layer 2, ...).
   std::size_t occurrences = 0;
   std::set<std::uint32_t> parents;
-  for (const TreeNode* node : current->path()) {
+  for (const TreeNode* node : path.nodes()) {
     if (variants[node->variant()]->function != function.id) continue;
     ++occurrences;
     if (node->parent() != nullptr) parents.insert(variants[node->parent()->variant()]->function);
   }
   if (occurrences <= 1) return;
-  if (current->parent() != nullptr) parents.insert(variants[current->parent()->variant()]->function);
+  const TreeNode* parent = path.node()->parent();
+  if (parent != nullptr) parents.insert(variants[parent->variant()]->function);
   if (parents.size() == occurrences) return;
   function.warned_pending_backward = true;
   ++stats.by_reason[static_cast<std::size_t>(Reason::pending_backward)];

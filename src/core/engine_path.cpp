@@ -1,5 +1,7 @@
-// The current path of a pool: its liveness, ending it, reclaiming it for a new generation, and restoring
-// the allocator to a node's checkpoint so that a warm-up or recording can follow a replay.
+// What the path's changes do to the device (path.cppm owns the path itself): ending it when it is
+// over, copying out and releasing the memory of a path a new generation ended, restoring the
+// allocator to a node's checkpoint so that a warm-up or recording can follow a replay; and the
+// leases and cells of the ledger.
 module;
 #include <expected>
 #include <algorithm>
@@ -60,78 +62,15 @@ std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& b
   return indices;
 }
 
-std::span<TreeNode* const> Engine::path() const noexcept {
-  if (current == nullptr) return {};
-  return current->path();
-}
-
-std::vector<std::vector<bool>> Engine::path_liveness() const {
-  return liveness_of(path());
-}
-
-std::optional<PathIndex> Engine::live_alias_in_path(std::uintptr_t storage) const {
-  if (current == nullptr) return std::nullopt;
-  return current->live_output_at(storage);
-}
-
-Cell* Engine::live_cell_in_path(std::uintptr_t storage) const {
-  const auto alias = live_alias_in_path(storage);
-  return alias ? current->cell_at(*alias).get() : nullptr;
-}
-
-bool Engine::is_path_output(std::uintptr_t storage) const {
-  if (current == nullptr || storage == 0) return false;
-  return std::ranges::any_of(current->path(), [storage](const TreeNode* node) {
-    return std::ranges::find(node->output_storage(), storage) != node->output_storage().end();
-  });
-}
-
-std::vector<Cell*> Engine::live_path_cells() const {
-  std::vector<Cell*> live;
-  if (current == nullptr) return live;
-  for (const TreeNode* node : current->path()) {
-    for (const CellRef& cell : node->cells()) {
-      if (cell && cell->is_live() && std::ranges::find(live, cell.get()) == live.end()) {
-        live.push_back(cell.get());
-      }
-    }
-  }
-  return live;
-}
-
-bool Engine::all_outputs_dead() const {
-  if (current == nullptr) return true;
-  if (current->kind() == NodeKind::graph) {
-    // Everything live after the recording is listed; what was dead then cannot revive.
-    return std::ranges::none_of(current->live_after(), [this](const PathIndex& index) {
-      const CellRef& cell = current->cell_at(index);
-      return cell && cell->is_live();
-    });
-  }
-  return live_path_cells().empty();
-}
-
-void Engine::enter(TreeNode& node, PathState new_state, const CallFrame& frame) {
-  current = &node;
-  state = new_state;
-  path_generation = frame.generation;
-}
-
-void Engine::end_path() {
-  current = nullptr;
-  state = PathState::none;
-  warmup_chain.clear();
-}
-
 void Engine::end_path_if_over(std::uint64_t generation, PathCheck when) {
-  if (current == nullptr) return;
-  if (GenerationRule::is_new_generation(path_generation, generation)) {
+  if (path.node() == nullptr) return;
+  if (GenerationRule::is_new_generation(path.generation(), generation)) {
     end_path_for_new_generation();
     return;
   }
   // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
-  if (when == PathCheck::call_start && state == PathState::execution) return;
-  if (all_outputs_dead()) end_path();
+  if (when == PathCheck::call_start && path.state() == PathState::execution) return;
+  if (path.all_outputs_dead()) path.end();
 }
 
 void Engine::reclaim_path() {
@@ -140,89 +79,39 @@ void Engine::reclaim_path() {
 }
 
 void Engine::end_path_for_new_generation() {
-  const std::vector<Cell*> live = live_path_cells();
-  if (live.empty()) {
-    end_path();
-    return;
-  }
   // Marked now: the call's arguments are read after this, and a held output passed in must read
   // as reclaimed (or as its copy). Released once the call's work may reuse the memory.
-  EndedPath ended{
-      .current = current, .state = state, .generation = path_generation, .warmup_chain = std::move(warmup_chain)};
-  ended.cells.reserve(live.size());
-  for (Cell* cell : live) {
-    std::shared_ptr<void> copy;
-    if (options.copy_out_on_new_step) {
-      if (auto rescued = device->rescue(cell->storage)) copy = std::move(*rescued);
-    }
-    (copy != nullptr ? ended.leases_copied_out : ended.leases_invalidated) += cell->leases();
-    cell->mark_reclaimed(std::move(copy));
-    ended.cells.emplace_back(cell);
-  }
-  end_path();
-  ended_path = std::move(ended);
+  path.end_for_new_generation([this](const Cell& cell) -> std::shared_ptr<void> {
+    if (!options.copy_out_on_new_step) return nullptr;
+    auto rescued = device->rescue(cell.storage);
+    return rescued ? std::move(*rescued) : nullptr;
+  });
 }
 
 Result<void> Engine::hold_ended_path_memory() {
-  if (!ended_path || ended_path->memory_held) return {};
-  ended_path->memory_held = true;
-  if (ended_path->state != PathState::execution) return {};  // warm-ups and recordings allocated it
-  // The path's checkpoint, restored as if it had not ended (its outputs live), then ended again.
-  EndedPath ended = std::move(*ended_path);
-  ended_path.reset();
-  std::vector<std::shared_ptr<void>> copies;
-  copies.reserve(ended.cells.size());
-  for (const CellRef& cell : ended.cells) {
-    copies.push_back(cell->copied_out());
-    cell->unmark_reclaimed();
-  }
-  current = ended.current;
-  auto restored = restore_checkpoint();
-  current = nullptr;
-  for (std::size_t i = 0; i < copies.size(); ++i) ended.cells[i]->mark_reclaimed(std::move(copies[i]));
-  // Outputs whose last lease went since the path ended are free in the checkpoint restored: the
-  // call may allocate their memory, and nothing of the ended path may release it again.
-  std::erase_if(ended.cells, [](const CellRef& cell) { return cell->leases() == 0; });
-  ended_path = std::move(ended);
-  return restored;
-}
-
-bool Engine::is_output_of_ended_path(std::uintptr_t storage) const noexcept {
-  return ended_path && std::ranges::any_of(ended_path->cells,
-                                           [storage](const CellRef& cell) { return cell->storage.address == storage; });
+  return path.hold_ended_memory([this] { return restore_checkpoint(); });
 }
 
 void Engine::release_ended_path() noexcept {
-  if (!ended_path) return;
+  const std::optional<EndedPath> ended = path.take_ended();  // its warm-up nodes go at the end
+  if (!ended) return;
   ++stats.steps_reclaimed;
-  stats.leases_copied_out += ended_path->leases_copied_out;
-  stats.leases_invalidated += ended_path->leases_invalidated;
-  for (const CellRef& cell : ended_path->cells) {
+  stats.leases_copied_out += ended->leases_copied_out;
+  stats.leases_invalidated += ended->leases_invalidated;
+  for (const CellRef& cell : ended->cells) {
     device->release(cell->storage, backend::Release::reclaimed, functions[cell->function]->name);
     cell->storage.owned_by_allocator = false;
   }
-  ended_path.reset();  // the warm-up nodes of the ended path go with it
 }
 
 void Engine::restore_ended_path() noexcept {
-  if (!ended_path) return;
-  EndedPath ended = std::move(*ended_path);
-  ended_path.reset();
-  // Nothing of the call is on the path any more: whatever it made died with its failure.
-  current = ended.current;
-  state = ended.state;
-  path_generation = ended.generation;
-  warmup_chain = std::move(ended.warmup_chain);
-  for (const CellRef& cell : ended.cells) {
-    cell->unmark_reclaimed();
-    if (cell->leases() == 0) cell_died(*cell.get());  // its last lease went during the call
-  }
+  path.put_back_ended([this](Cell& cell) { cell_died(cell); });
 }
 
 Result<void> Engine::restore_checkpoint() {
-  const TreeNode& node = *current;
+  const TreeNode& node = *path.node();
   ++stats.checkpoint_restores;
-  const std::vector<Cell*> live = live_path_cells();
+  const std::vector<Cell*> live = path.live_cells();
   std::vector<backend::StorageHandle*> handles;
   handles.reserve(live.size());
   for (Cell* cell : live) handles.push_back(&cell->storage);
@@ -230,7 +119,7 @@ Result<void> Engine::restore_checkpoint() {
   // What was live right after recording is allocated in the checkpoint; what died since must
   // be freed again (aliases share a storage: free it once).
   std::vector<std::uintptr_t> dead;
-  for (const PathIndex& index : differing_indices(node.liveness_after(), path_liveness())) {
+  for (const PathIndex& index : differing_indices(node.liveness_after(), path.liveness())) {
     const std::uintptr_t address = node.path()[index.depth]->output_storage()[index.output];
     if (address != 0 && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
   }
@@ -258,7 +147,7 @@ void Engine::consume_arguments(const CallFrame& frame) noexcept {
 }
 
 ChildFacts& Engine::facts_for(std::uint32_t variant) {
-  return (current != nullptr ? current->children() : roots).facts(variant);
+  return path.children(roots).facts(variant);
 }
 
 }  // namespace cgt::detail

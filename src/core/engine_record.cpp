@@ -95,7 +95,7 @@ std::vector<InputUse> Engine::classify_inputs(const CallFrame& frame) const {
     const backend::ArgDesc& desc = frame.descs[i];
     if (desc.kind == backend::ArgKind::scalar) continue;
     const bool copied_anyway = !frame.always_copied.empty() && frame.always_copied[i];
-    if (!copied_anyway && is_path_output(desc.storage)) {
+    if (!copied_anyway && path.is_output(desc.storage)) {
       uses[i] = InputUse::managed;
     } else if (is_usable_in_place(*frame.function, i, desc)) {
       uses[i] = InputUse::static_in_place;
@@ -149,7 +149,7 @@ void Engine::count_recording(NodeReason reason, FunctionRecord& function) {
 
 TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
   graph_nodes.emplace_back(node.get());
-  return (current != nullptr ? current->children() : roots).add(std::move(node));
+  return path.children(roots).add(std::move(node));
 }
 
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
@@ -158,10 +158,10 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
   auto node = std::make_unique<TreeNode>(NodeKind::graph, static_cast<std::int64_t>(graph_nodes.size()), reason,
-                                         frame.variant->id, current);
+                                         frame.variant->id, path.node());
   const std::vector<InputUse> uses = classify_inputs(frame);
   node->take_inputs(uses, frame.descs);
-  const std::vector<std::vector<bool>> liveness_before = path_liveness();
+  const std::vector<std::vector<bool>> liveness_before = path.liveness();
 
   auto recorded = capture(frame, uses);
   if (!recorded) {
@@ -186,7 +186,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     return std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()));
   }
   count_recording(reason, function);
-  enter(add_to_tree(std::move(node)), PathState::recording, frame);
+  path.enter(add_to_tree(std::move(node)), PathState::recording, frame.generation);
   return out;
 }
 

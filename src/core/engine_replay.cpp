@@ -58,7 +58,7 @@ bool Engine::liveness_allows(const TreeNode& child, const CallFrame& frame) cons
 
 Match Engine::find_replayable_child(CallFrame& frame) {
   Match match;
-  const Children& siblings = current != nullptr ? current->children() : roots;
+  const Children& siblings = path.children(roots);
   for (const auto& owned : siblings.of(frame.variant->id)) {
     TreeNode& child = *owned;
     // Outputs of earlier graphs are baked into this graph at their recorded addresses.
@@ -163,7 +163,7 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   consume_arguments(frame);
-  enter(node, PathState::execution, frame);
+  path.enter(node, PathState::execution, frame.generation);
   ++stats.replays;
   return out;
 }

@@ -55,7 +55,7 @@ Result<PoolSnapshot> Engine::snapshot_pool(  // NOLINT(readability-make-member-f
   auto checkpoint = device->checkpoint();
   if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, doing));
   PoolSnapshot snapshot{.checkpoint = std::move(*checkpoint), .owned_live = {}};
-  for (const Cell* cell : live_path_cells()) {
+  for (const Cell* cell : path.live_cells()) {
     if (cell->storage.owned_by_allocator) snapshot.owned_live.push_back(cell->storage.address);
   }
   return snapshot;
@@ -63,7 +63,7 @@ Result<PoolSnapshot> Engine::snapshot_pool(  // NOLINT(readability-make-member-f
 
 Error Engine::roll_back(const PoolSnapshot& before, Error error) {  // NOLINT(readability-make-member-function-const)
   std::vector<backend::StorageHandle*> live;
-  for (Cell* cell : live_path_cells()) {
+  for (Cell* cell : path.live_cells()) {
     if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
   }
   // A lease dropped inside the function freed its block, which `before` still counts as allocated.
@@ -143,7 +143,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
     // output: its lease shares that output's cell, so it keeps the memory live and is reclaimed
     // with it, like any other lease on it.
     const backend::OutputDesc& desc = result->outputs[i];
-    Cell* cell = desc.kind == backend::OutputKind::value && desc.in_pool ? live_cell_in_path(desc.storage) : nullptr;
+    Cell* cell = desc.kind == backend::OutputKind::value && desc.in_pool ? path.live_cell(desc.storage) : nullptr;
     out.leases.push_back(
         make_lease(*this, cell, result->values[i], result->owner, function.id, static_cast<std::uint32_t>(i)));
   }
@@ -153,7 +153,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
 
 NodeReason Engine::warmup_reason(const Variant& variant) const noexcept {
   if (!variant.warmed_up) return NodeReason::first_call;
-  return state == PathState::warmup ? NodeReason::path_warming_up : NodeReason::forced_warmup;
+  return path.state() == PathState::warmup ? NodeReason::path_warming_up : NodeReason::forced_warmup;
 }
 
 Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
@@ -173,15 +173,13 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   }
   release_ended_path();  // the warm-up allocated around the last generation's outputs: free them now
 
-  auto node =
-      std::make_unique<TreeNode>(NodeKind::warmup, next_warmup_id--, warmup_reason(variant), variant.id, current);
+  std::unique_ptr<TreeNode> node = path.make_warmup_node(warmup_reason(variant), variant.id);
   node->take_outputs(*this, result->outputs, function.id);
   CallOutputs out = hand_out(*node, *result, frame, CallKind::warmup);
   variant.warmed_up = true;
   function.warmed_up_once = true;
   ++stats.warmups;
-  warmup_chain.push_back(std::move(node));
-  enter(*warmup_chain.back(), PathState::warmup, frame);
+  path.enter_warmup(std::move(node), frame.generation);
   return out;
 }
 

@@ -126,7 +126,7 @@ std::vector<Node> PoolBase::roots() const {
 std::vector<Node> PoolBase::current_path() const {
   return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
     std::vector<Node> views;  // NOLINT(misc-const-correctness)
-    for (const detail::TreeNode* node : engine.path()) views.push_back(NodeAccess::make(engine_, node->id()));
+    for (const detail::TreeNode* node : engine.path.nodes()) views.push_back(NodeAccess::make(engine_, node->id()));
     return views;
   });
 }
@@ -144,7 +144,7 @@ const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
   if (id >= 0)
     return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)].get()
                                                              : nullptr;
-  for (const auto& node : warmup_chain) {
+  for (const auto& node : path.warmup_nodes()) {
     if (node->id() == id) return node.get();
   }
   return nullptr;
@@ -153,7 +153,7 @@ const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
 std::string Engine::to_dot() const {
   std::ostringstream dot;
   dot << "digraph cgt {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
-  const std::span<TreeNode* const> on_path = path();
+  const std::span<TreeNode* const> on_path = path.nodes();
   auto is_on_path = [&](const TreeNode* node) { return std::ranges::find(on_path, node) != on_path.end(); };
   auto name_of = [&](const TreeNode* node) -> const std::string& {
     return functions[variants[node->variant()]->function]->name;
@@ -169,7 +169,7 @@ std::string Engine::to_dot() const {
     dot << "\"";
     if (node->kind() == NodeKind::warmup) dot << ", style=dashed";
     if (is_on_path(node)) dot << ", penwidth=2, color=blue";
-    if (node == current) dot << ", style=\"bold" << (node->kind() == NodeKind::warmup ? ",dashed" : "") << "\"";
+    if (node == path.node()) dot << ", style=\"bold" << (node->kind() == NodeKind::warmup ? ",dashed" : "") << "\"";
     dot << "];\n";
   };
   auto id_of = [](const TreeNode* node) {
@@ -179,7 +179,7 @@ std::string Engine::to_dot() const {
     emit(node);
     if (node->parent() != nullptr) dot << "  " << id_of(node->parent()) << " -> " << id_of(node) << ";\n";
   }
-  for (const auto& node : warmup_chain) {
+  for (const auto& node : path.warmup_nodes()) {
     emit(node.get());
     if (node->parent() != nullptr)
       dot << "  " << id_of(node->parent()) << " -> " << id_of(node.get()) << " [style=dashed];\n";

@@ -29,8 +29,7 @@ Engine::~Engine() {
   // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are
   // applied now. Nodes hold recordings and cells that use the device: drop them before it goes.
   apply_pending_drops_locked();
-  warmup_chain.clear();
-  current = nullptr;
+  path.end();
   roots.clear();
   graph_nodes.clear();
 }
@@ -125,10 +124,8 @@ backend::Device& device(Engine& engine) noexcept {
 std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
   std::vector<std::unique_ptr<backend::Invoker>> callables;
   if (shut_down) return callables;
-  if (current != nullptr) reclaim_path();
-  warmup_chain.clear();
-  current = nullptr;
-  state = PathState::none;
+  if (path.node() != nullptr) reclaim_path();
+  path.end();
   roots.clear();
   graph_nodes.clear();
   shut_down = true;

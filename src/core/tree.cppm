@@ -1,0 +1,296 @@
+// cgt.core:tree (internal) — the tree of recordings: the nodes, the nodes under each parent, and
+// the storages (cells) their outputs view, with the leases on them. Which node the program is at
+// is the path's (:path); how a call walks the tree is the engine's.
+module;
+#include <expected>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <gsl/pointers>
+
+export module cgt.core:tree;
+import :info;
+import :spi;
+import :detail;
+import :handles;
+
+namespace cgt::detail {
+
+class TreeNode;
+
+/// One storage that outputs view. Liveness is the number of leases on it, nothing else: while a
+/// lease exists the memory is live; when the last lease goes, it is dead. Its liveness changes
+/// only through the methods below.
+struct Cell {  // a struct: declared so in :detail
+ public:
+  inline Cell(Engine& engine, backend::StorageHandle storage, std::uint32_t function) noexcept
+      : storage(std::move(storage)), engine(&engine), function(function) {}
+
+  /// The device's handle on the memory (the device fills in its native record; who owns the
+  /// block, the allocator or a replay, changes as the path does).
+  backend::StorageHandle storage;
+  const gsl::not_null<Engine*> engine;
+  const std::uint32_t function;  ///< function that produced it (for messages)
+
+  [[nodiscard]] inline bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
+  [[nodiscard]] inline std::uint32_t leases() const noexcept { return leases_; }
+  /// A new generation took the memory back while leases existed.
+  [[nodiscard]] inline bool is_reclaimed() const noexcept { return reclaimed_; }
+  /// Changes whenever the storage comes to life (its first lease after none): values handed out
+  /// carry it (`Device::stamp`), so a copy kept past the memory's death is told from a live one.
+  [[nodiscard]] inline std::uint64_t life() const noexcept { return life_; }
+  /// Generation in which the storage was last handed out (for messages).
+  [[nodiscard]] inline std::uint64_t generation() const noexcept { return generation_; }
+  /// The memory copied out when it was reclaimed (`copy_out_on_new_step`), or null.
+  [[nodiscard]] inline const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
+
+  /// A lease on it is handed out in `generation`; the first after none brings the memory to life,
+  /// with the next of the engine's `lives`.
+  inline void add_lease(std::uint64_t& lives, std::uint64_t generation) noexcept {
+    ++refs_;
+    if (leases_++ == 0) life_ = ++lives;
+    generation_ = generation;
+  }
+  /// A lease on it goes (its reference is let go by the caller). True when it was the last: the
+  /// memory dies now, and a copy kept for `copy_out_on_new_step` goes with it.
+  [[nodiscard]] inline bool drop_lease() noexcept {
+    if (--leases_ > 0) return false;
+    copied_out_.reset();
+    return true;
+  }
+  /// A new generation takes the memory back while leases hold it; from now on they read `copy` (or
+  /// fail, where there is none).
+  inline void mark_reclaimed(std::shared_ptr<void> copy) noexcept {
+    reclaimed_ = true;
+    copied_out_ = std::move(copy);
+  }
+  /// The call that began the generation failed before its work, with the memory never released: the
+  /// leases read it again, and the copy goes (`Path::put_back_ended`).
+  inline void unmark_reclaimed() noexcept {
+    reclaimed_ = false;
+    copied_out_.reset();
+  }
+
+ private:
+  friend class CellRef;
+  std::uint32_t refs_ = 0;    ///< owners of this object: leases and nodes
+  std::uint32_t leases_ = 0;  ///< leases on the storage: live while > 0
+  bool reclaimed_ = false;
+  std::uint64_t generation_ = 0;
+  std::uint64_t life_ = 0;
+  std::shared_ptr<void> copied_out_;
+};
+
+/// Shared ownership of a cell by nodes (leases count their reference by hand).
+class CellRef {
+ public:
+  CellRef() = default;
+  inline explicit CellRef(Cell* cell) noexcept : cell_(cell) {
+    if (cell_ != nullptr) ++cell_->refs_;
+  }
+  inline CellRef(const CellRef& other) noexcept : CellRef(other.cell_) {}
+  inline CellRef(CellRef&& other) noexcept : cell_(std::exchange(other.cell_, nullptr)) {}
+  CellRef& operator=(CellRef other) noexcept {
+    std::swap(cell_, other.cell_);
+    return *this;
+  }
+  inline ~CellRef() { unref(cell_); }
+  [[nodiscard]] inline Cell* get() const noexcept { return cell_; }
+  Cell* operator->() const noexcept { return cell_; }
+  inline explicit operator bool() const noexcept { return cell_ != nullptr; }
+  friend bool operator==(const CellRef& a, const CellRef& b) noexcept { return a.cell_ == b.cell_; }
+
+  /// Drops one reference, deleting the cell when none is left.
+  inline static void unref(Cell* cell) noexcept {
+    if (cell != nullptr && --cell->refs_ == 0) delete cell;  // NOLINT(cppcoreguidelines-owning-memory): intrusive count
+  }
+
+ private:
+  Cell* cell_ = nullptr;
+};
+
+[[nodiscard]] CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function);
+
+/// How an output of a recording relates to other memory (PyTorch's `OutputAliasInfo`).
+enum class AliasKind : std::uint8_t {
+  none,             ///< no value (undefined tensor, empty buffer)
+  new_storage,      ///< a storage this graph allocated
+  alias_of_output,  ///< views the storage of an earlier output of the same call
+  alias_of_prior,   ///< views the storage of an output of an earlier graph of the path
+  external,         ///< not pool memory (a static input, a constant): returned as recorded
+};
+
+struct OutputAlias {
+  AliasKind kind = AliasKind::none;
+  std::uint32_t output = 0;  ///< for alias_of_output
+  PathIndex prior;           ///< for alias_of_prior
+};
+
+/// Per (node, function variant) facts: PyTorch's `num_rerecord`. (Whether a call mutates an input
+/// that is not pool memory is decided for every call from its own inputs, never cached: a cached
+/// answer went stale when a recording failed and a later call passed a caller's buffer.)
+struct ChildFacts {
+  std::uint32_t rerecords = 0;
+};
+
+/// How a graph reads one input.
+enum class InputUse : std::uint8_t {
+  scalar,           ///< baked into the graph (a scalar is part of the shape key)
+  managed,          ///< pool-managed: an output of an earlier graph of the path, read in place
+  static_in_place,  ///< a static input, aligned: read in place
+  copied,           ///< copied into a pool slot on every replay
+};
+
+/// The nodes under one parent (or the roots of the tree), by variant, with per-variant facts.
+class Children {
+ public:
+  /// The nodes of `variant`, in the order they were recorded (empty: none).
+  [[nodiscard]] inline std::span<const std::unique_ptr<TreeNode>> of(std::uint32_t variant) const noexcept {
+    const auto found = by_variant_.find(variant);
+    if (found == by_variant_.end()) return {};
+    return found->second;
+  }
+  [[nodiscard]] inline bool has(std::uint32_t variant) const noexcept { return by_variant_.contains(variant); }
+  /// Variants in the order their first node was added.
+  [[nodiscard]] inline const std::vector<std::uint32_t>& order() const noexcept { return order_; }
+  /// Adds `node` after the others of its variant; returns it.
+  TreeNode& add(std::unique_ptr<TreeNode> node);
+  /// What is known of `variant` at this place of the tree, whether or not a node of it exists.
+  [[nodiscard]] inline ChildFacts& facts(std::uint32_t variant) { return facts_[variant]; }
+  [[nodiscard]] std::size_t count_descendants() const;
+  void clear() noexcept;
+
+ private:
+  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> by_variant_;
+  std::vector<std::uint32_t> order_;
+  std::unordered_map<std::uint32_t, ChildFacts> facts_;
+};
+
+/// A node of the tree: a recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode). The
+/// public `cgt::Node` is a read-only view of one, by id. Its fields derive from one another (a
+/// cell per output, aliases that share cells, liveness snapshots): they change only through the
+/// methods below, each of which keeps them consistent.
+class TreeNode {
+ public:
+  /// A node for a call of `variant` right after `parent` (null: a root). Graph nodes are numbered
+  /// from 0 in recording order, warm-up nodes count down from -1.
+  TreeNode(NodeKind kind, std::int64_t id, NodeReason reason, std::uint32_t variant, TreeNode* parent);
+  TreeNode(const TreeNode&) = delete;
+  TreeNode& operator=(const TreeNode&) = delete;
+  ~TreeNode();
+
+  // --- identity, fixed when made ---
+  [[nodiscard]] inline std::int64_t id() const noexcept { return id_; }
+  [[nodiscard]] inline NodeKind kind() const noexcept { return kind_; }
+  [[nodiscard]] inline NodeReason reason() const noexcept { return reason_; }
+  [[nodiscard]] inline std::uint32_t variant() const noexcept { return variant_; }
+  [[nodiscard]] inline TreeNode* parent() const noexcept { return parent_; }
+  /// Root first, ending with this node (PyTorch's path_weakrefs).
+  [[nodiscard]] inline const std::vector<TreeNode*>& path() const noexcept { return path_; }
+  [[nodiscard]] inline std::size_t depth() const noexcept { return path_.size() - 1; }
+  [[nodiscard]] inline Children& children() noexcept { return children_; }
+  [[nodiscard]] inline const Children& children() const noexcept { return children_; }
+  [[nodiscard]] inline std::size_t num_descendants() const { return children_.count_descendants(); }
+
+  // --- inputs (graph nodes) ---
+  /// Records how the graph reads each input, and the address of those it reads in place.
+  void take_inputs(std::span<const InputUse> uses, std::span<const backend::ArgDesc> descs);
+  [[nodiscard]] inline const std::vector<std::uint32_t>& managed_inputs() const noexcept { return managed_inputs_; }
+  [[nodiscard]] inline const std::vector<std::uint32_t>& static_inputs() const noexcept { return static_inputs_; }
+  /// Per input: the data address it was recorded with, if read in place (else 0).
+  [[nodiscard]] inline const std::vector<std::uintptr_t>& recorded_data() const noexcept { return recorded_data_; }
+  /// Per input: copied into a pool slot on every replay.
+  [[nodiscard]] inline const std::vector<bool>& copied_to_slot() const noexcept { return copied_to_slot_; }
+
+  // --- outputs (both kinds) ---
+  /// Takes the outputs of the node's warm-up or recording: where each lives, and how it aliases
+  /// other memory (`AliasKind`): an output viewing a live output of the path or an earlier output
+  /// of this call shares that one's cell; a new storage of the pool gets a new cell. Called before
+  /// the node is entered: the path searched is its parent's.
+  void take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function);
+  [[nodiscard]] inline std::size_t output_count() const noexcept { return output_count_; }
+  /// Per output: the storage it views in the current execution (null: not pool memory).
+  [[nodiscard]] inline const std::vector<CellRef>& cells() const noexcept { return cells_; }
+  [[nodiscard]] inline const std::vector<OutputAlias>& aliases() const noexcept { return aliases_; }
+  /// Per output: the storage address it was made at (0: not pool memory).
+  [[nodiscard]] inline const std::vector<std::uintptr_t>& output_storage() const noexcept { return output_storage_; }
+  /// The cell of output `index.output` of the node at `index.depth` of this node's path.
+  [[nodiscard]] inline const CellRef& cell_at(PathIndex index) const noexcept {
+    return path_[index.depth]->cells_[index.output];
+  }
+  /// The live output of this node's path (root to this node) at `storage`, if any.
+  [[nodiscard]] std::optional<PathIndex> live_output_at(std::uintptr_t storage) const noexcept;
+
+  // --- recording (graph nodes) ---
+  inline void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept {
+    recording_ = std::move(recording);
+  }
+  /// Marks the graph recorded, its outputs handed out: keeps `checkpoint` (the allocator right
+  /// after) and derives, from the path's liveness before the call (`liveness_before`, without this
+  /// node) and now, what must be dead before and after each replay.
+  void mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
+                     const std::vector<std::vector<bool>>& liveness_before);
+  [[nodiscard]] inline backend::Recording* recording() const noexcept { return recording_.get(); }
+  [[nodiscard]] inline const backend::Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
+  /// Path liveness right after recording (with this node).
+  [[nodiscard]] inline const std::vector<std::vector<bool>>& liveness_after() const noexcept { return liveness_after_; }
+  /// Outputs of the path live when the parent was recorded but dead when this was: they must be
+  /// dead before a replay, which reuses their memory.
+  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_before() const noexcept {
+    return expected_dead_before_;
+  }
+  /// Outputs of the path that died during the recording (leases the call consumed): they must die
+  /// during every replay too.
+  [[nodiscard]] inline const std::vector<PathIndex>& expected_dead_after() const noexcept {
+    return expected_dead_after_;
+  }
+  /// Everything live right after recording.
+  [[nodiscard]] inline const std::vector<PathIndex>& live_after() const noexcept { return live_after_; }
+
+  // --- replay (engine_replay.cpp: the hot path) ---
+  /// Points each output at the storage this replay writes (a new cell where the last one is
+  /// still held or was reclaimed), and tells the recording if that changed.
+  void bind_outputs_for_replay(Engine& engine);
+
+ private:
+  [[nodiscard]] bool is_bound_as_is() const noexcept;
+
+  std::int64_t id_;
+  NodeKind kind_;
+  NodeReason reason_;
+  std::uint32_t variant_;
+  TreeNode* parent_;
+  std::vector<TreeNode*> path_;
+  Children children_;
+
+  std::unique_ptr<backend::Recording> recording_;
+  std::unique_ptr<backend::Checkpoint> checkpoint_;
+  std::vector<std::uint32_t> managed_inputs_;
+  std::vector<std::uint32_t> static_inputs_;
+  std::vector<std::uintptr_t> recorded_data_;
+  std::vector<bool> copied_to_slot_;
+  std::vector<std::vector<bool>> liveness_after_;
+  std::vector<PathIndex> expected_dead_before_;
+  std::vector<PathIndex> expected_dead_after_;
+  std::vector<PathIndex> live_after_;
+
+  std::size_t output_count_ = 0;
+  std::vector<OutputAlias> aliases_;
+  std::vector<CellRef> cells_;
+  std::vector<std::uintptr_t> output_storage_;
+  std::vector<std::size_t> output_bytes_;
+  bool outputs_own_storage_ = false;            ///< every output is new_storage: a replay may skip rebinding
+  std::vector<backend::StorageHandle*> bound_;  ///< storages the recording's outputs view now
+  std::vector<const void*> bound_native_;       ///< and their native records at that time
+};
+
+/// Each node's outputs along `nodes`: live or not.
+[[nodiscard]] std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes);
+
+}  // namespace cgt::detail
