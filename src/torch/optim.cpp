@@ -10,6 +10,7 @@ module;
 #include <ATen/ops/_foreach_maximum.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_neg.h>
+#include <ATen/ops/_foreach_norm.h>
 #include <ATen/ops/_foreach_pow.h>
 #include <ATen/ops/_foreach_reciprocal.h>
 #include <ATen/ops/_foreach_sqrt.h>
@@ -19,6 +20,9 @@ module;
 #include <ATen/ops/_fused_adamw.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/full_like.h>
+#include <ATen/ops/linalg_vector_norm.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -77,6 +81,9 @@ class Optimizer::State {
   [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads, double lr);
   // Writes `lr` to the device (see Optimizer::set_lr).
   [[nodiscard]] Result<void> set_lr(double lr);
+  // Clips the gradients by their total norm from now on (see AdamOptions::max_grad_norm; 0: no
+  // clipping). REQUIRES: `adopt` ran. Fails with `invalid_argument` for a bad norm or order.
+  [[nodiscard]] Result<void> clip_by_norm(double max_norm, double norm_type);
   void step();
   void step(std::span<const at::Tensor> grads);
   void zero_grad(bool set_to_none);
@@ -95,8 +102,15 @@ class Optimizer::State {
   double lr_ = 0;
   LrSchedule schedule_;
   std::int64_t scheduled_steps_ = 0;
+  // Clipping by norm (0: none), and the norm before the last clip, on the first parameter's device.
+  double max_grad_norm_ = 0;
+  double grad_norm_type_ = 2;
+  at::Tensor grad_norm_;
 
  protected:
+  // Scales `grads` by min(1, max_norm / (norm + 1e-6)) on the device, keeping the norm; nothing
+  // without clipping.
+  void clip(const std::vector<at::Tensor>& grads);
   // The update of the parameters at `index` (all of them, or those with a gradient), whose
   // gradients are `grads`.
   virtual void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
@@ -207,6 +221,15 @@ void Optimizer::count_scheduled_step() noexcept {
   if (state_ != nullptr && state_->schedule_) ++state_->scheduled_steps_;
 }
 
+const at::Tensor& Optimizer::grad_norm() const noexcept {
+  static const at::Tensor none;
+  return state_ != nullptr ? state_->grad_norm_ : none;
+}
+
+bool Optimizer::clips_gradients() const noexcept {
+  return state_ != nullptr && state_->max_grad_norm_ > 0;
+}
+
 bool Optimizer::has_static_grads() const noexcept {
   return state_ != nullptr && state_->static_grads_;
 }
@@ -303,6 +326,38 @@ bool is_capturing(const at::Device& device) {
 
 }  // namespace
 
+Result<void> Optimizer::State::clip_by_norm(double max_norm, double norm_type) {
+  if (!std::isfinite(max_norm) || max_norm < 0 || std::isnan(norm_type) || norm_type <= 0) {
+    return fail(Errc::invalid_argument,
+                "gradient clipping: max_grad_norm must be finite and >= 0 (0: no clipping), "
+                "grad_norm_type above 0 (or infinity), not " +
+                    std::to_string(max_norm) + " and " + std::to_string(norm_type));
+  }
+  max_grad_norm_ = max_norm;
+  grad_norm_type_ = norm_type;
+  if (max_norm == 0 || params_.empty()) return {};
+  try {
+    grad_norm_ = at::zeros({}, params_.front().options().dtype(at::kFloat).requires_grad(false));
+  } catch (const std::exception& e) {
+    return fail(Errc::backend_error, std::string("making the gradient norm's tensor: ") + e.what());
+  }
+  return {};
+}
+
+// PyTorch's clip_grad_norm_ (torch/nn/utils/clip_grad.py), op for op, without its host decisions:
+// the norms of the gradients, their norm, the coefficient clamped at 1, every gradient scaled by it.
+void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
+  if (max_grad_norm_ == 0 || grads.empty()) return;
+  std::vector<at::Tensor> norms = at::_foreach_norm(grads, grad_norm_type_);
+  for (at::Tensor& norm : norms) norm = norm.to(grad_norm_.device());  // the first device's, as PyTorch's
+  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), grad_norm_type_);
+  grad_norm_.copy_(total);
+  at::Tensor coefficient = at::full_like(total, max_grad_norm_);
+  coefficient.div_(total.add(1e-6));
+  coefficient.clamp_max_(1.0);
+  at::_foreach_mul_(grads, coefficient);
+}
+
 Result<void> Optimizer::State::set_lr(double lr) {
   if (!std::isfinite(lr) || lr < 0) {
     return fail(Errc::invalid_argument, "the learning rate must be finite and >= 0, not " + std::to_string(lr));
@@ -352,6 +407,7 @@ void Optimizer::State::step() {
     grads.push_back(p.grad());
   }
   if (with_grad.empty()) return;
+  clip(grads);
   update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
 }
 
@@ -375,8 +431,10 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
   }
   if (static_grads_) {
     at::_foreach_copy_(grads_, given);
+    clip(grads_);
     update(all_, grads_);
   } else {
+    clip(given);
     update(all_, std::move(given));
   }
 }
@@ -420,6 +478,9 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
   auto state = std::make_shared<Adam::State>();
   state->options_ = options;
   if (auto ok = state->adopt(std::move(params), options.static_grads, options.lr); !ok) {
+    return std::unexpected(std::move(ok.error()));
+  }
+  if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
     return std::unexpected(std::move(ok.error()));
   }
   try {
@@ -554,6 +615,9 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   auto state = std::make_shared<SGD::State>();
   state->options_ = options;
   if (auto ok = state->adopt(std::move(params), options.static_grads, options.lr); !ok) {
+    return std::unexpected(std::move(ok.error()));
+  }
+  if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
     return std::unexpected(std::move(ok.error()));
   }
   if (options.momentum != 0) {

@@ -95,6 +95,8 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
     for (at::Tensor& value : out) {
       if (value.defined()) value = value.detach();
     }
+    // The optimizer's norm tensor is rewritten by every step: the call hands out this step's.
+    if (optimizer.clips_gradients()) out.push_back(optimizer.grad_norm().clone());
     return out;
   };
   auto function = add_training_step(pool, optimizer, std::move(step), std::move(options));
@@ -114,6 +116,7 @@ Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& op
     optimizer.step(std::span<const at::Tensor>(out).subspan(1, n));
     // The gradients are not returned: with per-step gradients they die here, inside the graph.
     out.erase(out.begin() + 1, out.begin() + static_cast<std::ptrdiff_t>(1 + n));
+    if (optimizer.clips_gradients()) out.push_back(optimizer.grad_norm().clone());
     return out;
   };
   auto function = add_training_step(pool, optimizer, std::move(step), std::move(options));
