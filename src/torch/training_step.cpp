@@ -8,6 +8,8 @@ module;
 #include <algorithm>
 #include <cstddef>
 #include <expected>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -77,31 +79,147 @@ Result<void> check_same_parameters(const std::vector<at::Tensor>& given, const s
 
 }  // namespace
 
-// The step's function and the step itself hold handles of their own on the optimizer's state
-// (`Optimizer::share`): the user's handle may move (out of a Result, into a vector) or go.
-Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss, FunctionOptions options) {
-  auto step = [optimizer = optimizer.share(), loss = std::move(loss)](Inputs in) mutable -> Values {
+namespace {
+
+// What one call of a training step's function does with the gradients: zero them first (the
+// first micro-batch of a step), step the optimizer after (the last), and the factor of the loss
+// before its backward (1 / micro-batches).
+struct Phase {
+  bool zeroes = true;
+  bool steps = true;
+  double loss_factor = 1;
+};
+
+// After the loss function ran: its values detached, and the norm of a step that clipped last.
+void finish_outputs(Values& out, Optimizer& optimizer, bool stepped) {
+  for (at::Tensor& value : out) {
+    if (value.defined()) value = value.detach();
+  }
+  // The optimizer's norm tensor is rewritten by every step: the call hands out this step's.
+  if (stepped && optimizer.clips_gradients()) out.push_back(optimizer.grad_norm().clone());
+}
+
+void check_loss(const Values& out) {
+  TORCH_CHECK(!out.empty() && out[0].defined() && out[0].numel() == 1,
+              "a training step's loss function returns the loss (one element) first");
+}
+
+// One micro-batch, or a whole batch (`Phase{}`), as a pool function's body.
+Callable phase_body(Optimizer optimizer, std::shared_ptr<Callable> loss, Phase phase) {
+  return [optimizer = std::move(optimizer), loss = std::move(loss), phase](Inputs in) mutable -> Values {
     const c10::AutoGradMode grad_on(true);
     // Static gradients are zeroed in place, at their addresses; per-step ones are set to none, so
     // that the backward allocates them in this call (see cgt.torch-optim.inc).
     const bool static_grads = optimizer.has_static_grads();
-    optimizer.zero_grad(!static_grads);
-    Values out = loss(in);
-    TORCH_CHECK(!out.empty() && out[0].defined() && out[0].numel() == 1,
-                "a training step's loss function returns the loss (one element) first");
-    out[0].backward();
-    optimizer.step();
-    if (!static_grads) optimizer.zero_grad(true);  // they die here, inside the step's graph
-    for (at::Tensor& value : out) {
-      if (value.defined()) value = value.detach();
+    if (phase.zeroes) optimizer.zero_grad(!static_grads);
+    Values out = (*loss)(in);
+    check_loss(out);
+    (phase.loss_factor == 1 ? out[0] : out[0].mul(phase.loss_factor)).backward();
+    if (phase.steps) {
+      optimizer.step();
+      if (!static_grads) optimizer.zero_grad(true);  // they die here, inside the step's graph
     }
-    // The optimizer's norm tensor is rewritten by every step: the call hands out this step's.
-    if (optimizer.clips_gradients()) out.push_back(optimizer.grad_norm().clone());
+    finish_outputs(out, optimizer, phase.steps);
     return out;
   };
-  auto function = add_training_step(pool, optimizer, std::move(step), std::move(options));
+}
+
+// All micro-batches in one call: every tensor input split into `parts` along its first dimension.
+Callable all_in_one_body(Optimizer optimizer, std::shared_ptr<Callable> loss, std::int64_t parts) {
+  return [optimizer = std::move(optimizer), loss = std::move(loss), parts](Inputs in) mutable -> Values {
+    const c10::AutoGradMode grad_on(true);
+    const bool static_grads = optimizer.has_static_grads();
+    optimizer.zero_grad(!static_grads);
+    std::vector<std::vector<at::Tensor>> chunks(in.size());
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      if (!in[j].defined()) continue;  // a scalar argument: the same for every micro-batch
+      TORCH_CHECK(in[j].dim() > 0 && in[j].size(0) % parts == 0, "input ", j, " has ",
+                  in[j].dim() > 0 ? in[j].size(0) : 0, " rows along its first dimension, which ", parts,
+                  " micro-batches cannot share equally");
+      chunks[j] = in[j].chunk(parts, 0);
+    }
+    std::vector<std::int64_t> scalars(in.size());
+    for (std::size_t j = 0; j < in.size(); ++j) scalars[j] = in.scalar(j);
+    Values out;
+    at::Tensor total;
+    for (std::int64_t part = 0; part < parts; ++part) {
+      std::vector<at::Tensor> values(in.size());
+      for (std::size_t j = 0; j < in.size(); ++j) {
+        if (!chunks[j].empty()) values[j] = chunks[j][static_cast<std::size_t>(part)];
+      }
+      out = (*loss)(Inputs(values, scalars));
+      check_loss(out);
+      out[0].div(static_cast<double>(parts)).backward();
+      total = part == 0 ? out[0].detach() : total.add(out[0].detach());
+    }
+    optimizer.step();
+    if (!static_grads) optimizer.zero_grad(true);
+    out[0] = total.div(static_cast<double>(parts));
+    finish_outputs(out, optimizer, true);
+    return out;
+  };
+}
+
+// The name of one phase's function: the step's own name for the one that steps.
+FunctionOptions phase_options(const FunctionOptions& options, const char* phase) {
+  FunctionOptions named = options;
+  named.name = (options.name.empty() ? std::string("training_step") : options.name) + phase;
+  return named;
+}
+
+}  // namespace
+
+// The step's function and the step itself hold handles of their own on the optimizer's state
+// (`Optimizer::share`): the user's handle may move (out of a Result, into a vector) or go.
+Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss, FunctionOptions options) {
+  return make_training_step(pool, optimizer, std::move(loss), TrainingStepOptions{.function = std::move(options)});
+}
+
+Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callable loss, TrainingStepOptions options) {
+  const std::int64_t parts = options.micro_batches;
+  if (parts < 1) {
+    return fail(Errc::invalid_argument,
+                "make_training_step: micro_batches is " + std::to_string(parts) + "; a step has at least one");
+  }
+  const bool per_call = parts > 1 && !options.all_in_one_call;
+  if (per_call && optimizer.has_state() && !optimizer.has_static_grads()) {
+    return fail(Errc::invalid_argument,
+                "make_training_step: micro-batches one per call accumulate their gradients in the optimizer's "
+                ".grad across calls: make the optimizer with static_grads = true (or pass all micro-batches in "
+                "one call: all_in_one_call)");
+  }
+  auto shared_loss = std::make_shared<Callable>(std::move(loss));
+  const double factor = 1.0 / static_cast<double>(parts);
+  Callable last =
+      parts > 1 && options.all_in_one_call
+          ? all_in_one_body(optimizer.share(), shared_loss, parts)
+          : phase_body(optimizer.share(), shared_loss, {.zeroes = !per_call, .steps = true, .loss_factor = factor});
+  std::optional<Function> first;
+  std::optional<Function> middle;
+  if (per_call) {
+    // Made first: a failure leaves nothing of the step in the pool but what is made already.
+    auto made = add_training_step(
+        pool, optimizer,
+        phase_body(optimizer.share(), shared_loss, {.zeroes = true, .steps = false, .loss_factor = factor}),
+        phase_options(options.function, ".first"));
+    if (!made) return std::unexpected(std::move(made.error()));
+    first = std::move(*made);
+    if (parts > 2) {
+      made = add_training_step(
+          pool, optimizer,
+          phase_body(optimizer.share(), shared_loss, {.zeroes = false, .steps = false, .loss_factor = factor}),
+          phase_options(options.function, ".middle"));
+      if (!made) return std::unexpected(std::move(made.error()));
+      middle = std::move(*made);
+    }
+  }
+  auto function = add_training_step(pool, optimizer, std::move(last), std::move(options.function));
   if (!function) return std::unexpected(std::move(function.error()));
-  return TrainingStep(std::move(*function), optimizer.share());
+  TrainingStep step(std::move(*function), optimizer.share());
+  step.first_ = std::move(first);
+  step.middle_ = std::move(middle);
+  step.micro_batches_ = parts;
+  return step;
 }
 
 Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& optimizer, Callable loss_and_gradients,
@@ -142,9 +260,20 @@ Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
   if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "TrainingStep: the step was moved from");
   if (!optimizer_.has_static_grads()) optimizer_.zero_grad(true);
   if (auto attached = optimizer_.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  // Micro-batches one per call: the first of a step, the middle ones, then the one that steps.
+  const bool steps = !first_ || taken_ == micro_batches_ - 1;
+  if (!steps) {
+    const Function& phase = taken_ == 0 ? *first_ : *middle_;
+    auto out = phase(args);
+    if (out) ++taken_;
+    return out;
+  }
   if (auto rate = optimizer_.take_scheduled_lr(); !rate) return std::unexpected(std::move(rate.error()));
   auto out = function_(args);
-  if (out) optimizer_.count_scheduled_step();
+  if (out) {
+    optimizer_.count_scheduled_step();
+    taken_ = 0;
+  }
   return out;
 }
 
