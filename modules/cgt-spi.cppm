@@ -130,23 +130,25 @@ class Recording {
   [[nodiscard]] virtual const void* output(std::size_t i) const = 0;
 };
 
-/// What `Device::record` needs to know: which inputs are copied into pool slots.
+/// What a recording needs to know besides the function and its arguments.
 struct RecordPlan {
   std::span<const bool> copy_input;  ///< per input: copy into a pool slot (else pass as is)
   /// When re-recording because a static input moved: the recording made for the old address
-  /// (same function, same place in the tree). It stays in the tree and may replay again, but
-  /// the backend may share its instantiated graph when the new one has the same topology.
+  /// (same function, same place in the tree). It stays in the tree and may replay again; the
+  /// capture pipeline may load the new graph into its executable (`Capture::load_into`).
   Recording* replaces = nullptr;
 };
 
-/// A backend's `record` says what kind of failure it met in `Error::cause`, never in its message:
-///  * `Cause::uncapturable`: the capture itself failed for a reason that will not change on
-///    another call (an operation that cannot be captured, such as a synchronisation with the
-///    host); the engine runs that function at those shapes eagerly from then on;
+/// Failures the pool acts on carry their kind in `Error::cause`, never in the message. The
+/// capture pipeline (src/core/capture_pipeline.cpp) makes the two below from what the backend's
+/// `Capture` reports:
+///  * `Cause::uncapturable`: the capture itself broke for a reason that will not change on another
+///    call (an operation that cannot be captured, such as a synchronisation with the host); the
+///    engine runs that function at those shapes eagerly from then on;
 ///  * `Cause::wrote_copied_input`, with `Error::input` set: the function wrote to an input it was
 ///    given as a copy (a pool slot, `RecordPlan::copy_input`), so the write would never reach the
-///    caller's input; the backend gave the capture up before anything ran (or put back what ran),
-///    and the engine treats the input as mutated and runs the call eagerly.
+///    caller's input; the recording was given up before its graph ran (or what the run wrote was
+///    put back), and the engine treats the input as mutated and runs the call eagerly.
 [[nodiscard]] inline bool is_capture_failure(const Error& error) noexcept {
   return error.cause == Cause::uncapturable;
 }
@@ -158,6 +160,107 @@ struct RecordPlan {
 struct Recorded {
   std::unique_ptr<Recording> recording;
   RunResult first_outputs;
+};
+
+/// How a capture went (`Capture::capture`). Two facts, because the pipeline decides on both: a
+/// broken capture is `uncapturable` whatever the function returned; a function that failed in an
+/// intact capture fails the call with its own error.
+struct CaptureOutcome {
+  /// The captured work's result: the function's error (it threw, ran out of pool memory), or the
+  /// device's where it failed at work of its own in the capture (beginning it, the input copies).
+  Result<void> work;
+  /// The capture itself broke or cannot end: the function did something a graph cannot hold.
+  bool broken = false;
+  /// With `broken`: what the device saw, in words for the message ("cudaErrorStreamCaptureInvalidated
+  /// (...): the function's work cannot be captured ..."); the pipeline prefixes "capture failed: ".
+  std::string broken_because;
+};
+
+/// `result` without its value: its error, or success (a capture's `CaptureOutcome::work` from the
+/// function's outputs, say).
+template <class T>
+[[nodiscard]] Result<void> status_of(const Result<T>& result) {
+  if (result) return {};
+  return std::unexpected(result.error());
+}
+
+/// When a backend knows which inputs a recording's function wrote (`Capture::written_inputs`).
+enum class WritesKnown : std::uint8_t {
+  never,            ///< it cannot tell (cgt.cuda): `written_inputs` is empty
+  at_capture,       ///< once the capture ended, before anything ran (cgt.torch: version counters)
+  after_first_run,  ///< only once the graph ran (the host: bytes compared): a write to a copy is undone
+};
+
+/// Nodes of a captured graph replaced by kernel nodes before instantiation, and those kept
+/// (`Capture::rewrite_nodes`); the pipeline adds them to the device's `GraphCounts`.
+struct NodeRewrites {
+  std::uint64_t memsets_rewritten = 0;
+  std::uint64_t memsets_kept = 0;
+  std::uint64_t memcpys_rewritten = 0;
+  std::uint64_t memcpys_kept = 0;
+};
+
+/// One recording in progress (`Device::begin_recording`): the device's primitives, which the
+/// capture pipeline in src/core calls in this order, each at most once, stopping at the first
+/// failure: `make_slots`, `capture`, `written_inputs` (when `writes_known()` is `at_capture`),
+/// `settle_outputs`, `rewrite_nodes`, `load_into` (for a re-recording the device lets update in
+/// place) or else `instantiate`, `run_first`, `written_inputs` and `undo_writes` (when it is
+/// `after_first_run`), `finish`. The decisions between the steps (which failure is which `Cause`,
+/// update in place or instantiate, what is counted) are the pipeline's; a primitive does its one
+/// piece of device work and reports what happened.
+///
+/// Destroying a capture that did not finish discards everything it allocated or captured: its
+/// slots, the function's outputs and temporaries, its graph and any executable, so that the
+/// pool's allocator holds only what it held before `begin_recording` (the engine then restores
+/// its checkpoint). A failure of any step is therefore just an error returned.
+class Capture {
+ public:
+  virtual ~Capture() = default;
+
+  /// Copies the inputs that `RecordPlan::copy_input` marks into new slots in the pool; the
+  /// function then sees the slots in their place. ENSURES on failure: nothing captured.
+  [[nodiscard]] virtual Result<void> make_slots() = 0;
+  /// Captures the function (with the slots' input copies, where the graph makes them) into a
+  /// graph in the pool, allocating there. REQUIRES: `make_slots` succeeded. ENSURES: the stream
+  /// is no longer capturing, whatever happened; with `work` failed or `broken`, there is no graph.
+  [[nodiscard]] virtual CaptureOutcome capture() = 0;
+  /// When `written_inputs` knows the inputs the function wrote. Read once, after `capture`.
+  [[nodiscard]] virtual WritesKnown writes_known() const noexcept { return WritesKnown::never; }
+  /// The inputs the function wrote in place, by index, as far as the device can tell: every input
+  /// it copied (a write to a slot), and every input outside the pool; writes to pool memory it may
+  /// leave out (as `RunResult::written_inputs`). REQUIRES: the moment `writes_known()` names.
+  [[nodiscard]] virtual std::vector<std::uint32_t> written_inputs() const { return {}; }
+  /// Settles the function's outputs: refuses a value the pool cannot hand out (an `Error` with
+  /// `Cause::unsupported_output`, or `invalid_argument` for a view outside its storage) and frees
+  /// the call's pool memory that no output views. REQUIRES: a graph (`capture` neither failed nor broke).
+  [[nodiscard]] virtual Result<void> settle_outputs() = 0;
+  /// Replaces the graph's nodes that cost launch time (memset, and one-row memcpy nodes where the
+  /// device's options ask) by kernel nodes, before anything compares or instantiates the graph.
+  /// Default: a device without such nodes, nothing. ENSURES on failure: the graph is unusable.
+  [[nodiscard]] virtual Result<NodeRewrites> rewrite_nodes() { return NodeRewrites{}; }
+  /// The device's option to update an earlier recording's executable in place
+  /// (`PoolOptions::update_graphs_in_place`). Default: no executables to update.
+  [[nodiscard]] virtual bool allows_update_in_place() const noexcept { return false; }
+  /// Loads the graph into the executable of `earlier` (`RecordPlan::replaces`) when it can hold it
+  /// (same topology; cgt.torch: and `earlier` draws no random numbers); the two recordings then
+  /// share that executable, and `earlier` loads its own graph back before its next replay.
+  /// Returns whether it did. REQUIRES: `earlier` is a recording of this device.
+  [[nodiscard]] virtual Result<bool> load_into(Recording& /*earlier*/) { return false; }
+  /// Makes the graph's own executable (and uploads it where the device does). Default: a device
+  /// whose graphs need none (the host).
+  [[nodiscard]] virtual Result<void> instantiate() { return {}; }
+  /// Runs the graph once (capture ran nothing): it copies the inputs and produces the first
+  /// outputs. REQUIRES: `load_into` returned true or `instantiate` succeeded.
+  [[nodiscard]] virtual Result<void> run_first() = 0;
+  /// Puts back what `run_first` wrote to the inputs (`WritesKnown::after_first_run` only), as if
+  /// nothing ran; the recording is then given up. Default: nothing to put back.
+  virtual void undo_writes() {}
+  /// The recording and the outputs of its first run (`written_inputs` left empty: the pipeline
+  /// fills it). REQUIRES: `run_first` succeeded. ENSURES: the capture holds nothing any more.
+  [[nodiscard]] virtual Result<Recorded> finish() = 0;
+  /// Where the device counts how its graphs came to be (its `graph_counts()`), which the pipeline
+  /// updates; null for a device without executables (the host).
+  [[nodiscard]] virtual GraphCounts* counts() noexcept { return nullptr; }
 };
 
 /// Why the engine gives up a storage.
@@ -296,10 +399,11 @@ class Device {
 
   /// Runs the function once, eagerly or as a warm-up in the pool.
   [[nodiscard]] virtual Result<RunResult> run(Invoker& fn, std::span<const ArgSlot> args, RunMode mode) = 0;
-  /// Copies the inputs marked in `plan` into new pool slots, captures the function into a graph
-  /// in the pool, and runs the graph once to produce the first outputs. On failure the capture
-  /// is discarded (the engine restores the allocator).
-  [[nodiscard]] virtual Result<Recorded> record(Invoker& fn, std::span<const ArgSlot> args, const RecordPlan& plan) = 0;
+  /// Starts recording `fn` over `args` as `plan` says: a `Capture` whose primitives the capture
+  /// pipeline then calls (see there). REQUIRES: `fn`, `args` and `plan` outlive the capture.
+  /// ENSURES: nothing allocated or captured yet, or on failure.
+  [[nodiscard]] virtual Result<std::unique_ptr<Capture>> begin_recording(Invoker& fn, std::span<const ArgSlot> args,
+                                                                         const RecordPlan& plan) = 0;
 
   /// The allocator's book-keeping now.
   [[nodiscard]] virtual Result<std::unique_ptr<Checkpoint>> checkpoint() = 0;

@@ -4,8 +4,9 @@
 // A program that uses a backend imports `cgt` and the backend's module (`cgt.host`, `cgt.cuda`,
 // `cgt.torch`); only the code of a backend, and tests that stand a fake device in for one, import
 // this module. A backend:
-//  * implements `cgt::backend::Device` (its stream, its checkpointable allocator, running and
-//    recording a function) and `cgt::backend::Recording` (one captured graph) — :spi;
+//  * implements `cgt::backend::Device` (its stream, its checkpointable allocator, running a
+//    function), `cgt::backend::Capture` (the device primitives of one recording, which the capture
+//    pipeline in src/core calls in order) and `cgt::backend::Recording` (one captured graph) — :spi;
 //  * names a backend type `B` for the handle templates (`Value`, `Callable`, `Device`, `describe`,
 //    `take`, `make_invoker`; see :handles) and aliases `cgt::Pool<B>` and friends in its namespace;
 //  * makes its pools with `cgt::backend::make_pool<B>(std::make_unique<MyDevice>(...), options)`;
@@ -24,7 +25,7 @@ export import :info;       // Stats, MemoryInfo, Block, CallKind, NodeKind, Node
 export import :layout;     // ElementType, Layout: strided views, for the backends' buffers
 export import :handles;    // Pool<B>, Function<B>, Arg<B>, Outputs<B>, OutputLease<B>, Owning<T>, Node;
                            // backend::make_pool<B>
-export import :spi;        // backend::Device, Recording, Checkpoint, ArgDesc, ArgSlot, Invoker, ...
+export import :spi;        // backend::Device, Capture, Recording, Checkpoint, ArgDesc, ArgSlot, Invoker, ...
 export import :arena;      // Arena: the checkpointable best-fit allocator of the host and cuda pools
 export import :arena_spi;  // backend helpers over an Arena: finish_call, checkpoint_arena, restore_arena
 export import :detail;     // exports nothing (the handles' plumbing); imported so that it is reachable

@@ -16,6 +16,10 @@ export module cgt.cuda:api;
 // The core and the backend interface; importers of cgt.cuda get `cgt` only.
 import cgt.core;
 
+namespace cgt::cuda {
+class CudaCapture;  // a recording in progress (backend::Capture), src/cuda/device.cpp; not exported
+}
+
 export namespace cgt::cuda {
 
 using cgt::ElementType;
@@ -122,6 +126,7 @@ class Context {
 
  private:
   friend class Device;
+  friend class CudaCapture;
   enum class Target : std::uint8_t { device_memory, pool };
   Context(Device& device, Target target, bool capturing) noexcept
       : device_(device), target_(target), capturing_(capturing) {}
@@ -219,8 +224,9 @@ class Device final : public backend::Device {
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
-  [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                                 const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
+                                                                          std::span<const backend::ArgSlot> args,
+                                                                          const backend::RecordPlan& plan) override;
   [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
   [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
                                      std::span<backend::StorageHandle* const> live,
@@ -241,6 +247,7 @@ class Device final : public backend::Device {
   void shutdown() override;
 
   friend class Context;
+  friend class CudaCapture;
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
 

@@ -17,6 +17,10 @@ export module cgt.host:device;
 import cgt.core;
 import :buffer;
 
+namespace cgt::host {
+class HostCapture;  // a recording in progress (backend::Capture), src/host/device.cpp; not exported
+}
+
 export namespace cgt::host {
 
 using cgt::Arena;
@@ -95,6 +99,7 @@ class Context {
 
  private:
   friend class Device;
+  friend class HostCapture;
   enum class Target : std::uint8_t { heap, pool };
   Context(Device& device, Target target) noexcept : device_(device), target_(target) {}
   Device& device_;
@@ -151,8 +156,9 @@ class Device final : public backend::Device {
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
-  [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                                 const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
+                                                                          std::span<const backend::ArgSlot> args,
+                                                                          const backend::RecordPlan& plan) override;
   [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
   [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
                                      std::span<backend::StorageHandle* const> live,
@@ -177,6 +183,7 @@ class Device final : public backend::Device {
   void shutdown() override;
 
   friend class Context;
+  friend class HostCapture;
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
   [[nodiscard]] bool in_pool(const Buffer& value) const noexcept;

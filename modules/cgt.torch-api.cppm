@@ -108,8 +108,9 @@ class Device final : public backend::Device {
   }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
-  [[nodiscard]] Result<backend::Recorded> record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                                 const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
+                                                                          std::span<const backend::ArgSlot> args,
+                                                                          const backend::RecordPlan& plan) override;
   [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
   [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
                                      std::span<backend::StorageHandle* const> live,

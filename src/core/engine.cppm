@@ -414,6 +414,19 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 /// `error` from the device, told in terms of the call: which function, doing what, on which node.
 [[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);
 
+/// The capture pipeline (capture_pipeline.cpp): records `fn` over `args` into a graph on `device`,
+/// as `plan` says, and runs it once. Every backend's recording takes these decisions here, once:
+/// a broken capture fails with `Cause::uncapturable`; a function that failed in an intact capture
+/// fails with its own error; a write to an input the plan copies fails with
+/// `Cause::wrote_copied_input` (undone first where the device saw it only after the first run); a
+/// re-recording updates the earlier executable in place when the device allows it and can, else
+/// the graph is instantiated; node rewrites, instantiations and updates are counted in the
+/// device's `GraphCounts`. The device supplies the primitives (`backend::Capture`).
+/// ENSURES on failure: the capture is discarded (the caller restores the allocator's checkpoint).
+[[nodiscard]] Result<backend::Recorded> record_graph(backend::Device& device, backend::Invoker& fn,
+                                                     std::span<const backend::ArgSlot> args,
+                                                     const backend::RecordPlan& plan);
+
 /// A lease on `cell` (or none) handing out `value`.
 [[nodiscard]] LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
                                    std::uint32_t function, std::uint32_t output);

@@ -117,7 +117,7 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
       frame, "recording",
       [&]() -> Result<backend::Recorded> {
         const RecordingScope scope(*this, *frame.function);
-        auto recorded = device->record(*frame.function->invoker, frame.args, plan);
+        auto recorded = record_graph(*device, *frame.function->invoker, frame.args, plan);
         if (!scope.refused_a_call()) return recorded;
         recorded = Result<backend::Recorded>();  // without the inner call's work: given up
         return fail(Cause::nested_pool, Errc::function_failed,

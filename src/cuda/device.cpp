@@ -62,13 +62,6 @@ kernels::Gather gather_of(const Buffer& source, const Buffer& slot) {
   return gather;
 }
 
-void count_rewrites(GraphCounts& counts, const kernels::NodeRewrites& rewrites) {
-  counts.memset_nodes_rewritten += rewrites.memsets_rewritten;
-  counts.memset_nodes_kept += rewrites.memsets_kept;
-  counts.memcpy_nodes_rewritten += rewrites.memcpys_rewritten;
-  counts.memcpy_nodes_kept += rewrites.memcpys_kept;
-}
-
 // What owns a cuda pool's instantiated graph: the executable and the graph it came from (destroyed
 // in that order).
 struct Instantiated {
@@ -263,137 +256,176 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
 
 namespace {
 
-// Why a capture gave no graph: a function that failed in an intact capture (`ended` is
-// cudaSuccess) fails as it did; a capture that cannot end was broken by the function (a
-// synchronisation, a copy to the host), and would be again at these shapes: the engine runs them
-// eagerly, as on the other backends.
-Error failed_capture(cudaError_t ended, Result<Values> outputs) {
-  if (ended == cudaSuccess) return std::move(outputs.error());
-  return fail(Cause::uncapturable, Errc::function_failed,
-              std::string("capture failed: ") + cudaGetErrorName(ended) + " (" + cudaGetErrorString(ended) +
-                  "): the function's work cannot be captured into a graph (a synchronisation such as "
-                  "cudaDeviceSynchronize or cudaStreamSynchronize, a copy to pageable host memory, work on a "
-                  "stream it does not join back)" +
-                  (outputs ? std::string() : "; the function reported: " + outputs.error().message))
-      .error();
+// Why a capture cannot end: the function broke it (a synchronisation, a copy to the host), and
+// would again at these shapes; the engine runs them eagerly, as on the other backends.
+std::string why_uncapturable(cudaError_t ended) {
+  return std::string(cudaGetErrorName(ended)) + " (" + cudaGetErrorString(ended) +
+         "): the function's work cannot be captured into a graph (a synchronisation such as cudaDeviceSynchronize or "
+         "cudaStreamSynchronize, a copy to pageable host memory, work on a stream it does not join back)";
 }
 
 }  // namespace
 
-Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                         const backend::RecordPlan& plan) {
-  CurrentDevice current;
-  if (auto set = current.enter(device_); !set) return std::unexpected(set.error());
-  CallInputs inputs(args);
-  Context context(*this, Context::Target::pool, true);
+// A recording in progress on the pool's device (backend::Capture): slots for the copied inputs,
+// the input copies and the function captured on the pool's stream, the executable, the first launch.
+// The pool's device is current while it lives.
+class CudaCapture final : public backend::Capture {
+ public:
+  CudaCapture(Device& device, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+              const backend::RecordPlan& plan)
+      : device_(device), fn_(fn), plan_(plan), inputs_(args), context_(device, Context::Target::pool, true) {}
+  CudaCapture(const CudaCapture&) = delete;
+  CudaCapture& operator=(const CudaCapture&) = delete;
+  // Unfinished, it gives back every block it allocated; finished, the outputs hold them.
+  ~CudaCapture() override { backend::free_all(arena(), context_.allocations_); }
+
+  [[nodiscard]] Result<void> enter_device() { return current_.enter(device_.device_); }
+
   // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span,
   // byte for byte. That is the view's elements only when no two share memory (broadcast aside,
   // copied once) and the first is the lowest; other views get a contiguous slot, gathered element
   // by element before each launch of the graph.
-  std::vector<CudaRecording::Copy> copies;
-  std::vector<kernels::CopyJob> jobs;  // the graph's copy nodes copy the covered spans
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (!plan.copy_input[i]) continue;
-    const Buffer& source = inputs.values[i];
-    const bool gathered = !copies_as_span(source);
-    const Layout layout = gathered ? Layout::contiguous(source.type(), source.sizes())
-                                   : source.layout().restrided(0, source.sizes(), source.strides());
-    const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
-    auto memory = arena_->allocate(bytes);
-    if (!memory) {
-      backend::free_all(*arena_, context.allocations_);
-      return std::unexpected(std::move(memory.error()));
-    }
-    context.allocations_.push_back(backend::address_of(*memory));
-    const Buffer slot = source.on_storage(*memory, bytes).with_layout(layout);
-    copies.push_back({.input = i, .slot = slot, .gathered = gathered});
-    if (gathered) {
-      // Filled now, before the capture (the graph's first launch reads it), and before each replay.
-      if (auto filled = checked(kernels::gather(gather_of(source, slot), stream_), "gathering an input"); !filled) {
-        backend::free_all(*arena_, context.allocations_);
-        return std::unexpected(filled.error());
+  [[nodiscard]] Result<void> make_slots() override {
+    for (std::size_t i = 0; i < inputs_.values.size(); ++i) {
+      if (!plan_.copy_input[i]) continue;
+      const Buffer& source = inputs_.values[i];
+      const bool gathered = !copies_as_span(source);
+      const Layout layout = gathered ? Layout::contiguous(source.type(), source.sizes())
+                                     : source.layout().restrided(0, source.sizes(), source.strides());
+      const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
+      auto memory = arena().allocate(bytes);
+      if (!memory) return std::unexpected(std::move(memory.error()));
+      context_.allocations_.push_back(backend::address_of(*memory));
+      const Buffer slot = source.on_storage(*memory, bytes).with_layout(layout);
+      copies_.push_back({.input = i, .slot = slot, .gathered = gathered});
+      if (gathered) {
+        // Filled now, before the capture (the graph's first launch reads it), and before each replay.
+        if (auto filled = checked(kernels::gather(gather_of(source, slot), stream()), "gathering an input"); !filled) {
+          return filled;
+        }
       }
+      // The covered span only (0 bytes for a view without elements, or one gathered apart).
+      jobs_.push_back(
+          {.source = source.data(), .target = slot.data(), .bytes = gathered ? 0 : layout.required_bytes()});
+      inputs_.values[i] = slot;
     }
-    // The covered span only (0 bytes for a view without elements, or one gathered apart).
-    jobs.push_back({.source = source.data(), .target = slot.data(), .bytes = gathered ? 0 : layout.required_bytes()});
-    inputs.values[i] = slot;
+    return {};
   }
 
-  if (auto began = checked(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a capture");
-      !began) {
-    backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(began.error());
+  [[nodiscard]] backend::CaptureOutcome capture() override {
+    if (auto began = checked(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "beginning a capture");
+        !began) {
+      return {.work = std::move(began)};
+    }
+    const cudaError_t copy_captured = kernels::capture_copies(jobs_, stream(), nodes_);
+    auto outputs = copy_captured == cudaSuccess
+                       ? invoke(fn_, context_, inputs_.view())
+                       : Result<Values>(fail(Errc::backend_error, std::string("capturing the input copies failed: ") +
+                                                                      cudaGetErrorString(copy_captured)));
+    cudaGraph_t ended_graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream(), &ended_graph);  // always: the stream must leave capture
+    graph_.reset(ended_graph);
+    if (!outputs || ended != cudaSuccess) {
+      graph_.reset();
+      (void)cudaGetLastError();
+      return {.work = backend::status_of(outputs),
+              .broken = ended != cudaSuccess,
+              .broken_because = ended != cudaSuccess ? why_uncapturable(ended) : std::string()};
+    }
+    outputs_ = std::move(*outputs);
+    captured_ = kernels::batches_of(nodes_);
+    return {};
   }
-  std::vector<kernels::CopyNode> nodes;
-  const cudaError_t copy_captured = kernels::capture_copies(jobs, stream_, nodes);
-  auto outputs = copy_captured == cudaSuccess
-                     ? invoke(fn, context, inputs.view())
-                     : Result<Values>(fail(Errc::backend_error, std::string("capturing the input copies failed: ") +
-                                                                    cudaGetErrorString(copy_captured)));
-  cudaGraph_t ended_graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream_, &ended_graph);  // always: the stream must leave capture
-  kernels::GraphHandle graph(ended_graph);
-  if (!outputs || ended != cudaSuccess) {
-    graph.reset();
-    (void)cudaGetLastError();
-    backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(failed_capture(ended, std::move(outputs)));
-  }
+
   // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_
-  // until the recording is made (any failure on the way frees it too: the pool is as before).
-  if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(*outputs)); !settled) {
-    backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(std::move(settled.error()));
+  // until the recording is made.
+  [[nodiscard]] Result<void> settle_outputs() override {
+    return backend::settle_outputs(arena(), context_.allocations_, std::span<Buffer>(outputs_));
   }
-  // Memset nodes (and, when asked, one-row device-to-device memcpy nodes) become kernel nodes,
-  // before anything compares or instantiates the graph: its launches then cost what its kernels
-  // cost (node_rewrite.hpp).
-  kernels::NodeRewrites rewrites;
-  if (auto rewritten = checked(kernels::rewrite_for_launch(
-                                   graph.get(), {.memsets = rewrite_memsets_, .memcpys = rewrite_memcpys_}, rewrites),
-                               "replacing a graph's memset and memcpy nodes by kernels");
-      !rewritten) {
-    backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(rewritten.error());
-  }
-  count_rewrites(counts_, rewrites);
-  std::vector<kernels::CopyBatch> captured = kernels::batches_of(nodes);
-  // A re-recording because a static input moved: update the old recording's executable when the
-  // topology is the same, instead of instantiating another; the recording then owns its graph.
-  std::shared_ptr<SharedExec> shared;
-  if (auto* previous = static_cast<CudaRecording*>(plan.replaces); previous != nullptr && update_in_place_) {
-    if (SharedExec& candidate = *previous->shared_exec();
-        kernels::load_if_same_topology(candidate.exec, candidate.nodes, graph.get(), nodes, captured)) {
-      shared = previous->shared_exec();
-      ++counts_.updated_in_place;
+
+  // Memset nodes (and, when asked, one-row device-to-device memcpy nodes) become kernel nodes: the
+  // graph's launches then cost what its kernels cost (node_rewrite.hpp).
+  [[nodiscard]] Result<backend::NodeRewrites> rewrite_nodes() override {
+    kernels::NodeRewrites rewrites;
+    if (auto rewritten = checked(
+            kernels::rewrite_for_launch(
+                graph_.get(), {.memsets = device_.rewrite_memsets_, .memcpys = device_.rewrite_memcpys_}, rewrites),
+            "replacing a graph's memset and memcpy nodes by kernels");
+        !rewritten) {
+      return std::unexpected(rewritten.error());
     }
+    return backend::NodeRewrites{.memsets_rewritten = rewrites.memsets_rewritten,
+                                 .memsets_kept = rewrites.memsets_kept,
+                                 .memcpys_rewritten = rewrites.memcpys_rewritten,
+                                 .memcpys_kept = rewrites.memcpys_kept};
   }
-  if (shared == nullptr) {
+
+  [[nodiscard]] bool allows_update_in_place() const noexcept override { return device_.update_in_place_; }
+
+  // The earlier recording's executable, updated to run this graph when the topology is the same;
+  // the recording then owns its graph.
+  [[nodiscard]] Result<bool> load_into(backend::Recording& earlier) override {
+    const std::shared_ptr<SharedExec>& candidate = static_cast<CudaRecording&>(earlier).shared_exec();
+    if (!kernels::load_if_same_topology(candidate->exec, candidate->nodes, graph_.get(), nodes_, captured_)) {
+      return false;
+    }
+    shared_ = candidate;
+    // It runs this graph now, no recording's until `finish` makes this one's: a capture given up
+    // before then leaves the earlier recording to load its graph back at its next replay.
+    shared_->loaded = nullptr;
+    return true;
+  }
+
+  [[nodiscard]] Result<void> instantiate() override {
     cudaGraphExec_t exec = nullptr;
-    if (auto ok = checked(cudaGraphInstantiate(&exec, graph.get(), 0), "instantiating a graph"); !ok) {
-      backend::free_all(*arena_, context.allocations_);
-      return std::unexpected(ok.error());
-    }
-    ++counts_.instantiated;
-    shared = std::make_shared<SharedExec>(Instantiated{.origin = std::move(graph), .exec = kernels::ExecHandle(exec)},
-                                          exec, std::move(nodes));
-    if (auto uploaded = checked(cudaGraphUpload(exec, stream_), "uploading a graph"); !uploaded) {
-      backend::free_all(*arena_, context.allocations_);
-      return std::unexpected(uploaded.error());
-    }
+    if (auto ok = checked(cudaGraphInstantiate(&exec, graph_.get(), 0), "instantiating a graph"); !ok) return ok;
+    shared_ = std::make_shared<SharedExec>(Instantiated{.origin = std::move(graph_), .exec = kernels::ExecHandle(exec)},
+                                           exec, std::move(nodes_));
+    return checked(cudaGraphUpload(exec, stream()), "uploading a graph");
   }
-  auto recording = std::make_unique<CudaRecording>(shared, std::move(graph), std::move(captured), stream_, device_,
-                                                   std::move(copies), *outputs, counts_);
+
   // Capture ran nothing: this launch copies the inputs and produces the first outputs.
-  if (auto launched = checked(cudaGraphLaunch(shared->exec, stream_), "launching a new graph"); !launched) {
-    backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(launched.error());
+  [[nodiscard]] Result<void> run_first() override {
+    return checked(cudaGraphLaunch(shared_->exec, stream()), "launching a new graph");
   }
-  backend::Recorded recorded;
-  recorded.recording = std::move(recording);
-  recorded.first_outputs = backend::describe_outputs(*arena_, context.allocations_, std::move(*outputs));
-  context.allocations_.clear();
-  return recorded;
+
+  [[nodiscard]] Result<backend::Recorded> finish() override {
+    backend::Recorded recorded;
+    recorded.recording =
+        std::make_unique<CudaRecording>(shared_, std::move(graph_), std::move(captured_), stream(), device_.device_,
+                                        std::move(copies_), outputs_, device_.counts_);
+    recorded.first_outputs = backend::describe_outputs(arena(), context_.allocations_, std::move(outputs_));
+    context_.allocations_.clear();
+    return recorded;
+  }
+
+  [[nodiscard]] GraphCounts* counts() noexcept override { return &device_.counts_; }
+
+ private:
+  [[nodiscard]] Arena& arena() const noexcept { return *device_.arena_; }
+  [[nodiscard]] cudaStream_t stream() const noexcept { return device_.stream_; }
+
+  CurrentDevice current_;  // declared first: the device is put back after everything below is gone
+  Device& device_;
+  backend::Invoker& fn_;
+  backend::RecordPlan plan_;
+  CallInputs inputs_;  // the function's inputs: the copied ones replaced by their slots
+  Context context_;    // the pool blocks allocated so far, slots first
+  std::vector<CudaRecording::Copy> copies_;
+  std::vector<kernels::CopyJob> jobs_;        // the graph's copy nodes copy the covered spans
+  std::vector<kernels::CopyNode> nodes_;      // the copy nodes, as captured
+  std::vector<kernels::CopyBatch> captured_;  // what they copied then
+  kernels::GraphHandle graph_;                // the captured graph, until an executable of its own owns it
+  std::shared_ptr<SharedExec> shared_;        // the executable it runs in: its own, or an earlier recording's
+  Values outputs_;                            // the function's, from the capture
+};
+
+Result<std::unique_ptr<backend::Capture>> Device::begin_recording(backend::Invoker& fn,
+                                                                  std::span<const backend::ArgSlot> args,
+                                                                  const backend::RecordPlan& plan) {
+  auto capture = std::make_unique<CudaCapture>(*this, fn, args, plan);
+  if (auto entered = capture->enter_device(); !entered) return std::unexpected(entered.error());
+  return capture;
 }
 
 Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {

@@ -52,6 +52,7 @@ std::unexpected<Error> outside_storage(std::size_t input) {
 // is poisoned, which is not a write.
 class InputSnapshots {
  public:
+  InputSnapshots() = default;  // watches nothing
   // Copies `values[i]` where `watched(i)`; a value that cannot be copied (out of memory, a view
   // outside its storage) is not watched.
   template <class Watched>
@@ -200,94 +201,133 @@ bool Device::in_pool(const Buffer& value) const noexcept {
   return owns(address_of(value.storage()));
 }
 
-Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                         const backend::RecordPlan& plan) {
-  if (plan.replaces != nullptr) ++redoing_another_;
-  CallInputs inputs(args);
-  Context context(*this, Context::Target::pool);
+// A recording in progress on the host (backend::Capture): slots for the copied inputs, the function
+// captured on the pool's stream, and the graph's first run.
+class HostCapture final : public backend::Capture {
+ public:
+  HostCapture(Device& device, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+              const backend::RecordPlan& plan)
+      : device_(device),
+        fn_(static_cast<HostInvoker&>(fn)),
+        plan_(plan),
+        inputs_(args),
+        context_(device, Context::Target::pool),
+        slots_(args.size()),
+        copied_(args.size(), false) {}
+  HostCapture(const HostCapture&) = delete;
+  HostCapture& operator=(const HostCapture&) = delete;
+  // Unfinished, it gives back every block it allocated; finished, the outputs hold them.
+  ~HostCapture() override { backend::free_all(arena(), context_.allocations_); }
+
   // Copied inputs get a slot of their own in the pool: the source's sizes and broadcast
   // dimensions, dense otherwise (whatever the source's strides: gaps, overlap, negative), so the
   // slot holds each element once; replays copy into it element by element (one memcpy when the
   // source has the slot's strides).
-  std::vector<Buffer> slots(args.size());
-  std::vector<bool> copied(args.size(), false);
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (!plan.copy_input[i]) continue;
-    const Buffer& source = inputs.values[i];
-    if (!source.fits()) {
-      backend::free_all(*arena_, context.allocations_);
-      return outside_storage(i);
+  [[nodiscard]] Result<void> make_slots() override {
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (!plan_.copy_input[i]) continue;
+      const Buffer& source = inputs_.values[i];
+      if (!source.fits()) return outside_storage(i);
+      const Layout layout = source.layout().dense_like();
+      const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
+      auto memory = arena().allocate(bytes);
+      if (!memory) return std::unexpected(std::move(memory.error()));
+      context_.allocations_.push_back(address_of(*memory));
+      slots_[i] = source.on_storage(*memory, bytes).with_layout(layout);
+      copy(source, slots_[i]);
+      inputs_.values[i] = slots_[i];
+      copied_[i] = true;
     }
-    const Layout layout = source.layout().dense_like();
-    const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
-    auto memory = arena_->allocate(bytes);
-    if (!memory) {
-      backend::free_all(*arena_, context.allocations_);
-      return std::unexpected(std::move(memory.error()));
-    }
-    context.allocations_.push_back(address_of(*memory));
-    slots[i] = source.on_storage(*memory, bytes).with_layout(layout);
-    copy(source, slots[i]);
-    inputs.values[i] = slots[i];
-    copied[i] = true;
+    return {};
   }
 
-  // Every input is watched here, slots included: a write to a slot (a copied input) gives the
-  // recording up, and the inputs the first run wrote in place are put back, as if nothing ran.
-  const InputSnapshots snapshots(inputs.values, [](std::size_t) { return true; });
-  stream_.begin_capture();
-  auto outputs = backend::call_function(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
-  const bool broken = stream_.capture_broken();
-  if (!outputs || broken) {
-    stream_.discard_capture();
-    backend::free_all(*arena_, context.allocations_);
-    // A function that failed in an intact capture fails as it did; one that broke its capture
-    // would break it again (whatever it then returned): that is the cause the engine acts on.
-    if (!broken) return std::unexpected(std::move(outputs.error()));
-    return fail(Cause::uncapturable, Errc::function_failed,
-                "capture failed: the function synchronised with the host during its capture (Context::synchronize)" +
-                    (outputs ? std::string() : "; then it failed: " + outputs.error().message));
+  [[nodiscard]] backend::CaptureOutcome capture() override {
+    // Every input is watched, slots included: a write to a slot gives the recording up, and the
+    // inputs the first run wrote in place are then put back (undo_writes).
+    snapshots_ = InputSnapshots(inputs_.values, [](std::size_t) { return true; });
+    Stream& stream = device_.stream_;
+    stream.begin_capture();
+    auto outputs = backend::call_function(fn_.fn, context_, inputs_.view());
+    const bool broken = stream.capture_broken();
+    if (!outputs || broken) {
+      stream.discard_capture();
+      return {.work = backend::status_of(outputs),
+              .broken = broken,
+              .broken_because =
+                  broken ? "the function synchronised with the host during its capture (Context::synchronize)" : ""};
+    }
+    graph_ = stream.end_capture();
+    outputs_ = std::move(*outputs);
+    return {};
   }
-  Graph graph = stream_.end_capture();
+
+  // The host compares bytes: it knows a write only once the graph ran.
+  [[nodiscard]] backend::WritesKnown writes_known() const noexcept override {
+    return backend::WritesKnown::after_first_run;
+  }
+  [[nodiscard]] std::vector<std::uint32_t> written_inputs() const override {
+    std::vector<std::uint32_t> written = snapshots_.written(inputs_.values);
+    // Pool memory read in place is the graph's to write; a slot (pool memory too) is a copied input.
+    std::erase_if(written, [&](std::uint32_t i) { return !copied_[i] && device_.in_pool(inputs_.values[i]); });
+    return written;
+  }
+
   // Slots and temporaries the outputs do not view are freed; what they keep stays in allocations_.
-  if (auto settled = backend::settle_outputs(*arena_, context.allocations_, std::span<Buffer>(*outputs)); !settled) {
-    backend::free_all(*arena_, context.allocations_);
-    return std::unexpected(std::move(settled.error()));
+  [[nodiscard]] Result<void> settle_outputs() override {
+    return backend::settle_outputs(arena(), context_.allocations_, std::span<Buffer>(outputs_));
   }
-  // Capture ran nothing: this run produces the first outputs. A kernel may throw anything; then
-  // the outputs' blocks go too, and the pool is as before the call.
-  std::string thrown;
-  try {
-    graph.replay();
-  } catch (const std::exception& error) {
-    thrown = std::string("a kernel threw during the first replay: ") + error.what();
-  } catch (...) {
-    thrown = "a kernel threw an exception that is not a std::exception during the first replay";
+
+  // Capture ran nothing: this run produces the first outputs. A kernel may throw anything; the
+  // recording is then given up, and its blocks go back with it.
+  [[nodiscard]] Result<void> run_first() override {
+    try {
+      graph_.replay();
+    } catch (const std::exception& error) {
+      return fail(Errc::function_failed, std::string("a kernel threw during the first replay: ") + error.what());
+    } catch (...) {
+      return fail(Errc::function_failed,
+                  "a kernel threw an exception that is not a std::exception during the first replay");
+    }
+    return {};
   }
-  if (!thrown.empty()) {
-    backend::free_all(*arena_, context.allocations_);
-    return fail(Errc::function_failed, std::move(thrown));
-  }
-  std::vector<std::uint32_t> written = snapshots.written(inputs.values);
-  const auto to_slot = std::ranges::find_if(written, [&](std::uint32_t i) { return copied[i]; });
-  if (to_slot != written.end()) {
-    // CUDA sees such a write during the capture (cgt.torch: a version counter), before anything
-    // runs; here the first run did it, so what it wrote in place is put back.
-    snapshots.restore(inputs.values, [&](std::size_t i) {
+
+  // CUDA sees a write to a copied input during the capture (cgt.torch: a version counter), before
+  // anything runs; here the first run did it, so what it wrote in place is put back.
+  void undo_writes() override {
+    snapshots_.restore(inputs_.values, [&](std::size_t i) {
       // Not a pool block that died during the call (a lease the function dropped): that is free.
-      return !in_pool(inputs.values[i]) || arena_->is_allocated(address_of(inputs.values[i].storage()));
+      return !device_.in_pool(inputs_.values[i]) || arena().is_allocated(address_of(inputs_.values[i].storage()));
     });
-    backend::free_all(*arena_, context.allocations_);
-    return fail(Cause::wrote_copied_input, Errc::function_failed,
-                "input " + std::to_string(*to_slot) + " was written, but the graph reads it through a copy",
-                static_cast<std::int32_t>(*to_slot));
   }
-  std::erase_if(written, [&](std::uint32_t i) { return in_pool(inputs.values[i]); });
-  backend::Recorded recorded;
-  recorded.recording = std::make_unique<HostRecording>(std::move(graph), std::move(slots), std::move(copied), *outputs);
-  recorded.first_outputs = backend::describe_outputs(*arena_, context.allocations_, std::move(*outputs));
-  context.allocations_.clear();
-  return recorded;
+
+  [[nodiscard]] Result<backend::Recorded> finish() override {
+    backend::Recorded recorded;
+    recorded.recording = std::make_unique<HostRecording>(std::move(graph_), std::move(slots_), copied_, outputs_);
+    recorded.first_outputs = backend::describe_outputs(arena(), context_.allocations_, std::move(outputs_));
+    context_.allocations_.clear();
+    return recorded;
+  }
+
+ private:
+  [[nodiscard]] Arena& arena() const noexcept { return *device_.arena_; }
+
+  Device& device_;
+  HostInvoker& fn_;
+  backend::RecordPlan plan_;
+  CallInputs inputs_;          // the function's inputs: the copied ones replaced by their slots
+  Context context_;            // the pool blocks allocated so far, slots first
+  std::vector<Buffer> slots_;  // per input: its slot, or empty when it is not copied
+  std::vector<bool> copied_;
+  InputSnapshots snapshots_;  // the inputs before the capture (taken by capture)
+  Graph graph_;
+  Values outputs_;  // the function's, from the capture
+};
+
+Result<std::unique_ptr<backend::Capture>> Device::begin_recording(backend::Invoker& fn,
+                                                                  std::span<const backend::ArgSlot> args,
+                                                                  const backend::RecordPlan& plan) {
+  if (plan.replaces != nullptr) ++redoing_another_;
+  return std::make_unique<HostCapture>(*this, fn, args, plan);
 }
 
 Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {

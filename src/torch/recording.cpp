@@ -315,15 +315,12 @@ cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
   return broken;
 }
 
-// The error for a capture that broke: permanent for this function and shape (the engine runs it
-// eagerly from then on, told so by the cause).
-Error capture_failed(cudaError_t why, const std::string& detail) {
-  return Error{.code = Errc::function_failed,
-               .message = std::string("capture failed: ") + cudaGetErrorName(why) + " (" + cudaGetErrorString(why) +
-                          "): the function does something a CUDA graph cannot capture (a synchronisation such as "
-                          ".item() or nonzero, a copy to the host, work on a stream it does not join back); " +
-                          detail,
-               .cause = Cause::uncapturable};
+// What a capture that broke says, after "capture failed: " (the pipeline makes it an
+// `uncapturable` error: permanent for this function and shape).
+std::string why_uncapturable(cudaError_t why) {
+  return std::string(cudaGetErrorName(why)) + " (" + cudaGetErrorString(why) +
+         "): the function does something a CUDA graph cannot capture (a synchronisation such as .item() or nonzero, "
+         "a copy to the host, work on a stream it does not join back)";
 }
 
 // Slots in the pool for the inputs that are copied, with the same layout as the inputs.
@@ -405,24 +402,25 @@ std::vector<OutputLayout> describe_layouts(const backend::RunResult& first) {
 }
 
 // What a recording carries from one step to the next.
-struct Capture {
-  explicit Capture(std::span<const backend::ArgSlot> args) : inputs(args) {}
+struct CaptureState {
+  explicit CaptureState(std::span<const backend::ArgSlot> args) : inputs(args) {}
   CallInputs inputs;              // the function's inputs: the copied ones replaced by their slots
   std::vector<at::Tensor> slots;  // per input: its slot, or undefined when it is not copied
   std::vector<CopiedInput> copies;
-  std::vector<kernels::CopyNode> nodes;  // the graph's copy nodes
+  std::vector<kernels::CopyNode> nodes;      // the graph's copy nodes
+  std::vector<kernels::CopyBatch> captured;  // what they copied when captured
   // Kept after instantiation: the copy nodes are updated through its nodes, and a re-recording may
   // load it into an earlier recording's executable instead of instantiating.
   GraphPtr graph{new at::cuda::CUDAGraph(/*keep_graph=*/true)};  // NOLINT(cppcoreguidelines-owning-memory)
   std::vector<std::uintptr_t> allocated_before;                  // the pool's allocated blocks before the call
   Values outputs;                                                // the function's, from the capture
-  std::vector<std::uint32_t> written;                            // inputs it wrote in place (not slots)
+  std::vector<std::uint32_t> written;  // inputs it wrote in place (a slot's version: a copied input)
 };
 
-// Step 1: the copied inputs' slots in the pool, written on the pool's stream after the caller's
-// work so far (its inputs), ordered by an event: a device-wide synchronisation would break
-// another thread's capture.
-Result<void> prepare_slots(Device::State& state, Capture& capture, std::span<const backend::ArgSlot> args,
+// The copied inputs' slots in the pool, written on the pool's stream after the caller's work so
+// far (its inputs), ordered by an event: a device-wide synchronisation would break another
+// thread's capture.
+Result<void> prepare_slots(Device::State& state, CaptureState& capture, std::span<const backend::ArgSlot> args,
                            const backend::RecordPlan& plan) {
   return guarded("recording", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
@@ -448,10 +446,11 @@ Result<void> begin_capture(Device::State& state, at::cuda::CUDAGraph& graph) {
 }
 
 // Inside the capture: the copy nodes of the copied inputs (from the call's inputs), then the
-// function on the slots. A function that wrote a slot fails the capture before anything ran: the
-// write would never reach the caller's input (the engine runs the call eagerly instead).
+// function on the slots. The inputs it wrote are noted (their version counters moved): the
+// pipeline gives the recording up for a write to a slot, before anything ran, since the write
+// would never reach the caller's input.
 Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                              const backend::RecordPlan& plan, Capture& capture) {
+                              CaptureState& capture) {
   if (const cudaError_t copied = capture_copies(capture.copies, args, state.stream.stream(), capture.nodes);
       copied != cudaSuccess) {
     (void)cudaGetLastError();
@@ -461,65 +460,65 @@ Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::s
   Result<Values> outputs = invoke(fn, capture.inputs);
   if (!outputs) return outputs;
   capture.written = versions.written(capture.inputs);
-  for (const std::uint32_t input : capture.written) {
-    if (!plan.copy_input[input]) continue;
-    return fail(Cause::wrote_copied_input, Errc::function_failed,
-                "input " + std::to_string(input) +
-                    " was written in place (its version counter moved), but the graph reads it through a copy",
-                static_cast<std::int32_t>(input));
-  }
   return outputs;
 }
 
-// Ends the capture of a function that returned `outputs`. A capture the function broke, or that
-// cannot end, is abandoned and fails as `capture_failed` (the engine runs the function eagerly at
-// these shapes from then on); a function that failed in an intact capture fails as it did.
-Result<Values> end_capture(Device::State& state, at::cuda::CUDAGraph& graph, Result<Values> outputs) {
+// Ends the capture of a function that returned `outputs`, which `capture` keeps. A capture the
+// function broke, or that cannot end, is abandoned and reported broken (the pipeline runs the
+// function eagerly at these shapes from then on); a function that failed in an intact capture is
+// reported as it failed.
+backend::CaptureOutcome end_capture(Device::State& state, CaptureState& capture, Result<Values> outputs) {
+  at::cuda::CUDAGraph& graph = *capture.graph;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const bool intact =
       cudaStreamIsCapturing(state.stream.stream(), &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
   if (!outputs || !intact) {
-    const cudaError_t broken = abandon_capture(graph, state);
-    if (broken == cudaSuccess) return outputs;
-    return std::unexpected(
-        capture_failed(broken, outputs ? std::string("the function returned, but its capture cannot be used")
-                                       : outputs.error().message));
+    cudaError_t broken = abandon_capture(graph, state);
+    // The function returned, but its capture is not active: it cannot be used.
+    if (broken == cudaSuccess && outputs) broken = cudaErrorStreamCaptureInvalidated;
+    return {.work = backend::status_of(outputs),
+            .broken = broken != cudaSuccess,
+            .broken_because = broken != cudaSuccess ? why_uncapturable(broken) : std::string()};
   }
   try {
     const std::lock_guard<std::mutex> lock(generator_registration());
     graph.capture_end();
-    return outputs;
   } catch (const std::exception& error) {
     const cudaError_t broken = abandon_capture(graph, state);
-    return std::unexpected(capture_failed(broken != cudaSuccess ? broken : cudaErrorStreamCaptureInvalidated,
-                                          std::string("ending the capture failed: ") + error.what()));
+    return {.broken = true,
+            .broken_because = why_uncapturable(broken != cudaSuccess ? broken : cudaErrorStreamCaptureInvalidated) +
+                              "; ending the capture failed: " + error.what()};
   }
-}
-
-// Step 2: captures the input copies and the function into `capture.graph` on the pool's stream.
-// cuBLAS keeps workspaces between calls; cleared around the capture, the graph's workspace is
-// allocated in the pool and accounted for there.
-Result<void> capture_function(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                              const backend::RecordPlan& plan, Capture& capture) {
-  auto outputs = guarded("recording", [&]() -> Result<Values> {
-    const c10::cuda::CUDAGuard device_guard(state.index);
-    const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
-    clear_workspaces_of(state.stream);
-    if (auto began = begin_capture(state, *capture.graph); !began) return std::unexpected(std::move(began.error()));
-    Result<Values> ended = end_capture(state, *capture.graph, run_in_capture(state, fn, args, plan, capture));
-    clear_workspaces_of(state.stream);
-    return ended;
-  });
-  if (!outputs) return std::unexpected(std::move(outputs.error()));
   capture.outputs = std::move(*outputs);
+  capture.captured = kernels::batches_of(capture.nodes);
   return {};
 }
 
-// Step 3a: the captured graph's memset nodes (and, when asked, its one-row device-to-device memcpy
-// nodes) replaced by kernel nodes (node_rewrite.hpp), before anything compares or instantiates it:
+// Captures the input copies and the function into `capture.graph` on the pool's stream. cuBLAS
+// keeps workspaces between calls; cleared around the capture, the graph's workspace is allocated
+// in the pool and accounted for there.
+backend::CaptureOutcome capture_function(Device::State& state, backend::Invoker& fn,
+                                         std::span<const backend::ArgSlot> args, CaptureState& capture) {
+  auto outcome = guarded("recording", [&]() -> Result<backend::CaptureOutcome> {
+    const c10::cuda::CUDAGuard device_guard(state.index);
+    const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
+    clear_workspaces_of(state.stream);
+    if (auto began = begin_capture(state, *capture.graph); !began) {
+      return backend::CaptureOutcome{.work = std::move(began)};
+    }
+    backend::CaptureOutcome ended = end_capture(state, capture, run_in_capture(state, fn, args, capture));
+    clear_workspaces_of(state.stream);
+    return ended;
+  });
+  if (!outcome) return {.work = std::unexpected(std::move(outcome.error()))};
+  return std::move(*outcome);
+}
+
+// The captured graph's memset nodes (and, when asked, its one-row device-to-device memcpy nodes)
+// replaced by kernel nodes (node_rewrite.hpp), before anything compares or instantiates it:
 // launches of the graph then cost what its kernels cost. A graph half rewritten on failure is
 // given up.
-Result<void> rewrite_nodes(Device::State& state, Capture& capture) {
+Result<backend::NodeRewrites> rewrite_graph_nodes(Device::State& state, CaptureState& capture) {
   kernels::NodeRewrites rewrites;
   auto rewritten = guarded("replacing a graph's memset and memcpy nodes by kernels", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
@@ -528,12 +527,11 @@ Result<void> rewrite_nodes(Device::State& state, Capture& capture) {
                        {.memsets = state.rewrite_memset_nodes, .memcpys = state.rewrite_memcpy_nodes}, rewrites),
                    "replacing a graph's memset and memcpy nodes by kernels");
   });
-  if (!rewritten) return rewritten;
-  state.graph_counts.memset_nodes_rewritten += rewrites.memsets_rewritten;
-  state.graph_counts.memset_nodes_kept += rewrites.memsets_kept;
-  state.graph_counts.memcpy_nodes_rewritten += rewrites.memcpys_rewritten;
-  state.graph_counts.memcpy_nodes_kept += rewrites.memcpys_kept;
-  return {};
+  if (!rewritten) return std::unexpected(std::move(rewritten.error()));
+  return backend::NodeRewrites{.memsets_rewritten = rewrites.memsets_rewritten,
+                               .memsets_kept = rewrites.memsets_kept,
+                               .memcpys_rewritten = rewrites.memcpys_rewritten,
+                               .memcpys_kept = rewrites.memcpys_kept};
 }
 
 // Where a new recording's graph runs: an executable it shares (the graph is then its own), or
@@ -543,32 +541,25 @@ struct Placement {
   GraphPtr own_graph;  // a re-recording's graph, when it shares an executable
 };
 
-// The executable of the recording a re-recording redoes (a static input moved), updated in place,
-// when the new graph has its topology; null when it has another, or the old graph draws random
-// numbers (it replays through its own CUDAGraph::replay).
-Result<std::shared_ptr<SharedExec>> update_in_place(Device::State& state, const backend::RecordPlan& plan,
-                                                    Capture& capture, const std::vector<kernels::CopyBatch>& captured) {
-  auto* previous = static_cast<TorchRecording*>(plan.replaces);
-  if (previous == nullptr || !state.update_graphs_in_place) return nullptr;
-  std::shared_ptr<SharedExec> candidate = previous->shareable();
+// The executable of `earlier`, the recording a re-recording redoes (a static input moved),
+// updated in place, when the new graph has its topology; null when it has another, or the old
+// graph draws random numbers (it replays through its own CUDAGraph::replay).
+Result<std::shared_ptr<SharedExec>> update_in_place(Device::State& state, backend::Recording& earlier,
+                                                    CaptureState& capture) {
+  std::shared_ptr<SharedExec> candidate = static_cast<TorchRecording&>(earlier).shareable();
   if (candidate == nullptr) return nullptr;
   auto updated = guarded("updating a graph in place", [&]() -> Result<bool> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     return kernels::load_if_same_topology(candidate->exec, candidate->nodes, capture.graph->raw_cuda_graph(),
-                                          capture.nodes, captured);
+                                          capture.nodes, capture.captured);
   });
   if (!updated) return std::unexpected(std::move(updated.error()));
   if (!*updated) return nullptr;
-  ++state.graph_counts.updated_in_place;
   return candidate;
 }
 
-// Step 3: the executable the new graph runs in (see update_in_place), else its own.
-Result<Placement> place_graph(Device::State& state, const backend::RecordPlan& plan, Capture& capture,
-                              const std::vector<kernels::CopyBatch>& captured) {
-  auto shared = update_in_place(state, plan, capture, captured);
-  if (!shared) return std::unexpected(std::move(shared.error()));
-  if (*shared != nullptr) return Placement{.exec = std::move(*shared), .own_graph = std::move(capture.graph)};
+// The new graph's own executable.
+Result<Placement> instantiate_graph(Device::State& state, CaptureState& capture) {
   auto instantiated = guarded("instantiating a graph", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     capture.graph->instantiate();
@@ -577,17 +568,15 @@ Result<Placement> place_graph(Device::State& state, const backend::RecordPlan& p
   if (!instantiated) {  // the capture ended: the graph's destructor gives its pool use back
     return fail(Errc::function_failed, "the captured graph cannot be instantiated: " + instantiated.error().message);
   }
-  ++state.graph_counts.instantiated;
   cudaGraphExec_t exec = capture.graph->raw_cuda_graph_exec();
   return Placement{.exec = std::make_shared<SharedExec>(std::move(capture.graph), exec, std::move(capture.nodes)),
                    .own_graph = nullptr};
 }
 
-// Step 4: the graph's first run (capture ran nothing): it copies the inputs and produces the first
-// outputs, and tells whether the graph draws random numbers. Then the recording.
-Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Placement placement,
-                                    std::vector<kernels::CopyBatch> captured) {
-  return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
+// The graph's first run (capture ran nothing): it copies the inputs and produces the first outputs.
+// Returns whether the graph's replays may launch it directly: it draws no random numbers.
+Result<bool> run_graph_first(Device::State& state, const Placement& placement) {
+  return guarded("running a new graph", [&]() -> Result<bool> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     // capture_begin reset the generator's graph state (seed and offset tensors) with kernels on
     // the pool's stream, which is not ordered with the replay's: the replay's own reset must come
@@ -615,36 +604,88 @@ Result<backend::Recorded> run_first(Device::State& state, Capture& capture, Plac
     // as it reuses any graph's memory. No host synchronisation: a loop recording one size after
     // another captures the next size while this one runs.
     follow(state.stream, current);
+    return direct_launch;
+  });
+}
+
+// The recording, after its first run, and that run's outputs.
+Result<backend::Recorded> make_recording(Device::State& state, CaptureState& capture, Placement placement,
+                                         bool direct_launch) {
+  return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
+    const c10::cuda::CUDAGuard device_guard(state.index);
     capture.inputs.values.clear();
     capture.slots.clear();
     backend::Recorded recorded;
     recorded.first_outputs = describe_outputs(state, std::move(capture.outputs), true, capture.allocated_before);
-    recorded.first_outputs.written_inputs = std::move(capture.written);
-    recorded.recording = std::make_unique<TorchRecording>(std::move(placement.exec), std::move(placement.own_graph),
-                                                          std::move(captured), direct_launch, std::move(capture.copies),
-                                                          describe_layouts(recorded.first_outputs), state);
+    recorded.recording = std::make_unique<TorchRecording>(
+        std::move(placement.exec), std::move(placement.own_graph), std::move(capture.captured), direct_launch,
+        std::move(capture.copies), describe_layouts(recorded.first_outputs), state);
     note_peak(state);
     return recorded;
   });
 }
 
+// A recording in progress on the pool's stream (backend::Capture): each primitive is one of the
+// steps above.
+class TorchCapture final : public backend::Capture {
+ public:
+  TorchCapture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+               const backend::RecordPlan& plan)
+      : state_(state), fn_(fn), args_(args), plan_(plan), capture_(args) {}
+
+  [[nodiscard]] Result<void> make_slots() override { return prepare_slots(state_, capture_, args_, plan_); }
+  [[nodiscard]] backend::CaptureOutcome capture() override { return capture_function(state_, fn_, args_, capture_); }
+  // Version counters move at every in-place write, also inside a capture.
+  [[nodiscard]] backend::WritesKnown writes_known() const noexcept override { return backend::WritesKnown::at_capture; }
+  [[nodiscard]] std::vector<std::uint32_t> written_inputs() const override { return capture_.written; }
+  [[nodiscard]] Result<void> settle_outputs() override { return check_outputs(capture_.outputs, false); }
+  [[nodiscard]] Result<backend::NodeRewrites> rewrite_nodes() override { return rewrite_graph_nodes(state_, capture_); }
+  [[nodiscard]] bool allows_update_in_place() const noexcept override { return state_.update_graphs_in_place; }
+  [[nodiscard]] Result<bool> load_into(backend::Recording& earlier) override {
+    auto shared = update_in_place(state_, earlier, capture_);
+    if (!shared) return std::unexpected(std::move(shared.error()));
+    if (*shared == nullptr) return false;
+    placement_ = Placement{.exec = std::move(*shared), .own_graph = std::move(capture_.graph)};
+    // It runs this graph now, no recording's until `finish` makes this one's: a capture given up
+    // before then leaves the earlier recording to load its graph back at its next replay.
+    placement_.exec->loaded = nullptr;
+    return true;
+  }
+  [[nodiscard]] Result<void> instantiate() override {
+    auto placed = instantiate_graph(state_, capture_);
+    if (!placed) return std::unexpected(std::move(placed.error()));
+    placement_ = std::move(*placed);
+    return {};
+  }
+  [[nodiscard]] Result<void> run_first() override {
+    auto direct_launch = run_graph_first(state_, placement_);
+    if (!direct_launch) return std::unexpected(std::move(direct_launch.error()));
+    direct_launch_ = *direct_launch;
+    return {};
+  }
+  [[nodiscard]] Result<backend::Recorded> finish() override {
+    return make_recording(state_, capture_, std::move(placement_), direct_launch_);
+  }
+  [[nodiscard]] GraphCounts* counts() noexcept override { return &state_.graph_counts; }
+
+ private:
+  Device::State& state_;
+  backend::Invoker& fn_;
+  std::span<const backend::ArgSlot> args_;
+  backend::RecordPlan plan_;
+  CaptureState capture_;
+  Placement placement_;  // declared after capture_: destroyed before it
+  bool direct_launch_ = true;
+};
+
 }  // namespace
 
-Result<backend::Recorded> Device::record(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                         const backend::RecordPlan& plan) {
+Result<std::unique_ptr<backend::Capture>> Device::begin_recording(backend::Invoker& fn,
+                                                                  std::span<const backend::ArgSlot> args,
+                                                                  const backend::RecordPlan& plan) {
   State& state = *state_;
   if (auto ordered = order_after_last_caller(state); !ordered) return std::unexpected(std::move(ordered.error()));
-  Capture capture(args);
-  if (auto prepared = prepare_slots(state, capture, args, plan); !prepared) return std::unexpected(prepared.error());
-  if (auto captured = capture_function(state, fn, args, plan, capture); !captured) {
-    return std::unexpected(captured.error());
-  }
-  if (auto usable = check_outputs(capture.outputs, false); !usable) return std::unexpected(usable.error());
-  if (auto rewritten = rewrite_nodes(state, capture); !rewritten) return std::unexpected(rewritten.error());
-  std::vector<kernels::CopyBatch> captured = kernels::batches_of(capture.nodes);
-  auto placement = place_graph(state, plan, capture, captured);
-  if (!placement) return std::unexpected(std::move(placement.error()));
-  return run_first(state, capture, std::move(*placement), std::move(captured));
+  return std::make_unique<TorchCapture>(state, fn, args, plan);
 }
 
 }  // namespace cgt::torch

@@ -28,6 +28,7 @@ import cgt.host;
 import cgt.core;
 
 #include "scenario/scenarios.hpp"
+#include "host/forwarding.hpp"
 #include "host/harness.hpp"
 
 using cgt::host::Buffer;
@@ -42,57 +43,33 @@ static_assert(cgt_test::offers_all_of_the_engine_side<cgt::backend::Device>);
 namespace {
 
 // A host device that fails on request, for the failures a real device can have.
-class FlakyDevice final : public cgt::backend::Device {
+class FlakyDevice final : public host_test::ForwardingDevice {
  public:
   bool fail_replay = false;
   bool fail_checkpoint = false;
   bool leak_a_block = false;  // the next warm-up leaves a block allocated that no output uses
-
-  cgt::host::Device host{cgt::host::ArenaOptions{}, true};
-  // The engine's side of the host device is private to programs: a wrapper calls it, as the engine
-  // does, through the base class.
-  cgt::backend::Device& inner = host;
 
   cgt::Result<cgt::backend::RunResult> run(cgt::backend::Invoker& fn, std::span<const cgt::backend::ArgSlot> args,
                                            cgt::backend::RunMode mode) override {
     if (leak_a_block && mode == cgt::backend::RunMode::warmup) {
       leak_a_block = false;
       // A warm-up of its own whose output it keeps: its block stays allocated, and no lease holds it.
-      auto leaked = inner.run(*leaker_, {}, cgt::backend::RunMode::warmup);
+      auto leaked = inner().run(*leaker_, {}, cgt::backend::RunMode::warmup);
       if (leaked) leaked_ = std::move(*leaked);
     }
-    return inner.run(fn, args, mode);
+    return inner().run(fn, args, mode);
   }
-  cgt::Result<cgt::backend::Recorded> record(cgt::backend::Invoker& fn, std::span<const cgt::backend::ArgSlot> args,
-                                             const cgt::backend::RecordPlan& plan) override {
-    auto recorded = inner.record(fn, args, plan);
-    if (recorded) recorded->recording = std::make_unique<FlakyRecording>(std::move(recorded->recording), *this);
-    return recorded;
+  cgt::Result<std::unique_ptr<cgt::backend::Capture>> begin_recording(cgt::backend::Invoker& fn,
+                                                                      std::span<const cgt::backend::ArgSlot> args,
+                                                                      const cgt::backend::RecordPlan& plan) override {
+    auto capture = inner().begin_recording(fn, args, plan);
+    if (!capture) return capture;
+    return std::make_unique<FlakyCapture>(std::move(*capture), *this);
   }
   cgt::Result<std::unique_ptr<cgt::backend::Checkpoint>> checkpoint() override {
     if (fail_checkpoint) return cgt::fail(cgt::Errc::backend_error, "injected: checkpoint failed");
-    return inner.checkpoint();
+    return inner().checkpoint();
   }
-  cgt::Result<void> restore(const cgt::backend::Checkpoint& checkpoint,
-                            std::span<cgt::backend::StorageHandle* const> live,
-                            std::span<const std::uintptr_t> dead) override {
-    return inner.restore(checkpoint, live, dead);
-  }
-  void release(cgt::backend::StorageHandle& storage, cgt::backend::Release why, std::string_view function) override {
-    inner.release(storage, why, function);
-  }
-  std::int32_t device_index() const noexcept override { return 0; }
-  void adopt(cgt::backend::StorageHandle& storage) override { inner.adopt(storage); }
-  cgt::Result<std::shared_ptr<void>> rescue(const cgt::backend::StorageHandle& storage) override {
-    return inner.rescue(storage);
-  }
-  std::shared_ptr<const void> rebase(const void* value, const cgt::backend::StorageHandle& from,
-                                     const std::shared_ptr<void>& rescued) override {
-    return inner.rebase(value, from, rescued);
-  }
-  std::vector<cgt::Block> live_blocks() const override { return inner.live_blocks(); }
-  cgt::MemoryInfo memory() const override { return inner.memory(); }
-  void shutdown() override { inner.shutdown(); }
 
  private:
   std::unique_ptr<cgt::backend::Invoker> leaker_ =
@@ -100,6 +77,21 @@ class FlakyDevice final : public cgt::backend::Device {
         return cgt::host::Values{ctx.allocate(ElementType::f32, {16})};
       });
   std::optional<cgt::backend::RunResult> leaked_;
+
+  // The host's recording in progress, whose recording replays through a FlakyRecording.
+  class FlakyCapture final : public host_test::ForwardingCapture {
+   public:
+    FlakyCapture(std::unique_ptr<cgt::backend::Capture> inner, FlakyDevice& device)
+        : ForwardingCapture(std::move(inner)), device_(device) {}
+    cgt::Result<cgt::backend::Recorded> finish() override {
+      auto recorded = ForwardingCapture::finish();
+      if (recorded) recorded->recording = std::make_unique<FlakyRecording>(std::move(recorded->recording), device_);
+      return recorded;
+    }
+
+   private:
+    FlakyDevice& device_;
+  };
 
   class FlakyRecording final : public cgt::backend::Recording {
    public:
