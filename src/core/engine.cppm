@@ -1,6 +1,6 @@
 // cgt.core:engine (internal) — the tree engine's state: functions and their shape variants, the tree
-// (its nodes and cells are :tree's), the path (:path). The per-call algorithm lives in the
-// engine_*.cpp units beside this file.
+// (its nodes and cells are :tree's), the path (:path), the ledger (:ledger). The per-call algorithm
+// lives in the engine_*.cpp units beside this file.
 module;
 #include <expected>
 #include <atomic>
@@ -13,7 +13,6 @@ module;
 #include <set>
 #include <span>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -31,6 +30,7 @@ import :detail;
 import :handles;
 import :tree;
 import :path;
+import :ledger;
 
 namespace cgt::detail {
 
@@ -143,33 +143,10 @@ struct CallFrame {
   const Padding* padding = nullptr;
 };
 
-/// The engine's state lock. Every call and most lease drops take it, uncontended: an atomic flag
-/// makes that one atomic exchange and one store, where a pthread mutex cost ~50 instructions each
-/// way on the replay path. A thread that must wait sleeps on the flag (C++20 atomic wait).
-class StateMutex {
- public:
-  [[nodiscard]] bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-  void lock() noexcept {
-    while (locked_.exchange(true, std::memory_order_acquire)) {
-      waiters_.fetch_add(1);
-      locked_.wait(true);  // returns at once if the holder let go meanwhile
-      waiters_.fetch_sub(1);
-    }
-  }
-  void unlock() noexcept {
-    locked_.store(false);  // seq_cst, ordered before the read of waiters_ (see lock)
-    if (waiters_.load() > 0) locked_.notify_all();
-  }
-
- private:
-  std::atomic<bool> locked_{false};
-  std::atomic<std::uint32_t> waiters_{0};
-};
-
-class Engine {
+class Engine final : public LedgerEffects {
  public:
   Engine(std::unique_ptr<backend::Device> device, Options options);
-  ~Engine();
+  ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -186,12 +163,9 @@ class Engine {
   std::atomic<bool> busy{false};
   bool shut_down = false;
 
-  // --- threads (see StateLock) ---
-  StateMutex state_mutex;                 ///< guards every field below and the cells
-  std::atomic<std::thread::id> holder{};  ///< the thread holding state_mutex, if any
-  std::mutex pending_mutex;               ///< guards pending_drops
-  std::vector<Cell*> pending_drops;       ///< leases dropped on another thread while the state was held
-  std::atomic<bool> has_pending_drops{false};
+  /// The leases on the cells, the lives of their storages, and the state lock (ledger.cppm, the
+  /// ledger's one owner). Its lock, taken through `StateLock`, guards every field below and the cells.
+  Ledger ledger;
 
   std::vector<std::unique_ptr<FunctionRecord>> functions;
   /// Guards the structure of `functions` (not the records) for readers of a function's name that
@@ -209,7 +183,6 @@ class Engine {
 
   /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
   GenerationRule generation_rule;
-  std::uint64_t lives = 0;  ///< the last Cell::life given out
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
@@ -326,8 +299,9 @@ class Engine {
   /// REQUIRES: a current graph node. ENSURES: the allocator is at its checkpoint, with the path's
   /// live storages allocated (and owned by the allocator) and the ones that died since freed.
   Result<void> restore_checkpoint();
-  void cell_died(Cell& cell) noexcept;
-  void consume_arguments(const CallFrame& frame) noexcept;
+  /// The ledger's effect of a death (`LedgerEffects`): releases the memory to the device
+  /// (`Release::dead`), unless the pool is shut down or nothing is there to free.
+  void cell_died(Cell& cell) noexcept override;
   ChildFacts& facts_for(std::uint32_t variant);
 
   // --- checks and reporting (engine_checks.cpp) ---
@@ -335,18 +309,7 @@ class Engine {
   Result<void> debug_check(const char* where) const;
   void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept;
 
-  // --- threads (lease.cpp) ---
-  /// Drops one lease on each of `cells`: now if this thread can take the state, else deferred to
-  /// the thread that holds it (applied when it lets go).
-  void drop_leases(std::span<Cell* const> cells) noexcept;
-  /// Applies the drops deferred by other threads; the caller holds the state. (Inline: every call
-  /// and drop asks, and there is rarely anything to do.)
-  inline void apply_pending_drops_locked() noexcept {
-    if (has_pending_drops.load()) apply_deferred_drops();
-  }
-  void apply_deferred_drops() noexcept;
-  /// Takes the state if it is free and applies deferred drops, until none is left.
-  void apply_pending_drops() noexcept;
+  // --- leases (lease.cpp) ---
   [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
 
   // --- introspection (introspection.cpp) ---
@@ -381,8 +344,9 @@ class RecordingScope {
 };
 
 /// Holds an engine's state for the current thread: a call, a handle drop, a read of a lease or
-/// of introspection. Nested use on the thread that holds it (a pool function dropping a lease, or
-/// reading stats) passes through. Letting go applies the drops other threads deferred meanwhile.
+/// of introspection (`Ledger::hold`, ledger.cpp). Nested use on the thread that holds it (a pool
+/// function dropping a lease, or reading stats) passes through. Letting go applies the drops other
+/// threads deferred meanwhile (`Ledger::let_go`).
 class StateLock {
  public:
   explicit StateLock(Engine& engine) noexcept;
@@ -426,15 +390,6 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 [[nodiscard]] Result<backend::Recorded> record_graph(backend::Device& device, backend::Invoker& fn,
                                                      std::span<const backend::ArgSlot> args,
                                                      const backend::RecordPlan& plan);
-
-/// A lease on `cell` (or none) handing out `value`.
-[[nodiscard]] LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
-                                   std::uint32_t function, std::uint32_t output);
-/// Makes the empty `lease` a lease on `cell` for a value the engine (a recording) owns: the
-/// replay's hot path, filling leases in place. REQUIRES: the caller counted the lease's reference
-/// to `engine` already (`retain(engine, n)` for a call's n leases); the lease adopts it.
-void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
-              std::uint32_t output) noexcept;
 
 template <class T, class Run, class OutputsOf>
 Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of) {

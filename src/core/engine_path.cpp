@@ -1,7 +1,7 @@
 // What the path's changes do to the device (path.cppm owns the path itself): ending it when it is
 // over, copying out and releasing the memory of a path a new generation ended, restoring the
-// allocator to a node's checkpoint so that a warm-up or recording can follow a replay; and the
-// leases and cells of the ledger.
+// allocator to a node's checkpoint so that a warm-up or recording can follow a replay; making a
+// cell, and what a cell's death does to the device (the ledger's effect).
 module;
 #include <expected>
 #include <algorithm>
@@ -23,28 +23,6 @@ namespace cgt::detail {
 CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) {
   return CellRef(
       new Cell(engine, storage, function));  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
-}
-
-void lease_to(LeaseCore& lease, Engine& engine, Cell* cell, const void* value, std::uint32_t function,
-              std::uint32_t output) noexcept {
-  lease.engine = EngineRef::adopt(&engine);
-  if (cell != nullptr) {
-    cell->add_lease(engine.lives, engine.generation_rule.current());
-    if (engine.stamps_values) engine.device->stamp(value, cell->life());
-    lease.cell = cell;
-  }
-  lease.value = value;
-  lease.function = function;
-  lease.output = output;
-}
-
-LeaseCore make_lease(Engine& engine, Cell* cell, const void* value, std::shared_ptr<const void> owner,
-                     std::uint32_t function, std::uint32_t output) {
-  LeaseCore lease;
-  retain(engine);
-  lease_to(lease, engine, cell, value, function, output);
-  lease.owner = std::move(owner);
-  return lease;
 }
 
 std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
@@ -138,12 +116,6 @@ void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member
   if (!cell.storage.owned_by_allocator && cell.storage.native == nullptr && !releases_unowned) return;
   device->release(cell.storage, backend::Release::dead, functions[cell.function]->name);
   cell.storage.owned_by_allocator = false;
-}
-
-void Engine::consume_arguments(const CallFrame& frame) noexcept {
-  for (const backend::ArgSlot& slot : frame.args) {
-    if (slot.consumed != nullptr) lease_drop(*slot.consumed);
-  }
 }
 
 ChildFacts& Engine::facts_for(std::uint32_t variant) {

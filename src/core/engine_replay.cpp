@@ -158,11 +158,11 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   out.leases.reserve(count);
   retain(*this, static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
   for (std::size_t i = 0; i < count; ++i) {
-    lease_to(out.leases.emplace_back(), *this, node.cells()[i].get(), recording.output(i), function.id,
-             static_cast<std::uint32_t>(i));
+    ledger.lease_to(out.leases.emplace_back(), node.cells()[i].get(), recording.output(i), function.id,
+                    static_cast<std::uint32_t>(i), generation_rule.current());
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
-  consume_arguments(frame);
+  Ledger::consume(frame.args);
   path.enter(node, PathState::execution, frame.generation);
   ++stats.replays;
   return out;

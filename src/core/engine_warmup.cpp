@@ -87,11 +87,11 @@ CallOutputs Engine::hand_out(const TreeNode& node, const backend::RunResult& res
   out.node = node.id();
   out.leases.reserve(node.output_count());
   for (std::size_t i = 0; i < node.output_count(); ++i) {
-    out.leases.push_back(make_lease(*this, node.cells()[i].get(), result.values[i], result.owner, function.id,
-                                    static_cast<std::uint32_t>(i)));
+    out.leases.push_back(ledger.make_lease(node.cells()[i].get(), result.values[i], result.owner, function.id,
+                                           static_cast<std::uint32_t>(i), generation_rule.current()));
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
-  consume_arguments(frame);
+  Ledger::consume(frame.args);
   return out;
 }
 
@@ -144,10 +144,10 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
     // with it, like any other lease on it.
     const backend::OutputDesc& desc = result->outputs[i];
     Cell* cell = desc.kind == backend::OutputKind::value && desc.in_pool ? path.live_cell(desc.storage) : nullptr;
-    out.leases.push_back(
-        make_lease(*this, cell, result->values[i], result->owner, function.id, static_cast<std::uint32_t>(i)));
+    out.leases.push_back(ledger.make_lease(cell, result->values[i], result->owner, function.id,
+                                           static_cast<std::uint32_t>(i), generation_rule.current()));
   }
-  consume_arguments(frame);
+  Ledger::consume(frame.args);
   return out;
 }
 

@@ -1,99 +1,20 @@
 // Leases: the only thing that makes pool memory live. Dropping the last lease on a storage is the
 // moment its memory becomes dead. Leases may be dropped, and read, on any thread: what a drop
-// changes in the pool is applied under the engine's state lock, or deferred to the thread holding it.
+// changes in the pool is the ledger's (ledger.cppm), applied under the engine's state lock or
+// deferred to the thread holding it. Here: the lease handles' side, and the lease arrays kept per thread.
 module;
 #include <expected>
-#include <atomic>
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
-#include <vector>
 
 module cgt.core;
 import :engine;
 
 namespace cgt::detail {
-
-StateLock::StateLock(Engine& engine) noexcept : engine_(engine) {
-  const std::thread::id self = std::this_thread::get_id();
-  // Only this thread can have stored its own id: an equal id means it holds the state already.
-  if (engine.holder.load(std::memory_order_relaxed) == self) {
-    nested_ = true;
-    return;
-  }
-  engine.state_mutex.lock();
-  engine.holder.store(self, std::memory_order_relaxed);
-  engine.apply_pending_drops_locked();
-}
-
-StateLock::~StateLock() {
-  if (nested_) return;
-  engine_.holder.store(std::thread::id(), std::memory_order_relaxed);
-  engine_.state_mutex.unlock();
-  // A drop deferred after the last look, before the unlock, is applied here.
-  engine_.apply_pending_drops();
-}
-
-namespace {
-
-// One lease on `cell` goes; the memory dies with the last one. Caller holds the state.
-void apply_drop(Cell* cell) noexcept {
-  if (cell->drop_lease() && !cell->is_reclaimed()) cell->engine->cell_died(*cell);
-  CellRef::unref(cell);
-}
-
-}  // namespace
-
-void Engine::drop_leases(std::span<Cell* const> cells) noexcept {
-  const std::thread::id self = std::this_thread::get_id();
-  if (holder.load(std::memory_order_relaxed) == self) {
-    for (Cell* cell : cells) apply_drop(cell);  // inside a call on this thread (a pool function dropping a lease)
-    return;
-  }
-  if (state_mutex.try_lock()) {
-    holder.store(self, std::memory_order_relaxed);
-    apply_pending_drops_locked();
-    for (Cell* cell : cells) apply_drop(cell);
-    holder.store(std::thread::id(), std::memory_order_relaxed);
-    state_mutex.unlock();
-    apply_pending_drops();
-    return;
-  }
-  // Another thread holds the state (a call, most likely): never block a drop on it, which could
-  // deadlock a function waiting for this thread. The holder applies the drop when it lets go.
-  {
-    const std::lock_guard pending(pending_mutex);
-    pending_drops.insert(pending_drops.end(), cells.begin(), cells.end());
-    has_pending_drops.store(true);
-  }
-  apply_pending_drops();
-}
-
-void Engine::apply_deferred_drops() noexcept {
-  std::vector<Cell*> drops;
-  {
-    const std::lock_guard pending(pending_mutex);
-    drops.swap(pending_drops);
-    has_pending_drops.store(false);
-  }
-  for (Cell* cell : drops) apply_drop(cell);
-}
-
-void Engine::apply_pending_drops() noexcept {
-  while (has_pending_drops.load()) {
-    if (!state_mutex.try_lock()) return;  // its holder will apply them when it lets go
-    const std::thread::id self = std::this_thread::get_id();
-    holder.store(self, std::memory_order_relaxed);
-    apply_pending_drops_locked();
-    holder.store(std::thread::id(), std::memory_order_relaxed);
-    state_mutex.unlock();
-  }
-}
 
 LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
   if (this != &other) {
@@ -109,7 +30,7 @@ LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
 }
 
 void lease_drop(LeaseCore& lease) noexcept {
-  if (Cell* cell = std::exchange(lease.cell, nullptr)) (*lease.engine).drop_leases({&cell, 1});
+  if (Cell* cell = std::exchange(lease.cell, nullptr)) (*lease.engine).ledger.drop({&cell, 1});
   lease.value = nullptr;
   lease.owner.reset();
   lease.engine = EngineRef();
@@ -133,11 +54,11 @@ void leases_drop(std::span<LeaseCore> leases) noexcept {
     if (cell == nullptr) continue;
     cells[count++] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < 8 here
     if (count == cells.size()) {
-      engine->drop_leases(cells);
+      engine->ledger.drop(cells);
       count = 0;
     }
   }
-  if (count > 0) engine->drop_leases({cells.data(), count});
+  if (count > 0) engine->ledger.drop({cells.data(), count});
   std::uint32_t references = 0;
   for (LeaseCore& lease : leases) {  // engine references last: they may be the engine's last
     lease.value = nullptr;
@@ -221,7 +142,7 @@ Result<const void*> lease_value(LeaseCore& lease) {
     lease.owner = engine.device->rebase(lease.value, cell->storage, cell->copied_out());
     lease.value = lease.owner.get();
     lease.cell = nullptr;
-    apply_drop(cell);  // the lease no longer needs the cell: the last one frees the cell's copy
+    engine.ledger.drop_locked(cell);  // the lease no longer needs the cell: the last one frees the cell's copy
   }
   return lease.value;
 }

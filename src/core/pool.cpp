@@ -9,7 +9,6 @@ module;
 #include <mutex>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,12 +22,13 @@ Engine::Engine(std::unique_ptr<backend::Device> device_, Options options_)
       options(std::move(options_)),
       device_index(device->device_index()),
       releases_unowned(device->releases_unowned_storage()),
-      stamps_values(device->stamps_values()) {}
+      stamps_values(device->stamps_values()),
+      ledger(*this, *this, stamps_values ? device.get() : nullptr) {}
 
 Engine::~Engine() {
   // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are
   // applied now. Nodes hold recordings and cells that use the device: drop them before it goes.
-  apply_pending_drops_locked();
+  ledger.apply_deferred_locked();
   path.end();
   roots.clear();
   graph_nodes.clear();
@@ -202,9 +202,8 @@ Result<void> PoolBase::check_memory() const {
   const detail::Engine& engine = *engine_;
   // From inside a call (its function, a kernel, the log sink) the pool is halfway through it:
   // blocks are allocated that no lease holds yet, and the check would report a bug that is not
-  // one. Only this thread can have stored its own id as the holder.
-  if (engine.busy.load(std::memory_order_acquire) &&
-      engine.holder.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+  // one.
+  if (engine.busy.load(std::memory_order_acquire) && engine.ledger.is_held_here()) {
     return fail(Errc::concurrent_use,
                 "check_memory from inside a call of the same pool (its function, a kernel or the log sink): the "
                 "pool is halfway through the call; check it after the call returns");

@@ -1,0 +1,99 @@
+// The ledger's rules that are not inline (ledger.cppm has the contract of each), and the state lock
+// that calls, reads and drops take through it.
+module;
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <utility>
+#include <vector>
+
+module cgt.core;
+import :engine;
+
+namespace cgt::detail {
+
+StateLock::StateLock(Engine& engine) noexcept : engine_(engine), nested_(!engine.ledger.hold()) {}
+
+StateLock::~StateLock() {
+  if (nested_) return;
+  engine_.ledger.let_go();
+}
+
+void Ledger::lease_to(LeaseCore& lease, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
+                      std::uint64_t generation) noexcept {
+  lease.engine = EngineRef::adopt(engine_);
+  if (cell != nullptr) {
+    cell->add_lease(lives_, generation);
+    if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
+    lease.cell = cell;
+  }
+  lease.value = value;
+  lease.function = function;
+  lease.output = output;
+}
+
+LeaseCore Ledger::make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner, std::uint32_t function,
+                             std::uint32_t output, std::uint64_t generation) {
+  LeaseCore lease;
+  retain(*engine_);
+  lease_to(lease, cell, value, function, output, generation);
+  lease.owner = std::move(owner);
+  return lease;
+}
+
+void Ledger::drop(std::span<Cell* const> cells) noexcept {
+  const std::thread::id self = std::this_thread::get_id();
+  if (holder_.load(std::memory_order_relaxed) == self) {
+    for (Cell* cell : cells) apply_drop(cell);  // inside a call on this thread (a pool function dropping a lease)
+    return;
+  }
+  if (state_mutex_.try_lock()) {
+    holder_.store(self, std::memory_order_relaxed);
+    apply_deferred_locked();
+    for (Cell* cell : cells) apply_drop(cell);
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    state_mutex_.unlock();
+    apply_deferred();
+    return;
+  }
+  // Another thread holds the state (a call, most likely): never block a drop on it, which could
+  // deadlock a function waiting for this thread. The holder applies the drop when it lets go.
+  {
+    const std::lock_guard deferred(deferred_mutex_);
+    deferred_.insert(deferred_.end(), cells.begin(), cells.end());
+    has_deferred_.store(true);
+  }
+  apply_deferred();
+}
+
+void Ledger::consume(std::span<const backend::ArgSlot> args) noexcept {
+  for (const backend::ArgSlot& slot : args) {
+    if (slot.consumed != nullptr) lease_drop(*slot.consumed);
+  }
+}
+
+void Ledger::apply_deferred_drops() noexcept {
+  std::vector<Cell*> drops;
+  {
+    const std::lock_guard deferred(deferred_mutex_);
+    drops.swap(deferred_);
+    has_deferred_.store(false);
+  }
+  for (Cell* cell : drops) apply_drop(cell);
+}
+
+void Ledger::apply_deferred() noexcept {
+  while (has_deferred_.load()) {
+    if (!state_mutex_.try_lock()) return;  // its holder will apply them when it lets go
+    const std::thread::id self = std::this_thread::get_id();
+    holder_.store(self, std::memory_order_relaxed);
+    apply_deferred_locked();
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    state_mutex_.unlock();
+  }
+}
+
+}  // namespace cgt::detail

@@ -1,0 +1,162 @@
+// cgt.core:ledger (internal) — the ledger: who holds which output storage (cells and the leases on
+// them), when a storage comes to life and when it dies, and the engine's state lock, which every
+// drop of a lease on any thread either takes or leaves its work to (PyTorch probes weak references
+// to storages instead; cgt counts leases, so the moment of death is a known call). This file and
+// ledger.cpp are the ledger's only writers; each cell's own count is `Cell`'s (:tree). What a death
+// does to the device is the engine's, through `LedgerEffects`.
+module;
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <thread>
+#include <vector>
+
+export module cgt.core:ledger;
+import :spi;
+import :detail;
+import :tree;
+
+namespace cgt::detail {
+
+/// The engine's state lock. Every call and most lease drops take it, uncontended: an atomic flag
+/// makes that one atomic exchange and one store, where a pthread mutex cost ~50 instructions each
+/// way on the replay path. A thread that must wait sleeps on the flag (C++20 atomic wait).
+class StateMutex {
+ public:
+  [[nodiscard]] bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+  void lock() noexcept {
+    while (locked_.exchange(true, std::memory_order_acquire)) {
+      waiters_.fetch_add(1);
+      locked_.wait(true);  // returns at once if the holder let go meanwhile
+      waiters_.fetch_sub(1);
+    }
+  }
+  void unlock() noexcept {
+    locked_.store(false);  // seq_cst, ordered before the read of waiters_ (see lock)
+    if (waiters_.load() > 0) locked_.notify_all();
+  }
+
+ private:
+  std::atomic<bool> locked_{false};
+  std::atomic<std::uint32_t> waiters_{0};
+};
+
+/// What the ledger's rules do to the device, supplied by the engine (which is one).
+class LedgerEffects {
+ public:
+  virtual ~LedgerEffects() = default;
+  /// The last lease on `cell` went and no new generation had reclaimed it: its memory is dead from
+  /// now on, and the next replay or allocation may reuse it. Called under the state.
+  virtual void cell_died(Cell& cell) noexcept = 0;
+
+ protected:
+  LedgerEffects() = default;
+  LedgerEffects(const LedgerEffects&) = default;
+  LedgerEffects& operator=(const LedgerEffects&) = default;
+};
+
+/// The engine's ledger (`Engine::ledger`): hands out leases on cells, drops them from any thread,
+/// and owns the state lock that orders both.
+///
+/// Invariants:
+///  * A cell is live exactly when it has a lease and is not reclaimed (`Cell::is_live`). Its memory
+///    dies at the drop of its last lease, and at no other moment (`LedgerEffects::cell_died`).
+///  * A cell's life (`Cell::life`) is the last life the ledger gave out when the cell went from no
+///    lease to one; lives only grow, so a value stamped with an older life is a stale copy.
+///  * A drop is never lost and never waits: it is applied on the thread that holds the state, or
+///    deferred to it and applied before that thread lets go (or by the dropping thread, if the
+///    state is free by then). Deferred drops exist only while some thread holds the state.
+class Ledger {
+ public:
+  /// The ledger of `engine`, whose leases it hands out; `effects` (the engine) outlives it.
+  /// `stamper`: the device where it stamps the values handed out (`Device::stamps_values`), or null.
+  inline Ledger(Engine& engine, LedgerEffects& effects, backend::Device* stamper) noexcept
+      : engine_(&engine), effects_(&effects), stamper_(stamper) {}
+  Ledger(const Ledger&) = delete;
+  Ledger& operator=(const Ledger&) = delete;
+
+  // --- the state (StateLock takes it through these) ---
+
+  /// Whether this thread holds the state. Only this thread can have stored its own id.
+  [[nodiscard]] inline bool is_held_here() const noexcept {
+    return holder_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+  }
+  /// ENSURES: this thread holds the state (waiting for another holder to let go), and the drops
+  /// deferred until then are applied. Returns false where it held the state already: nested use
+  /// (a pool function dropping a lease, or reading stats) passes through, with nothing to let go.
+  [[nodiscard]] inline bool hold() noexcept {
+    const std::thread::id self = std::this_thread::get_id();
+    if (holder_.load(std::memory_order_relaxed) == self) return false;
+    state_mutex_.lock();
+    holder_.store(self, std::memory_order_relaxed);
+    apply_deferred_locked();
+    return true;
+  }
+  /// REQUIRES: this thread holds the state (`hold` returned true). ENSURES: it does not; drops deferred while
+  /// it did are applied, here or by the next holder.
+  inline void let_go() noexcept {
+    holder_.store(std::thread::id(), std::memory_order_relaxed);
+    state_mutex_.unlock();
+    apply_deferred();  // a drop deferred after the last look, before the unlock, is applied here
+  }
+
+  // --- leases ---
+
+  /// Makes the empty `lease` a lease on `cell` (null: a value that is not pool memory) handing out
+  /// `value`, output `output` of `function`, in `generation`: the replay's hot path, filling leases
+  /// in place. REQUIRES: the state is held; the caller counted the lease's reference to the engine
+  /// already (`retain(engine, n)` for a call's n leases): the lease adopts it. ENSURES: the cell
+  /// has one lease more; the first lease after none gives it the next life, which is stamped on
+  /// `value` where the device stamps values.
+  void lease_to(LeaseCore& lease, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
+                std::uint64_t generation) noexcept;
+  /// As `lease_to`, on a new lease that counts its own reference to the engine and keeps `owner`
+  /// (what owns `value` where the engine does not).
+  [[nodiscard]] LeaseCore make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner,
+                                     std::uint32_t function, std::uint32_t output, std::uint64_t generation);
+  /// Drops one lease on each of `cells`, any thread, never waiting. ENSURES: applied now if this
+  /// thread holds the state or can take it; otherwise deferred to the holder, which applies it
+  /// when it lets go. Applying a drop lets go of the lease's reference on the cell, and the last
+  /// lease on a cell not reclaimed is its memory's death (`LedgerEffects::cell_died`).
+  void drop(std::span<Cell* const> cells) noexcept;
+  /// Drops one lease on `cell` now. REQUIRES: this thread holds the state. ENSURES: as `drop`.
+  inline void drop_locked(Cell* cell) noexcept { apply_drop(cell); }
+  /// Drops the leases moved into a call (`ArgSlot::consumed`), each into its own engine's ledger.
+  /// REQUIRES: the call succeeded and its outputs took their leases (an output that aliases a
+  /// consumed input keeps the memory). A failing call never calls it: its leases stay valid.
+  static void consume(std::span<const backend::ArgSlot> args) noexcept;
+  /// Applies the drops other threads deferred. REQUIRES: this thread holds the state, or no thread
+  /// can (the engine is being destroyed). (Inline: every call and drop asks, and there is rarely
+  /// anything to do.)
+  inline void apply_deferred_locked() noexcept {
+    if (has_deferred_.load()) apply_deferred_drops();
+  }
+  /// Takes the state if it is free and applies deferred drops, until none is left (or another
+  /// thread holds the state: it applies them when it lets go).
+  void apply_deferred() noexcept;
+
+ private:
+  // One lease on `cell` goes, under the state.
+  inline void apply_drop(Cell* cell) noexcept {
+    if (cell->drop_lease() && !cell->is_reclaimed()) effects_->cell_died(*cell);
+    CellRef::unref(cell);
+  }
+  void apply_deferred_drops() noexcept;
+
+  Engine* engine_;            ///< the engine each lease refers to
+  LedgerEffects* effects_;    ///< the engine's device effects
+  backend::Device* stamper_;  ///< stamps the values handed out, or null
+  std::uint64_t lives_ = 0;   ///< the last `Cell::life` given out; by `lease_to` only
+
+  StateMutex state_mutex_;                 ///< by `hold`/`let_go`, `drop`, `apply_deferred`
+  std::atomic<std::thread::id> holder_{};  ///< the thread holding state_mutex_, if any; set with it
+  std::mutex deferred_mutex_;              ///< guards deferred_
+  /// Leases dropped on another thread while the state was held: appended by `drop`, taken by the
+  /// holder (`apply_deferred_locked`, `hold`, `let_go`).
+  std::vector<Cell*> deferred_;
+  std::atomic<bool> has_deferred_{false};  ///< `deferred_` is not empty; set and cleared with it
+};
+
+}  // namespace cgt::detail
