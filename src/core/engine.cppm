@@ -186,6 +186,13 @@ class Engine final : public LedgerEffects {
 
   // --- the per-call algorithm (engine_call.cpp) ---
   Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
+  /// The call once its generation is known and the path ended where it must: reads and checks the
+  /// arguments into `slots` and `descs`, then runs the call (its shape variant, then the tree).
+  Result<CallOutputs> run_call(FunctionRecord& function, const ArgSource& source, std::span<backend::ArgSlot> slots,
+                               std::span<backend::ArgDesc> descs, std::uint64_t generation);
+  /// After a call that failed: the ended path put back, and the generation taken back unless a
+  /// reclaim (`Path::reclaims`) since `reclaims_before` made the new generation irreversible.
+  void abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept;
   /// Starts a call of `function` in the generation the rule says (`GenerationRule::begin_call`),
   /// and warns once where a pending backward keeps a forward off the fast path.
   CallGeneration begin_generation(FunctionRecord& function);

@@ -138,63 +138,67 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
   return engine.call(*engine.functions[function], args);
 }
 
+// The call as a script (PyTorch's CUDAGraphTreeManager._run): the generation it runs in, the path
+// ended first where a new generation or dead outputs end it, then its arguments read and checked
+// and the call run; at the end the ended path's memory is released, or on failure the path is put
+// back and the generation taken back.
 Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& source) {
   if (shut_down) {
     return fail(Errc::pool_shut_down,
                 "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
   }
   ++stats.calls;
-  const std::size_t count = source.size();
-  SmallArray<backend::ArgSlot, 8> slot_array(count);
-  SmallArray<backend::ArgDesc, 8> desc_array(count);
-  const std::span<backend::ArgSlot> slots = slot_array.span();
-  const std::span<backend::ArgDesc> descs = desc_array.span();
   const CallGeneration generation = begin_generation(function);
-  const std::uint64_t reclaims_before = stats.steps_reclaimed;
-
+  const std::uint64_t reclaims_before = path.reclaims();
   // End the path first: a new generation reclaims (or copies out) the memory of leases the caller
   // may be passing in, and the arguments must be read after that. Its memory is released only
-  // once the call's work may reuse it; a call refused before (its arguments, its padding) or whose
-  // function throws puts the path back, and takes back the generation its forward began.
+  // once the call's work may reuse it.
   end_path_if_over(generation.generation, PathCheck::call_start);
-
-  auto out = [&]() -> Result<CallOutputs> {
-    if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
-      return std::unexpected(std::move(described.error()));
-    }
-    // The shapes of the last call: the signature is checked already (see `opening_word`).
-    const bool same_shapes =
-        function.last_variant != UINT32_MAX && key_matches(variants[function.last_variant]->key, descs);
-    if (!same_shapes) {
-      if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
-    }
-    CallFrame frame{.args = slots,
-                    .descs = descs,
-                    .function = &function,
-                    .variant = nullptr,
-                    .generation = generation.generation,
-                    .same_shapes_as_last = same_shapes};
-    if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
-    return function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
-  }();
-  // A call that failed before its work leaves the last generation's outputs as they were, and a
-  // generation its forward began is not begun (a call that failed after it reclaimed them cannot
-  // undo that).
-  if (out) {
-    release_ended_path();
-  } else {
-    restore_ended_path();
-    if (stats.steps_reclaimed == reclaims_before && generation_rule.take_back(generation)) {
-      --stats.steps_begun_by_forward;
-    }
+  SmallArray<backend::ArgSlot, 8> slots(source.size());
+  SmallArray<backend::ArgDesc, 8> descs(source.size());
+  Result<CallOutputs> out = run_call(function, source, slots.span(), descs.span(), generation.generation);
+  if (!out) {
+    abandon_call(generation, reclaims_before);
+    return out;
   }
-  if (out && options.debug_checks && out->kind != CallKind::eager) {
+  release_ended_path();
+  if (options.debug_checks && out->kind != CallKind::eager) {
     if (auto checked = debug_check("after the call"); !checked) {
       return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
     }
   }
-  if (out) generation_rule.end_call(role_of(function));
+  generation_rule.end_call(role_of(function));
   return out;
+}
+
+Result<CallOutputs> Engine::run_call(FunctionRecord& function, const ArgSource& source,
+                                     std::span<backend::ArgSlot> slots, std::span<backend::ArgDesc> descs,
+                                     std::uint64_t generation) {
+  if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
+    return std::unexpected(std::move(described.error()));
+  }
+  // The shapes of the last call: the signature is checked already (see `opening_word`).
+  const bool same_shapes =
+      function.last_variant != UINT32_MAX && key_matches(variants[function.last_variant]->key, descs);
+  if (!same_shapes) {
+    if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
+  }
+  CallFrame frame{.args = slots,
+                  .descs = descs,
+                  .function = &function,
+                  .variant = nullptr,
+                  .generation = generation,
+                  .same_shapes_as_last = same_shapes};
+  if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
+  return function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
+}
+
+void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept {
+  // A call that failed before its work (its arguments, its padding, its function) leaves the last
+  // generation's outputs as they were, and a generation its forward began is not begun. A call
+  // that failed after the new generation reclaimed them cannot undo that.
+  restore_ended_path();
+  if (path.reclaims() == reclaims_before && generation_rule.take_back(generation)) --stats.steps_begun_by_forward;
 }
 
 Result<CallOutputs> Engine::run_selected(CallFrame& frame) {

@@ -99,6 +99,7 @@ void Path::end() noexcept {
 }
 
 std::optional<EndedPath> Path::take_ended() noexcept {
+  if (ended_) ++reclaims_;
   return std::exchange(ended_, std::nullopt);
 }
 

@@ -138,8 +138,11 @@ class Path {
   template <class Died>
   void put_back_ended(Died died) noexcept;
   /// The ended record, for the caller to release its memory: the call's work may reuse it now.
-  /// ENSURES: no ended record; its warm-up nodes go with the returned one.
+  /// ENSURES: no ended record; its warm-up nodes go with the returned one; `reclaims()` counts it.
   [[nodiscard]] std::optional<EndedPath> take_ended() noexcept;
+  /// Ended records taken so far (`take_ended`): paths whose outputs' memory a new generation
+  /// reclaimed. A call that failed after one was taken cannot give its generation back.
+  [[nodiscard]] inline std::uint64_t reclaims() const noexcept { return reclaims_; }
 
  private:
   TreeNode* current_ = nullptr;        ///< `enter`, `enter_warmup`; null after `end`
@@ -151,6 +154,7 @@ class Path {
   std::int64_t next_warmup_id_ = -1;  ///< by `make_warmup_node`
   /// Set by `end_for_new_generation`; gone by `take_ended` or `put_back_ended`. Never set between calls.
   std::optional<EndedPath> ended_;
+  std::uint64_t reclaims_ = 0;  ///< by `take_ended`
 };
 
 template <class CopyOut>
