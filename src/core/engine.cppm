@@ -90,22 +90,6 @@ inline constexpr std::uintptr_t kInputAlignment = 16;
   return function.is_static[i] && desc.data % kInputAlignment == 0;
 }
 
-/// What a search among the children of the current node found. Each field says one thing,
-/// whatever the others hold.
-struct Match {
-  /// A child whose recorded invariants all hold for this call: replay it.
-  TreeNode* replayable = nullptr;
-  /// The first child that fits but for a static input at a new address. Under
-  /// `OnStaticInputMoved::error` the call fails naming it (it fit in every other way); under
-  /// `rerecord` the new recording replaces it.
-  TreeNode* static_moved_child = nullptr;
-  std::int32_t moved_static_input = -1;  ///< that input of `static_moved_child` (-1: none)
-  /// A pool-managed input (an output of an earlier graph) at a new address for some child (-1: none).
-  std::int32_t moved_managed_input = -1;
-  /// Some child fit but for which outputs of the path are live.
-  bool liveness_differs = false;
-};
-
 /// The allocator as it was before a warm-up or recording: what a failed one puts back.
 struct PoolSnapshot {
   std::unique_ptr<backend::Checkpoint> checkpoint;
@@ -172,8 +156,7 @@ class Engine final : public LedgerEffects {
   /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
   mutable std::mutex functions_mutex;
   std::vector<std::unique_ptr<Variant>> variants;
-  Children roots;
-  std::vector<gsl::not_null<TreeNode*>> graph_nodes;  ///< by id
+  Tree tree;  ///< the recordings, and which child a call replays
   /// The node the program is at, its state and warm-up nodes, and the path a new generation ended
   /// (path.cppm, the path's one owner). Its ended record is set by `end_path_if_over` when a new
   /// generation ends a path with live outputs, and gone before the call does work that may reuse
@@ -247,8 +230,8 @@ class Engine final : public LedgerEffects {
   CallOutputs hand_out(const TreeNode& node, const backend::RunResult& result, const CallFrame& frame, CallKind kind);
 
   // --- replay (engine_replay.cpp) ---
-  Match find_replayable_child(CallFrame& frame);
-  [[nodiscard]] bool liveness_allows(const TreeNode& child, const CallFrame& frame) const;
+  /// The child of the current node (or root) of the call's variant that it replays (`Tree::match`).
+  [[nodiscard]] Match find_replayable_child(const CallFrame& frame) const;
   Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
 
   // --- recording (engine_record.cpp) ---

@@ -439,7 +439,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   // to try, and nothing that would keep the path (a warm-up goes on down it, a rerecord count is
   // per node), that is decided first, and the checks below run once, at the roots.
   if (path.state() == PathState::execution && path.node() != nullptr && !frame.variant->rerecorded &&
-      !path.node()->children().has(frame.variant->id) && roots.has(frame.variant->id) &&
+      !path.node()->children().has(frame.variant->id) && tree.roots().has(frame.variant->id) &&
       !needs_warmup(*frame.function, *frame.variant)) {
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
   }
@@ -463,7 +463,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     }
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
-    if (path.node() != nullptr && roots.has(frame.variant->id)) {
+    if (path.node() != nullptr && tree.roots().has(frame.variant->id)) {
       end_path_if_over(frame.generation, PathCheck::no_child_fits);
       if (path.node() == nullptr) return run_tree(frame);
     }

@@ -119,7 +119,7 @@ void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member
 }
 
 ChildFacts& Engine::facts_for(std::uint32_t variant) {
-  return path.children(roots).facts(variant);
+  return path.children(tree.roots()).facts(variant);
 }
 
 }  // namespace cgt::detail

@@ -148,8 +148,7 @@ void Engine::count_recording(NodeReason reason, FunctionRecord& function) {
 }
 
 TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
-  graph_nodes.emplace_back(node.get());
-  return path.children(roots).add(std::move(node));
+  return tree.add(std::move(node), path.children(tree.roots()));
 }
 
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
@@ -157,8 +156,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   if (auto held = hold_ended_path_memory(); !held) {
     return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
-  auto node = std::make_unique<TreeNode>(NodeKind::graph, static_cast<std::int64_t>(graph_nodes.size()), reason,
-                                         frame.variant->id, path.node());
+  auto node = std::make_unique<TreeNode>(NodeKind::graph, tree.next_id(), reason, frame.variant->id, path.node());
   const std::vector<InputUse> uses = classify_inputs(frame);
   node->take_inputs(uses, frame.descs);
   const std::vector<std::vector<bool>> liveness_before = path.liveness();

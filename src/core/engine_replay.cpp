@@ -13,85 +13,9 @@ module cgt.core;
 import :engine;
 
 namespace cgt::detail {
-namespace {
-
-bool all_dead(const TreeNode& node, std::span<const PathIndex> indices) noexcept {
-  return std::ranges::none_of(indices, [&node](const PathIndex& index) {
-    const CellRef& cell = node.cell_at(index);
-    return cell && cell->is_live();
-  });
-}
-
-// The first of `inputs` (read in place by `child`) that is not at the address it was recorded
-// with, or -1.
-std::int32_t first_moved_input(std::span<const std::uint32_t> inputs, const TreeNode& child,
-                               const CallFrame& frame) noexcept {
-  for (const std::uint32_t input : inputs) {
-    if (frame.descs[input].data != child.recorded_data()[input]) return static_cast<std::int32_t>(input);
-  }
-  return -1;
-}
-
-// Leases the call itself gives up on `cell` (leases it consumed: arguments moved into it).
-std::uint32_t consumed_leases(const CallFrame& frame, const Cell* cell) noexcept {
-  std::uint32_t count = 0;
-  for (const backend::ArgSlot& slot : frame.args) count += slot.consumed != nullptr && slot.consumed->cell == cell;
-  return count;
-}
-
-}  // namespace
-
-bool Engine::liveness_allows(const TreeNode& child, const CallFrame& frame) const {
-  // An output that views an earlier graph's output must find that storage live.
-  for (const OutputAlias& alias : child.aliases()) {
-    if (alias.kind != AliasKind::alias_of_prior) continue;
-    const CellRef& cell = child.cell_at(alias.prior);
-    if (!cell || !cell->is_live()) return false;
-  }
-  // Storages that died during the recording (leases the call consumed) must die during this call too,
-  // or the graph would overwrite memory the caller still holds.
-  return std::ranges::none_of(child.expected_dead_after(), [&child, &frame](const PathIndex& index) {
-    const CellRef& cell = child.cell_at(index);
-    return cell && cell->is_live() && cell->leases() > consumed_leases(frame, cell.get());
-  });
-}
-
-Match Engine::find_replayable_child(CallFrame& frame) {
-  Match match;
-  const Children& siblings = path.children(roots);
-  for (const auto& owned : siblings.of(frame.variant->id)) {
-    TreeNode& child = *owned;
-    // Outputs of earlier graphs are baked into this graph at their recorded addresses.
-    if (const std::int32_t moved = first_moved_input(child.managed_inputs(), child, frame); moved >= 0) {
-      match.moved_managed_input = moved;
-      continue;
-    }
-    // Memory this graph reuses must be dead now, as it was when the graph was recorded.
-    if (!all_dead(child, child.expected_dead_before())) {
-      match.liveness_differs = true;
-      continue;
-    }
-    const std::int32_t moved_static = first_moved_input(child.static_inputs(), child, frame);
-    if (moved_static >= 0 && options.on_static_input_moved == OnStaticInputMoved::rerecord) {
-      if (match.static_moved_child == nullptr) {
-        match.static_moved_child = &child;
-        match.moved_static_input = moved_static;
-      }
-      continue;
-    }
-    if (!liveness_allows(child, frame)) {
-      match.liveness_differs = true;
-      continue;
-    }
-    if (moved_static >= 0) {  // OnStaticInputMoved::error: the call fails on this child
-      match.static_moved_child = &child;
-      match.moved_static_input = moved_static;
-    } else {
-      match.replayable = &child;
-    }
-    return match;
-  }
-  return match;
+Match Engine::find_replayable_child(const CallFrame& frame) const {
+  return Tree::match(path.children(tree.roots()).of(frame.variant->id), frame.descs, frame.args,
+                     options.on_static_input_moved);
 }
 
 // True when every output has a storage of its own whose cell (dead since the last execution of the

@@ -119,8 +119,9 @@ std::vector<std::size_t> Node::copied_inputs() const {
 }
 
 std::vector<Node> PoolBase::roots() const {
-  return detail::read_engine(engine_, std::vector<Node>{},
-                             [this](const detail::Engine& engine) { return children_views(engine_, engine.roots); });
+  return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
+    return children_views(engine_, engine.tree.roots());
+  });
 }
 
 std::vector<Node> PoolBase::current_path() const {
@@ -141,9 +142,7 @@ std::string PoolBase::to_dot() const {
 namespace cgt::detail {
 
 const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
-  if (id >= 0)
-    return static_cast<std::size_t>(id) < graph_nodes.size() ? graph_nodes[static_cast<std::size_t>(id)].get()
-                                                             : nullptr;
+  if (id >= 0) return tree.find(id);
   for (const auto& node : path.warmup_nodes()) {
     if (node->id() == id) return node.get();
   }
@@ -175,7 +174,7 @@ std::string Engine::to_dot() const {
   auto id_of = [](const TreeNode* node) {
     return std::string("n") + (node->id() < 0 ? "w" + std::to_string(-node->id()) : std::to_string(node->id()));
   };
-  for (const TreeNode* node : graph_nodes) {
+  for (const TreeNode* node : tree.nodes()) {
     emit(node);
     if (node->parent() != nullptr) dot << "  " << id_of(node->parent()) << " -> " << id_of(node) << ";\n";
   }

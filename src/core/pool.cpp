@@ -30,8 +30,7 @@ Engine::~Engine() {
   // applied now. Nodes hold recordings and cells that use the device: drop them before it goes.
   ledger.apply_deferred_locked();
   path.end();
-  roots.clear();
-  graph_nodes.clear();
+  tree.clear();
 }
 
 void retain(Engine& engine, std::uint32_t count) noexcept {
@@ -126,8 +125,7 @@ std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
   if (shut_down) return callables;
   if (path.node() != nullptr) reclaim_path();
   path.end();
-  roots.clear();
-  graph_nodes.clear();
+  tree.clear();
   shut_down = true;
   device->shutdown();
   // The callables go too: one that holds a Function (or lease) of this pool would keep the engine

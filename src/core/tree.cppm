@@ -15,6 +15,7 @@ module;
 #include <gsl/pointers>
 
 export module cgt.core:tree;
+import :options;
 import :info;
 import :spi;
 import :detail;
@@ -292,5 +293,67 @@ class TreeNode {
 
 /// Each node's outputs along `nodes`: live or not.
 [[nodiscard]] std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes);
+
+/// What a search among the children of the current node found (`Tree::match`). Each field says
+/// one thing, whatever the others hold.
+struct Match {
+  /// A child whose recorded invariants all hold for this call: replay it.
+  TreeNode* replayable = nullptr;
+  /// The first child that fits but for a static input at a new address. Under
+  /// `OnStaticInputMoved::error` the call fails naming it (it fit in every other way); under
+  /// `rerecord` the new recording replaces it.
+  TreeNode* static_moved_child = nullptr;
+  std::int32_t moved_static_input = -1;  ///< that input of `static_moved_child` (-1: none)
+  /// A pool-managed input (an output of an earlier graph) at a new address for some child (-1: none).
+  std::int32_t moved_managed_input = -1;
+  /// Some child fit but for which outputs of the path are live.
+  bool liveness_differs = false;
+};
+
+/// The tree of recordings (PyTorch's `roots` and the graph nodes under them): every graph node by
+/// id, the roots by variant, and the rule that picks the child a call replays. Graph nodes are
+/// added, never removed, until `clear`; warm-up nodes belong to the path (:path), not to the tree.
+/// Used under the engine's state lock only.
+class Tree {
+ public:
+  Tree() = default;
+  Tree(const Tree&) = delete;
+  Tree& operator=(const Tree&) = delete;
+
+  [[nodiscard]] inline Children& roots() noexcept { return roots_; }
+  [[nodiscard]] inline const Children& roots() const noexcept { return roots_; }
+  /// The id of the next graph node: graph nodes are numbered from 0 in recording order.
+  [[nodiscard]] inline std::int64_t next_id() const noexcept { return static_cast<std::int64_t>(nodes_.size()); }
+  /// Adds a recorded node among `siblings` (its parent's children, or `roots()`).
+  /// REQUIRES: `node->id() == next_id()`, and `siblings` are those of the node's parent (the
+  /// roots for a root). ENSURES: `find(node->id())` is the node, the last of its variant there.
+  TreeNode& add(std::unique_ptr<TreeNode> node, Children& siblings);
+  /// The graph node `id`, or null (a warm-up node's negative id, an id not given out, or after
+  /// `clear`).
+  [[nodiscard]] inline const TreeNode* find(std::int64_t id) const noexcept {
+    return id >= 0 && static_cast<std::size_t>(id) < nodes_.size() ? nodes_[static_cast<std::size_t>(id)].get()
+                                                                   : nullptr;
+  }
+  /// Every graph node, in recording order.
+  [[nodiscard]] inline std::span<const gsl::not_null<TreeNode*>> nodes() const noexcept { return nodes_; }
+  /// ENSURES: no node (the roots own them all; a parent owns its children).
+  void clear() noexcept;
+
+  /// The child of `candidates` (one variant's children, in recording order) that a call with
+  /// `descs` and `args` replays: PyTorch's `check_invariants`. ENSURES: `replayable` is the first
+  /// child whose pool-managed and static inputs are at their recorded addresses, whose memory to
+  /// reuse is dead (`expected_dead_before`), whose aliases of earlier outputs find them live, and
+  /// whose consumed outputs die with this call (`expected_dead_after`: the leases `args` consume
+  /// are the only ones left). Under `on_moved == error` a child that fits but for a moved static
+  /// input ends the search as `static_moved_child`; under `rerecord` the first such child is
+  /// noted and the search goes on. The other fields say why the rest did not fit.
+  [[nodiscard]] static Match match(std::span<const std::unique_ptr<TreeNode>> candidates,
+                                   std::span<const backend::ArgDesc> descs, std::span<const backend::ArgSlot> args,
+                                   OnStaticInputMoved on_moved) noexcept;
+
+ private:
+  Children roots_;
+  std::vector<gsl::not_null<TreeNode*>> nodes_;  ///< by id: every graph node, owned by roots_ and below
+};
 
 }  // namespace cgt::detail
