@@ -1,6 +1,8 @@
 // Capturable optimizers: state on the device, made with the optimizer; a step of device work only.
 module;
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_addcdiv.h>
 #include <ATen/ops/_foreach_addcmul.h>
@@ -23,6 +25,7 @@ module;
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/linalg_vector_norm.h>
 #include <ATen/ops/stack.h>
+#include <ATen/ops/where.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 
@@ -38,6 +41,7 @@ module;
 #include <expected>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -64,6 +68,98 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
 
 }  // namespace
 
+// Dynamic loss scaling (LossScaleOptions): PyTorch's GradScaler with every decision on the
+// device, as its path for fused optimizers takes them. An optimizer's State owns one and calls it
+// from `step`: `unscale` before the clip and the update, `update` after; a graph of the step
+// replays the whole rule, skips included.
+class LossScale {
+ public:
+  // The state on `device`. Fails with `invalid_argument` for an option out of range.
+  [[nodiscard]] static Result<std::unique_ptr<LossScale>> make(const LossScaleOptions& options,
+                                                               const at::Device& device);
+  // Divides `grads` by the scale and sets the flag where one holds an infinity or NaN (GradScaler's
+  // `unscale_`: one kernel per dtype).
+  void unscale(const std::vector<at::Tensor>& grads);
+  // After the update: the scale backed off (flag set) or grown (every `growth_interval` steps in a
+  // row without), and a skipped step counted.
+  void update();
+  // The skip of an update that cannot take the flag itself (the multi-tensor formulas): `save`
+  // copies what the update writes before it, `restore_where_found_inf` puts the copies back after
+  // it where the flag is set (a select on the device, exact).
+  [[nodiscard]] std::vector<at::Tensor> save(const std::vector<at::Tensor>& written) const;
+  void restore_where_found_inf(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& saved) const;
+
+  [[nodiscard]] const at::Tensor& scale() const noexcept { return scale_; }
+  [[nodiscard]] const at::Tensor& found_inf() const noexcept { return found_inf_; }
+  [[nodiscard]] const at::Tensor& skipped() const noexcept { return skipped_; }
+
+ private:
+  LossScaleOptions options_;
+  // Written by `unscale` and `update` only, on the device; made by `make`, outside any pool.
+  at::Tensor scale_;           // float32; the training step multiplies the loss by it
+  at::Tensor growth_tracker_;  // int32: steps in a row without an infinity
+  at::Tensor found_inf_;       // float32, 0 or 1: set by `unscale`, read by the update and `update`
+  at::Tensor inv_scale_;       // float32: 1 / scale, computed in double as GradScaler does
+  at::Tensor skipped_;         // int64: the steps skipped so far
+};
+
+Result<std::unique_ptr<LossScale>> LossScale::make(const LossScaleOptions& options, const at::Device& device) {
+  if (!std::isfinite(options.init_scale) || options.init_scale <= 0 || !std::isfinite(options.growth_factor) ||
+      options.growth_factor <= 1 || !(options.backoff_factor > 0) || !(options.backoff_factor < 1) ||
+      options.growth_interval < 1) {
+    return fail(Errc::invalid_argument,
+                "loss scaling: init_scale must be finite and above 0, growth_factor finite and above 1, "
+                "backoff_factor in (0, 1) and growth_interval at least 1");
+  }
+  auto made = std::make_unique<LossScale>();
+  made->options_ = options;
+  try {
+    const auto on = at::TensorOptions().device(device).requires_grad(false);
+    made->scale_ = at::full({}, options.init_scale, on.dtype(at::kFloat));
+    made->growth_tracker_ = at::zeros({}, on.dtype(at::kInt));
+    made->found_inf_ = at::zeros({}, on.dtype(at::kFloat));
+    made->inv_scale_ = at::zeros({}, on.dtype(at::kFloat));
+    made->skipped_ = at::zeros({}, on.dtype(at::kLong));
+  } catch (const std::exception& e) {
+    return fail(Errc::backend_error, std::string("making the loss scale's state: ") + e.what());
+  }
+  return made;
+}
+
+void LossScale::unscale(const std::vector<at::Tensor>& grads) {
+  found_inf_.zero_();
+  inv_scale_.copy_(scale_.to(at::kDouble).reciprocal());
+  // The kernel takes one dtype at a time (GradScaler groups the gradients so too).
+  std::vector<std::pair<at::ScalarType, std::vector<at::Tensor>>> by_dtype;
+  for (const at::Tensor& grad : grads) {
+    auto group = std::ranges::find_if(by_dtype, [&grad](const auto& g) { return g.first == grad.scalar_type(); });
+    if (group == by_dtype.end()) group = by_dtype.insert(by_dtype.end(), {grad.scalar_type(), {}});
+    group->second.push_back(grad);
+  }
+  for (const auto& [dtype, group] : by_dtype) {
+    at::_amp_foreach_non_finite_check_and_unscale_(group, found_inf_, inv_scale_);
+  }
+}
+
+void LossScale::update() {
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor, options_.backoff_factor,
+                         options_.growth_interval);
+  skipped_.add_(found_inf_.to(at::kLong));
+}
+
+std::vector<at::Tensor> LossScale::save(const std::vector<at::Tensor>& written) const {
+  std::vector<at::Tensor> saved;
+  saved.reserve(written.size());
+  for (const at::Tensor& t : written) saved.push_back(t.clone());
+  return saved;
+}
+
+void LossScale::restore_where_found_inf(const std::vector<at::Tensor>& written,
+                                        const std::vector<at::Tensor>& saved) const {
+  const at::Tensor skip = found_inf_.ne(0);
+  for (std::size_t i = 0; i < written.size(); ++i) written[i].copy_(at::where(skip, saved[i], written[i]));
+}
+
 // What every optimizer keeps: the parameters, their gradients and step counts, and the rules of
 // `step`, `zero_grad` and `attach_grads`. Shared by the user's handle and the steps' pool
 // functions (see cgt.torch-optim.inc); its lists are filled when make_adam/make_sgd make it and
@@ -84,6 +180,9 @@ class Optimizer::State {
   // Clips the gradients by their total norm from now on (see AdamOptions::max_grad_norm; 0: no
   // clipping). REQUIRES: `adopt` ran. Fails with `invalid_argument` for a bad norm or order.
   [[nodiscard]] Result<void> clip_by_norm(double max_norm, double norm_type);
+  // Scales the loss from now on (see LossScaleOptions; nothing unless `dynamic`). REQUIRES:
+  // `adopt` ran. Fails with `invalid_argument` for a bad option or parameters on several devices.
+  [[nodiscard]] Result<void> scale_loss(const LossScaleOptions& options);
   void step();
   void step(std::span<const at::Tensor> grads);
   void zero_grad(bool set_to_none);
@@ -106,6 +205,9 @@ class Optimizer::State {
   double max_grad_norm_ = 0;
   double grad_norm_type_ = 2;
   at::Tensor grad_norm_;
+  // Dynamic loss scaling; null without. `step` unscales before the clip and updates the scale
+  // after the update; the updates skip where its flag is set.
+  std::unique_ptr<LossScale> loss_scale_;
 
  protected:
   // Scales `grads` by min(1, max_norm / (norm + 1e-6)) on the device, keeping the norm; nothing
@@ -230,6 +332,20 @@ bool Optimizer::clips_gradients() const noexcept {
   return state_ != nullptr && state_->max_grad_norm_ > 0;
 }
 
+const at::Tensor& Optimizer::loss_scale() const noexcept {
+  static const at::Tensor none;
+  return scales_loss() ? state_->loss_scale_->scale() : none;
+}
+
+const at::Tensor& Optimizer::skipped_steps() const noexcept {
+  static const at::Tensor none;
+  return scales_loss() ? state_->loss_scale_->skipped() : none;
+}
+
+bool Optimizer::scales_loss() const noexcept {
+  return state_ != nullptr && state_->loss_scale_ != nullptr;
+}
+
 bool Optimizer::has_static_grads() const noexcept {
   return state_ != nullptr && state_->static_grads_;
 }
@@ -344,6 +460,22 @@ Result<void> Optimizer::State::clip_by_norm(double max_norm, double norm_type) {
   return {};
 }
 
+Result<void> Optimizer::State::scale_loss(const LossScaleOptions& options) {
+  if (!options.dynamic || params_.empty()) return {};
+  const at::Device device = params_.front().device();
+  for (std::size_t i = 1; i < params_.size(); ++i) {
+    if (params_[i].device() != device) {
+      return fail(Errc::invalid_argument, "loss scaling: parameter " + std::to_string(i) + " is on " +
+                                              params_[i].device().str() + " and parameter 0 on " + device.str() +
+                                              "; the scale and its flag live on one device: one optimizer per device");
+    }
+  }
+  auto made = LossScale::make(options, device);
+  if (!made) return std::unexpected(std::move(made.error()));
+  loss_scale_ = std::move(*made);
+  return {};
+}
+
 // PyTorch's clip_grad_norm_ (torch/nn/utils/clip_grad.py), op for op, without its host decisions:
 // the norms of the gradients, their norm, the coefficient clamped at 1, every gradient scaled by it.
 void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
@@ -407,8 +539,10 @@ void Optimizer::State::step() {
     grads.push_back(p.grad());
   }
   if (with_grad.empty()) return;
+  if (loss_scale_) loss_scale_->unscale(grads);
   clip(grads);
   update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
+  if (loss_scale_) loss_scale_->update();
 }
 
 void Optimizer::State::step(std::span<const at::Tensor> grads) {
@@ -431,12 +565,15 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
   }
   if (static_grads_) {
     at::_foreach_copy_(grads_, given);
+    if (loss_scale_) loss_scale_->unscale(grads_);
     clip(grads_);
     update(all_, grads_);
   } else {
+    if (loss_scale_) loss_scale_->unscale(given);
     clip(given);
     update(all_, std::move(given));
   }
+  if (loss_scale_) loss_scale_->update();
 }
 
 void Optimizer::State::zero_grad(bool set_to_none) {
@@ -483,6 +620,7 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
   if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
     return std::unexpected(std::move(ok.error()));
   }
+  if (auto ok = state->scale_loss(options.loss_scale); !ok) return std::unexpected(std::move(ok.error()));
   try {
     const c10::NoGradGuard no_grad;
     for (const at::Tensor& p : state->params_) {
@@ -540,21 +678,36 @@ void Adam::State::update(const std::vector<std::size_t>& index, std::vector<at::
   std::vector<std::vector<at::Tensor>> lists{params, grads, exp_avgs, exp_avg_sqs};
   if (options_.amsgrad) lists.push_back(max_exp_avg_sqs);
   if (!fused_kernel_takes(lists, steps)) {
+    // The multi-tensor formula cannot take the flag: what it writes is put back where it is set.
+    std::vector<at::Tensor> written;
+    if (loss_scale_) {
+      written = lists.front();  // the parameters, then the moments (not the gradients), then the counts
+      for (std::size_t l = 2; l < lists.size(); ++l) written.insert(written.end(), lists[l].begin(), lists[l].end());
+      written.insert(written.end(), steps.begin(), steps.end());
+    }
+    const std::vector<at::Tensor> saved = loss_scale_ ? loss_scale_->save(written) : std::vector<at::Tensor>{};
     update_multi_tensor(index, std::move(grads));
+    if (loss_scale_) loss_scale_->restore_where_found_inf(written, saved);
     return;
   }
   // The steps are counted first (the kernel reads them), then every tensor is updated in one pass,
   // at the learning rate on the device (one device: the kernel takes the parameters of one).
+  // With loss scaling the gradients are unscaled already (`step`): the kernel gets the flag alone,
+  // returns without writing where it is set, and the skipped step is taken off the counts again,
+  // as PyTorch's `_fused_adam` does under GradScaler.
   const auto& o = options_;
   const at::Tensor& lr = lrs_[index.front()];
+  const std::optional<at::Tensor> found_inf =
+      loss_scale_ ? std::optional<at::Tensor>(loss_scale_->found_inf()) : std::nullopt;
   at::_foreach_add_(steps, 1);
   if (o.decoupled_weight_decay) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, o.beta1, o.beta2,
-                      o.weight_decay, o.eps, o.amsgrad, /*maximize=*/false);
+                      o.weight_decay, o.eps, o.amsgrad, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
   } else {
     at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, o.beta1, o.beta2, o.weight_decay,
-                     o.eps, o.amsgrad, /*maximize=*/false);
+                     o.eps, o.amsgrad, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
   }
+  if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *found_inf));
 }
 
 // PyTorch's _multi_tensor_adam with capturable=True (torch/optim/adam.py), op for op: the step
@@ -620,6 +773,7 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
     return std::unexpected(std::move(ok.error()));
   }
+  if (auto ok = state->scale_loss(options.loss_scale); !ok) return std::unexpected(std::move(ok.error()));
   if (options.momentum != 0) {
     try {
       const c10::NoGradGuard no_grad;
@@ -640,6 +794,17 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
 void SGD::State::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const auto& o = options_;
+  // With loss scaling, what the update writes is put back where the flag is set (a skipped step).
+  std::vector<at::Tensor> written;
+  if (loss_scale_) {
+    written = params;
+    for (const auto* list : {&steps_, &momentum_buffers_}) {
+      if (list->empty()) continue;
+      const std::vector<at::Tensor> picked = pick(*list, index);
+      written.insert(written.end(), picked.begin(), picked.end());
+    }
+  }
+  const std::vector<at::Tensor> saved = loss_scale_ ? loss_scale_->save(written) : std::vector<at::Tensor>{};
   at::_foreach_add_(pick(steps_, index), 1);
   if (o.weight_decay != 0) grads = at::_foreach_add(grads, params, o.weight_decay);
   if (o.momentum != 0) {
@@ -654,6 +819,7 @@ void SGD::State::update(const std::vector<std::size_t>& index, std::vector<at::T
   }
   // params -= lr * grads, at the rate on the device.
   at::_foreach_sub_(params, at::_foreach_mul(grads, pick(lrs_, index)));
+  if (loss_scale_) loss_scale_->restore_where_found_inf(written, saved);
 }
 
 Result<OptimizerStep> make_optimizer_step(Pool& pool, Optimizer& optimizer, FunctionOptions options) {

@@ -1,6 +1,7 @@
 // The whole training step as one pool function: zero the gradients in place, forward, backward,
 // optimizer step; or, for a program that computes its own gradients, that program, then the step.
 module;
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 
 #include <c10/core/GradMode.h>
@@ -81,6 +82,52 @@ Result<void> check_same_parameters(const std::vector<at::Tensor>& given, const s
 
 namespace {
 
+// CUDA autocast to `dtype` while it lives (nothing without a dtype), as PyTorch's
+// `torch.autocast("cuda", dtype, cache_enabled=False)`: the cache of weight casts is off, since a
+// cast cached while a graph records would be memory of that recording, read by later calls. The
+// thread's previous state comes back when it goes, also when the loss function threw.
+class AutocastScope {
+ public:
+  explicit AutocastScope(std::optional<at::ScalarType> dtype) : active_(dtype.has_value()) {
+    if (!active_) return;
+    was_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+    was_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
+    was_cached_ = at::autocast::is_autocast_cache_enabled();
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, *dtype);
+    at::autocast::set_autocast_cache_enabled(false);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!active_) return;
+    // As PyTorch's `autocast.__exit__`: the outermost scope empties the cache.
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, was_dtype_);
+    at::autocast::set_autocast_cache_enabled(was_cached_);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  bool active_;
+  bool was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kHalf;
+  bool was_cached_ = true;
+};
+
+// The loss function's values, its forward under `autocast` (the backward runs outside it).
+Values run_loss(Callable& loss, Inputs in, std::optional<at::ScalarType> autocast) {
+  const AutocastScope scope(autocast);
+  return loss(in);
+}
+
+// What the backward starts from: the loss times the optimizer's loss scale where it scales the
+// loss (GradScaler's `scale(loss)`; the step unscales the gradients), else the loss.
+at::Tensor scaled_loss(const at::Tensor& loss, const Optimizer& optimizer) {
+  return optimizer.scales_loss() ? loss.mul(optimizer.loss_scale()) : loss;
+}
+
 // What one call of a training step's function does with the gradients: zero them first (the
 // first micro-batch of a step), step the optimizer after (the last), and the factor of the loss
 // before its backward (1 / micro-batches).
@@ -88,6 +135,7 @@ struct Phase {
   bool zeroes = true;
   bool steps = true;
   double loss_factor = 1;
+  std::optional<at::ScalarType> autocast;  // TrainingStepOptions::autocast
 };
 
 // After the loss function ran: its values detached, and the norm of a step that clipped last.
@@ -112,9 +160,9 @@ Callable phase_body(Optimizer optimizer, std::shared_ptr<Callable> loss, Phase p
     // that the backward allocates them in this call (see cgt.torch-optim.inc).
     const bool static_grads = optimizer.has_static_grads();
     if (phase.zeroes) optimizer.zero_grad(!static_grads);
-    Values out = (*loss)(in);
+    Values out = run_loss(*loss, in, phase.autocast);
     check_loss(out);
-    (phase.loss_factor == 1 ? out[0] : out[0].mul(phase.loss_factor)).backward();
+    scaled_loss(phase.loss_factor == 1 ? out[0] : out[0].mul(phase.loss_factor), optimizer).backward();
     if (phase.steps) {
       optimizer.step();
       if (!static_grads) optimizer.zero_grad(true);  // they die here, inside the step's graph
@@ -125,8 +173,9 @@ Callable phase_body(Optimizer optimizer, std::shared_ptr<Callable> loss, Phase p
 }
 
 // All micro-batches in one call: every tensor input split into `parts` along its first dimension.
-Callable all_in_one_body(Optimizer optimizer, std::shared_ptr<Callable> loss, std::int64_t parts) {
-  return [optimizer = std::move(optimizer), loss = std::move(loss), parts](Inputs in) mutable -> Values {
+Callable all_in_one_body(Optimizer optimizer, std::shared_ptr<Callable> loss, std::int64_t parts,
+                         std::optional<at::ScalarType> autocast) {
+  return [optimizer = std::move(optimizer), loss = std::move(loss), parts, autocast](Inputs in) mutable -> Values {
     const c10::AutoGradMode grad_on(true);
     const bool static_grads = optimizer.has_static_grads();
     optimizer.zero_grad(!static_grads);
@@ -147,9 +196,9 @@ Callable all_in_one_body(Optimizer optimizer, std::shared_ptr<Callable> loss, st
       for (std::size_t j = 0; j < in.size(); ++j) {
         if (!chunks[j].empty()) values[j] = chunks[j][static_cast<std::size_t>(part)];
       }
-      out = (*loss)(Inputs(values, scalars));
+      out = run_loss(*loss, Inputs(values, scalars), autocast);
       check_loss(out);
-      out[0].div(static_cast<double>(parts)).backward();
+      scaled_loss(out[0].div(static_cast<double>(parts)), optimizer).backward();
       total = part == 0 ? out[0].detach() : total.add(out[0].detach());
     }
     optimizer.step();
@@ -181,6 +230,11 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
     return fail(Errc::invalid_argument,
                 "make_training_step: micro_batches is " + std::to_string(parts) + "; a step has at least one");
   }
+  if (options.autocast && *options.autocast != at::kBFloat16 && *options.autocast != at::kHalf) {
+    return fail(Errc::invalid_argument, std::string("make_training_step: autocast to ") +
+                                            c10::toString(*options.autocast) +
+                                            "; CUDA autocast lowers to at::kBFloat16 or at::kHalf");
+  }
   const bool per_call = parts > 1 && !options.all_in_one_call;
   if (per_call && optimizer.has_state() && !optimizer.has_static_grads()) {
     return fail(Errc::invalid_argument,
@@ -192,22 +246,25 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
   const double factor = 1.0 / static_cast<double>(parts);
   Callable last =
       parts > 1 && options.all_in_one_call
-          ? all_in_one_body(optimizer.share(), shared_loss, parts)
-          : phase_body(optimizer.share(), shared_loss, {.zeroes = !per_call, .steps = true, .loss_factor = factor});
+          ? all_in_one_body(optimizer.share(), shared_loss, parts, options.autocast)
+          : phase_body(optimizer.share(), shared_loss,
+                       {.zeroes = !per_call, .steps = true, .loss_factor = factor, .autocast = options.autocast});
   std::optional<Function> first;
   std::optional<Function> middle;
   if (per_call) {
     // Made first: a failure leaves nothing of the step in the pool but what is made already.
     auto made = add_training_step(
         pool, optimizer,
-        phase_body(optimizer.share(), shared_loss, {.zeroes = true, .steps = false, .loss_factor = factor}),
+        phase_body(optimizer.share(), shared_loss,
+                   {.zeroes = true, .steps = false, .loss_factor = factor, .autocast = options.autocast}),
         phase_options(options.function, ".first"));
     if (!made) return std::unexpected(std::move(made.error()));
     first = std::move(*made);
     if (parts > 2) {
       made = add_training_step(
           pool, optimizer,
-          phase_body(optimizer.share(), shared_loss, {.zeroes = false, .steps = false, .loss_factor = factor}),
+          phase_body(optimizer.share(), shared_loss,
+                     {.zeroes = false, .steps = false, .loss_factor = factor, .autocast = options.autocast}),
           phase_options(options.function, ".middle"));
       if (!made) return std::unexpected(std::move(made.error()));
       middle = std::move(*made);
@@ -224,6 +281,12 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
 
 Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& optimizer, Callable loss_and_gradients,
                                                        FunctionOptions options) {
+  if (optimizer.scales_loss()) {
+    return fail(Errc::invalid_argument,
+                "make_training_step_from_gradients: the optimizer scales the loss (LossScaleOptions), but the "
+                "gradient function computes the gradients of the loss itself, which the step would divide by the "
+                "scale; make the optimizer without loss scaling (bfloat16 needs none)");
+  }
   auto step = [optimizer = optimizer.share(), function = std::move(loss_and_gradients)](Inputs in) mutable -> Values {
     const c10::NoGradGuard no_autograd;  // the function computes the gradients itself
     Values out = function(in);
