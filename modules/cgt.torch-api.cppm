@@ -29,6 +29,15 @@ struct Module;
 namespace torch::inductor {
 class AOTIModelPackageLoader;
 }  // namespace torch::inductor
+// The checkpoints of the optimizers part take these by reference; <torch/torch.h> (or
+// <torch/serialize.h> and <torch/nn/module.h>) makes them.
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
 
 // The deleted borrows of the models part say why (`= delete("...")`, C++26, which clang accepts earlier).
 #pragma clang diagnostic ignored "-Wc++26-extensions"

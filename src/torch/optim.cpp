@@ -49,6 +49,7 @@ module;
 
 module cgt.torch;
 import cgt.core;
+import :optim_state;
 
 namespace cgt::torch {
 
@@ -67,41 +68,6 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
 }
 
 }  // namespace
-
-// Dynamic loss scaling (LossScaleOptions): PyTorch's GradScaler with every decision on the
-// device, as its path for fused optimizers takes them. An optimizer's State owns one and calls it
-// from `step`: `unscale` before the clip and the update, `update` after; a graph of the step
-// replays the whole rule, skips included.
-class LossScale {
- public:
-  // The state on `device`. Fails with `invalid_argument` for an option out of range.
-  [[nodiscard]] static Result<std::unique_ptr<LossScale>> make(const LossScaleOptions& options,
-                                                               const at::Device& device);
-  // Divides `grads` by the scale and sets the flag where one holds an infinity or NaN (GradScaler's
-  // `unscale_`: one kernel per dtype).
-  void unscale(const std::vector<at::Tensor>& grads);
-  // After the update: the scale backed off (flag set) or grown (every `growth_interval` steps in a
-  // row without), and a skipped step counted.
-  void update();
-  // The skip of an update that cannot take the flag itself (the multi-tensor formulas): `save`
-  // copies what the update writes before it, `restore_where_found_inf` puts the copies back after
-  // it where the flag is set (a select on the device, exact).
-  [[nodiscard]] std::vector<at::Tensor> save(const std::vector<at::Tensor>& written) const;
-  void restore_where_found_inf(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& saved) const;
-
-  [[nodiscard]] const at::Tensor& scale() const noexcept { return scale_; }
-  [[nodiscard]] const at::Tensor& found_inf() const noexcept { return found_inf_; }
-  [[nodiscard]] const at::Tensor& skipped() const noexcept { return skipped_; }
-
- private:
-  LossScaleOptions options_;
-  // Written by `unscale` and `update` only, on the device; made by `make`, outside any pool.
-  at::Tensor scale_;           // float32; the training step multiplies the loss by it
-  at::Tensor growth_tracker_;  // int32: steps in a row without an infinity
-  at::Tensor found_inf_;       // float32, 0 or 1: set by `unscale`, read by the update and `update`
-  at::Tensor inv_scale_;       // float32: 1 / scale, computed in double as GradScaler does
-  at::Tensor skipped_;         // int64: the steps skipped so far
-};
 
 Result<std::unique_ptr<LossScale>> LossScale::make(const LossScaleOptions& options, const at::Device& device) {
   if (!std::isfinite(options.init_scale) || options.init_scale <= 0 || !std::isfinite(options.growth_factor) ||
@@ -159,89 +125,6 @@ void LossScale::restore_where_found_inf(const std::vector<at::Tensor>& written,
   const at::Tensor skip = found_inf_.ne(0);
   for (std::size_t i = 0; i < written.size(); ++i) written[i].copy_(at::where(skip, saved[i], written[i]));
 }
-
-// What every optimizer keeps: the parameters, their gradients and step counts, and the rules of
-// `step`, `zero_grad` and `attach_grads`. Shared by the user's handle and the steps' pool
-// functions (see cgt.torch-optim.inc); its lists are filled when make_adam/make_sgd make it and
-// never change after, the tensors' contents change with every step and zero_grad of any handle.
-class Optimizer::State {
- public:
-  State() = default;
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-  virtual ~State() = default;
-
-  // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`),
-  // step counts and learning rate (`lr`); fails with `invalid_argument` naming the first unusable
-  // parameter.
-  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads, double lr);
-  // Writes `lr` to the device (see Optimizer::set_lr).
-  [[nodiscard]] Result<void> set_lr(double lr);
-  // Clips the gradients by their total norm from now on (see AdamOptions::max_grad_norm; 0: no
-  // clipping). REQUIRES: `adopt` ran. Fails with `invalid_argument` for a bad norm or order.
-  [[nodiscard]] Result<void> clip_by_norm(double max_norm, double norm_type);
-  // Scales the loss from now on (see LossScaleOptions; nothing unless `dynamic`). REQUIRES:
-  // `adopt` ran. Fails with `invalid_argument` for a bad option or parameters on several devices.
-  [[nodiscard]] Result<void> scale_loss(const LossScaleOptions& options);
-  void step();
-  void step(std::span<const at::Tensor> grads);
-  void zero_grad(bool set_to_none);
-  [[nodiscard]] Result<void> attach_grads();
-
-  std::vector<at::Tensor> params_;
-  std::vector<at::Tensor> grads_;
-  std::vector<at::Tensor> steps_;
-  std::vector<std::size_t> all_;  // 0, 1, ..., n-1
-  bool static_grads_ = true;
-  // The learning rate, where the update reads it: a float32 scalar on each device of the
-  // parameters (the fused kernels read a float there), and per parameter its device's; `lr_` is
-  // the value last written.
-  std::vector<at::Tensor> lr_by_device_;
-  std::vector<at::Tensor> lrs_;
-  double lr_ = 0;
-  LrSchedule schedule_;
-  std::int64_t scheduled_steps_ = 0;
-  // Clipping by norm (0: none), and the norm before the last clip, on the first parameter's device.
-  double max_grad_norm_ = 0;
-  double grad_norm_type_ = 2;
-  at::Tensor grad_norm_;
-  // Dynamic loss scaling; null without. `step` unscales before the clip and updates the scale
-  // after the update; the updates skip where its flag is set.
-  std::unique_ptr<LossScale> loss_scale_;
-
- protected:
-  // Scales `grads` by min(1, max_norm / (norm + 1e-6)) on the device, keeping the norm; nothing
-  // without clipping.
-  void clip(const std::vector<at::Tensor>& grads);
-  // The update of the parameters at `index` (all of them, or those with a gradient), whose
-  // gradients are `grads`.
-  virtual void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
-  // Picks `index` out of `all`.
-  [[nodiscard]] static std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
-                                                    const std::vector<std::size_t>& index);
-};
-
-class Adam::State final : public Optimizer::State {
- public:
-  AdamOptions options_;
-  std::vector<at::Tensor> exp_avgs_;
-  std::vector<at::Tensor> exp_avg_sqs_;
-  std::vector<at::Tensor> max_exp_avg_sqs_;
-
- private:
-  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
-  // The multi-tensor formula, for parameter sets the fused kernel does not take.
-  void update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads);
-};
-
-class SGD::State final : public Optimizer::State {
- public:
-  SGDOptions options_;
-  std::vector<at::Tensor> momentum_buffers_;
-
- private:
-  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
-};
 
 namespace {
 
@@ -431,16 +314,11 @@ Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static
   return {};
 }
 
-namespace {
-
-// Whether the current stream of `device` is capturing a graph (a pool function being recorded).
 bool is_capturing(const at::Device& device) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const cudaError_t asked = cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(device.index()).stream(), &status);
   return asked != cudaSuccess || status != cudaStreamCaptureStatusNone;
 }
-
-}  // namespace
 
 Result<void> Optimizer::State::clip_by_norm(double max_norm, double norm_type) {
   if (!std::isfinite(max_norm) || max_norm < 0 || std::isnan(norm_type) || norm_type <= 0) {
