@@ -24,8 +24,9 @@ LrSchedule warmup_cosine(double peak, std::int64_t warmup, std::int64_t total, d
 
 LrSchedule step_decay(double base, std::int64_t every, double gamma) {
   return [=](std::int64_t step) {
-    if (every <= 0) return base;  // no period: no decay
-    return base * std::pow(gamma, static_cast<double>(step / every));
+    if (every <= 0) return base;                // no period: no decay
+    const std::int64_t periods = step / every;  // whole periods only: the rate falls in steps
+    return base * std::pow(gamma, static_cast<double>(periods));
   };
 }
 

@@ -362,7 +362,7 @@ void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
   for (at::Tensor& norm : norms) norm = norm.to(grad_norm_.device());  // the first device's, as PyTorch's
   const at::Tensor total = at::linalg_vector_norm(at::stack(norms), grad_norm_type_);
   grad_norm_.copy_(total);
-  at::Tensor coefficient = at::full_like(total, max_grad_norm_);
+  const at::Tensor coefficient = at::full_like(total, max_grad_norm_);  // in-place ops below: const handle
   coefficient.div_(total.add(1e-6));
   coefficient.clamp_max_(1.0);
   at::_foreach_mul_(grads, coefficient);

@@ -234,7 +234,8 @@ Result<void> Optimizer::State::save(::torch::serialize::OutputArchive& archive) 
       for (const PerParameter& list : lists) archive.write(param_key(i, list.name), (*list.tensors)[i].to(at::kCPU));
     }
     if (loss_scale_) {
-      for (const auto& [name, tensor] : loss_scale_->checkpointed()) archive.write(scaler_key(name), tensor->to(at::kCPU));
+      for (const auto& [name, tensor] : loss_scale_->checkpointed())
+        archive.write(scaler_key(name), tensor->to(at::kCPU));
     }
   } catch (const std::exception& e) {
     return fail(Errc::backend_error, "Optimizer::save: copying the state to the host: " + reason(e));

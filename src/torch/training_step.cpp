@@ -324,10 +324,13 @@ Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
   if (!optimizer_.has_static_grads()) optimizer_.zero_grad(true);
   if (auto attached = optimizer_.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   // Micro-batches one per call: the first of a step, the middle ones, then the one that steps.
-  const bool steps = !first_ || taken_ == micro_batches_ - 1;
+  const bool steps = !first_.has_value() || taken_ == micro_batches_ - 1;
   if (!steps) {
-    const Function& phase = taken_ == 0 ? *first_ : *middle_;
-    auto out = phase(args);
+    const std::optional<Function>& phase = taken_ == 0 ? first_ : middle_;
+    if (!phase.has_value()) {  // made for every micro-batch count that calls it
+      return fail(Errc::invariant_violation, "TrainingStep: no function for micro-batch " + std::to_string(taken_));
+    }
+    auto out = (*phase)(args);
     if (out) ++taken_;
     return out;
   }

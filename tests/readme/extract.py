@@ -8,6 +8,9 @@ Every ```cpp and ```cuda block of these pages is preceded by a comment saying ho
                                             consumer test builds the project from these files
   <!-- cgt-test: tu torch -->               a whole translation unit, compiled with cgt::torch
   <!-- cgt-test: harness host-step -->      a fragment, compiled inside tests/readme/harness/host-step.cpp
+  <!-- cgt-test: example examples/x.cpp -->  a whole program shown as it is: the block must equal the
+                                            file (which examples/ builds and the GPU script runs),
+                                            and it is compiled as a translation unit
 
 A harness puts the fragment's leading #include / import lines at its `// @imports@` line and the
 rest at its `// @fragment@` line. The backend (host, cuda, torch) is a file's directory, the tu's
@@ -22,7 +25,7 @@ import os
 import re
 import sys
 
-MARK = re.compile(r"^\s*<!--\s*cgt-test:\s*(file|tu|harness)\s+(\S+)\s*-->\s*$")
+MARK = re.compile(r"^\s*<!--\s*cgt-test:\s*(file|tu|harness|example)\s+(\S+)\s*-->\s*$")
 FENCE = re.compile(r"^\s*```(\w*)\s*$")  # indented too: a block inside a list item
 BACKENDS = ("host", "cuda", "torch")
 
@@ -82,6 +85,19 @@ def write_page_blocks(readme, harness_dir, out, calls, errors):
             text = directive + code
         elif kind == "tu":
             backend = arg
+            text = directive + code
+        elif kind == "example":
+            # The page shows the example program itself: a copy that drifted would teach old code.
+            path = os.path.join(os.path.dirname(os.path.dirname(harness_dir.rstrip("/"))), "..", arg)
+            path = os.path.normpath(path)
+            if not os.path.exists(path):
+                errors.append(f"{where}: no example {arg}")
+                continue
+            if open(path, encoding="utf-8").read() != code:
+                errors.append(f"{where}: the block differs from {arg}; copy the file into the page again")
+                continue
+            imported = re.findall(r"^import cgt\.(torch|cuda);", code, re.MULTILINE)
+            backend = imported[0] if imported else "host"
             text = directive + code
         else:
             backend = arg.split("-")[0]
