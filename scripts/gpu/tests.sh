@@ -31,6 +31,7 @@ gpu_check() {
   if [ "$3" = 1 ]; then
     example torch_decoder decoder.log 0
     example torch_training training.log 3
+    example torch_training_loop training-loop.log 0 "$logs"
     example torch_kv_decode kv_decode.log 4
   fi
 }
