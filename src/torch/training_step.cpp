@@ -249,23 +249,24 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
           ? all_in_one_body(optimizer.share(), shared_loss, parts, options.autocast)
           : phase_body(optimizer.share(), shared_loss,
                        {.zeroes = !per_call, .steps = true, .loss_factor = factor, .autocast = options.autocast});
+  // A phase of a step that does not step: the first micro-batch zeroes the gradients, the middle
+  // ones only accumulate.
+  const auto add_phase = [&](bool zeroes, const char* suffix) {
+    return add_training_step(
+        pool, optimizer,
+        phase_body(optimizer.share(), shared_loss,
+                   {.zeroes = zeroes, .steps = false, .loss_factor = factor, .autocast = options.autocast}),
+        phase_options(options.function, suffix));
+  };
   std::optional<Function> first;
   std::optional<Function> middle;
   if (per_call) {
     // Made first: a failure leaves nothing of the step in the pool but what is made already.
-    auto made = add_training_step(
-        pool, optimizer,
-        phase_body(optimizer.share(), shared_loss,
-                   {.zeroes = true, .steps = false, .loss_factor = factor, .autocast = options.autocast}),
-        phase_options(options.function, ".first"));
+    auto made = add_phase(true, ".first");
     if (!made) return std::unexpected(std::move(made.error()));
     first = std::move(*made);
     if (parts > 2) {
-      made = add_training_step(
-          pool, optimizer,
-          phase_body(optimizer.share(), shared_loss,
-                     {.zeroes = false, .steps = false, .loss_factor = factor, .autocast = options.autocast}),
-          phase_options(options.function, ".middle"));
+      made = add_phase(false, ".middle");
       if (!made) return std::unexpected(std::move(made.error()));
       middle = std::move(*made);
     }
