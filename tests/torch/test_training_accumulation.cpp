@@ -14,25 +14,16 @@
 #include <utility>
 #include <vector>
 
+#include "torch/training_harness.hpp"
+
 import cgt;
 import cgt.torch;
 
 namespace {
 
-template <class T>
-T must(cgt::Result<T> result) {
-  if (!result) FAIL(result.error().describe());
-  return std::move(*result);
-}
+using training_test::gpu;
+using training_test::must;
 
-void must(const cgt::Result<void>& result) {
-  if (!result) FAIL(result.error().describe());
-}
-
-#define REQUIRE_GPU() \
-  if (!cgt::torch::is_available()) SKIP("no CUDA device")
-
-const torch::Device gpu(torch::kCUDA, 0);
 constexpr std::int64_t micro_rows = 16;
 
 struct MlpImpl : torch::nn::Module {

@@ -21,42 +21,21 @@
 #include <utility>
 #include <vector>
 
+#include "torch/training_harness.hpp"
+
 import cgt;
 import cgt.torch;
 
 namespace {
 
+using training_test::gpu;
+using training_test::Mlp;
+using training_test::must;
+
 using Catch::Matchers::ContainsSubstring;
-
-template <class T>
-T must(cgt::Result<T> result) {
-  if (!result) FAIL(result.error().describe());
-  return std::move(*result);
-}
-
-void must(const cgt::Result<void>& result) {
-  if (!result) FAIL(result.error().describe());
-}
-
-#define REQUIRE_GPU() \
-  if (!cgt::torch::is_available()) SKIP("no CUDA device")
 
 constexpr int steps = 100;
 constexpr int stop = 50;  // the step before which the checkpoint is taken
-const torch::Device gpu(torch::kCUDA, 0);
-
-// 16 -> 64 -> 64 -> 8.
-struct MlpImpl : torch::nn::Module {
-  explicit MlpImpl(std::int64_t hidden = 64)
-      : fc1(register_module("fc1", torch::nn::Linear(16, hidden))),
-        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
-        fc3(register_module("fc3", torch::nn::Linear(hidden, 8))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc3->forward(torch::relu(fc2->forward(torch::tanh(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Mlp);
 
 struct Batch {
   torch::Tensor x, y;

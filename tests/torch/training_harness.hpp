@@ -1,0 +1,50 @@
+// What the training tests of cgt.torch share: a result's value or the test's failure, the GPU they
+// train on, and the small MLP most of them train.
+#pragma once
+
+#include <torch/torch.h>
+// libtorch's logging defines CHECK; the tests mean Catch2's, included below unless already there.
+#ifndef CATCH_TEST_MACROS_HPP_INCLUDED
+#undef CHECK
+#endif
+#include <catch2/catch_test_macros.hpp>
+
+#include <cstdint>
+#include <utility>
+
+import cgt;
+import cgt.torch;
+
+// Skips the test (SKIPPED, not passed) on a machine without a CUDA device.
+#define REQUIRE_GPU() \
+  if (!cgt::torch::is_available()) SKIP("no CUDA device")
+
+namespace training_test {
+
+/// The value of `result`; the test fails with its error otherwise.
+template <class T>
+T must(cgt::Result<T> result) {
+  if (!result) FAIL(result.error().describe());
+  return std::move(*result);
+}
+
+inline void must(const cgt::Result<void>& result) {
+  if (!result) FAIL(result.error().describe());
+}
+
+inline const torch::Device gpu(torch::kCUDA, 0);
+
+/// 16 -> hidden -> hidden -> 8, tanh then relu.
+struct MlpImpl : torch::nn::Module {
+  explicit MlpImpl(std::int64_t hidden = 64)
+      : fc1(register_module("fc1", torch::nn::Linear(16, hidden))),
+        fc2(register_module("fc2", torch::nn::Linear(hidden, hidden))),
+        fc3(register_module("fc3", torch::nn::Linear(hidden, 8))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc3->forward(torch::relu(fc2->forward(torch::tanh(fc1->forward(x)))));
+  }
+  torch::nn::Linear fc1, fc2, fc3;
+};
+TORCH_MODULE(Mlp);
+
+}  // namespace training_test
