@@ -35,6 +35,7 @@ import cgt.torch;
 namespace {
 
 using training_test::gpu;
+using training_test::Autocast;
 using training_test::Mlp;
 using training_test::must;
 
@@ -54,29 +55,6 @@ std::vector<Batch> batches(int n, std::optional<int> overflow = std::nullopt) {
   if (overflow) out[*overflow].y = out[*overflow].y * 1e4;
   return out;
 }
-
-// Eager CUDA autocast, as `with torch.autocast("cuda", dtype):` (the cast cache on, eager's default).
-class Autocast {
- public:
-  explicit Autocast(at::ScalarType dtype)
-      : was_enabled_(at::autocast::is_autocast_enabled(at::kCUDA)),
-        was_dtype_(at::autocast::get_autocast_dtype(at::kCUDA)) {
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-    at::autocast::increment_nesting();
-  }
-  ~Autocast() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
-    at::autocast::set_autocast_dtype(at::kCUDA, was_dtype_);
-  }
-  Autocast(const Autocast&) = delete;
-  Autocast& operator=(const Autocast&) = delete;
-
- private:
-  bool was_enabled_;
-  at::ScalarType was_dtype_;
-};
 
 struct AutocastState {
   bool enabled;

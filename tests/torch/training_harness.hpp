@@ -3,6 +3,7 @@
 #pragma once
 
 #include <torch/torch.h>
+#include <ATen/autocast_mode.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's, included below unless already there.
 #ifndef CATCH_TEST_MACROS_HPP_INCLUDED
 #undef CHECK
@@ -10,6 +11,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 import cgt;
@@ -33,6 +35,35 @@ inline void must(const cgt::Result<void>& result) {
 }
 
 inline const torch::Device gpu(torch::kCUDA, 0);
+
+/// Eager CUDA autocast while it lives, as `with torch.autocast("cuda", dtype):` (the cast cache
+/// on, eager's default); none: nothing. The thread's state before it is put back.
+class Autocast {
+ public:
+  explicit Autocast(std::optional<at::ScalarType> dtype) : on_(dtype.has_value()) {
+    if (!on_) return;
+    was_enabled_ = at::autocast::is_autocast_enabled(at::kCUDA);
+    was_dtype_ = at::autocast::get_autocast_dtype(at::kCUDA);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, *dtype);
+    at::autocast::increment_nesting();
+  }
+  ~Autocast() {
+    if (!on_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, was_enabled_);
+    at::autocast::set_autocast_dtype(at::kCUDA, was_dtype_);
+  }
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+  Autocast(Autocast&&) = delete;
+  Autocast& operator=(Autocast&&) = delete;
+
+ private:
+  bool on_;
+  bool was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kFloat;
+};
 
 /// 16 -> hidden -> hidden -> 8, tanh then relu.
 struct MlpImpl : torch::nn::Module {
