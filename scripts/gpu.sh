@@ -34,6 +34,9 @@ usage: scripts/gpu.sh <subcommand> [arguments]
   training [STEPS]        the [training] and [autograd] tests, three under memcheck, examples/torch_training,
                           the training benchmark against PyTorch (STEPS, default 200; PY_TIMEOUT)
   bench [CALLS]           bench/results' tables: gpu_bench and training_bench against PyTorch (default 3000)
+  bench-training [STEPS]  the training benchmark alone: fp32, TF32 and the modern loop against PyTorch
+                          (STEPS, default 200; PY_TIMEOUT; TRAINING_CONFIGURATIONS), the loop's loss
+                          curves; training.md and plots
   overhead [CALLS]        bench's CPU-per-call table alone (gpu_bench overhead against PyTorch's trees)
   bench-models [CALLS] [MODEL...]
                           BERT-base and ResNet-18 (bert resnet) served from C++ against PyTorch
@@ -63,7 +66,7 @@ case "$subcommand" in
     for binary in "${@:2}"; do
       [[ $binary =~ ^[A-Za-z0-9_]+$ ]] || bad_usage "'$binary' is not a test binary's name (e.g. cgt_cuda_tests)"
     done ;;
-  training | bench | overhead)
+  training | bench | bench-training | overhead)
     if [ $# -gt 1 ] || { [ $# -eq 1 ] && ! is_count "$1"; }; then bad_usage "$subcommand takes one count at most"; fi ;;
   bench-models)
     [ $# -eq 0 ] || is_count "$1" || bad_usage "bench-models: the first argument is the calls per cell (a count)"

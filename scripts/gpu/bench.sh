@@ -1,14 +1,15 @@
-# scripts/gpu.sh's benchmark subcommands: bench, bench-models, training, profile-training. Each
-# writes its CSV lines to results.csv and its tables beside it, ready for bench/results/.
+# scripts/gpu.sh's benchmark subcommands: bench, bench-training, bench-models, training,
+# profile-training. Each writes its CSV lines to results.csv and its tables beside it, ready for
+# bench/results/.
 # shellcheck shell=bash
 
 # bench [calls]: gpu_bench and PyTorch's Python trees on the same work (overhead, memory, scaling,
-# capture), and one training step of a small transformer (eager, cgt's whole-step graph,
-# reduce-overhead); writes overhead.md, memory.md, scaling.md, capture.md, scaling.png, training.md.
+# capture), and the training benchmark (training_benchmark); writes overhead.md, memory.md,
+# scaling.md, capture.md, scaling.png, training.md.
 cmd_bench() {
-  local calls="${1:-3000}" rounds=3 round what precision
+  local calls="${1:-3000}" rounds=3 round what
   local package="$root/$build/training-step.pt2"
-  keep+=(results.csv overhead.md memory.md scaling.md capture.md scaling.png overhead.png training.md training.png)
+  keep+=(results.csv overhead.md memory.md scaling.md capture.md scaling.png overhead.png)
   # The benchmark transformer's training step as an AOTInductor package, exported beside the build.
   in_background "export training-step.pt2" export-training.log 400 python3 scripts/aoti_training.py "$package"
   configure
@@ -26,15 +27,46 @@ cmd_bench() {
   measure "pytorch_trees memory" pytorch.log 0 python3 bench/pytorch_trees.py memory || exit 1
   measure "pytorch_trees capture" pytorch.log 0 python3 bench/pytorch_trees.py capture || exit 1
   await "export training-step.pt2"
-  if [ -f "$package" ]; then export CGT_TRAINING_PACKAGE="$package"; fi
-  for precision in fp32 tf32; do
-    measure "training_bench $precision" cpp.log 0 "$build/bench/training_bench" 200 "$precision" || exit 1
-    measure "bench/training.py $precision" pytorch.log 0 python3 bench/training.py 200 "$precision" || exit 1
-  done
   step "report" report.log 0 python3 bench/report.py "$logs/results.csv" "$logs" "$commit" "$gpu"
   cat "$logs/report.log"
+  training_benchmark 200 "$package" 0
+}
+
+# training_benchmark <steps> <AOTInductor package> <PyTorch's limit per configuration, 0 for none>:
+# training_bench and bench/training.py in each configuration (fp32, tf32, the modern loop), the
+# modern loop's loss curves (training_bench curve), and the report: training.md, training.png,
+# training-loss.png. The CSV lines go to results.csv. TRAINING_CONFIGURATIONS: the configurations
+# (default "fp32 tf32 loop"; the curves come with loop).
+training_benchmark() {
+  local steps="$1" package="$2" limit="$3" configuration configurations
+  read -ra configurations <<<"${TRAINING_CONFIGURATIONS:-fp32 tf32 loop}"
+  keep+=(training.md training.png training-loss.png)
+  if [ -f "$package" ]; then export CGT_TRAINING_PACKAGE="$package"; fi
+  for configuration in "${configurations[@]}"; do
+    measure "training_bench $configuration" training-cpp.log 0 "$build/bench/training_bench" "$steps" "$configuration"
+    measure "bench/training.py $configuration" training-pytorch.log "$limit" python3 bench/training.py "$steps" "$configuration"
+  done
+  tail -n 5 "$logs/training-pytorch.log"
+  # 600 lines: to a log, and from it to results.csv for the report.
+  if [[ " ${configurations[*]} " == *" loop "* ]]; then
+    step "training_bench curve" training-curve.log 0 "$build/bench/training_bench" 200 curve &&
+      grep '^loss,' "$logs/training-curve.log" >>"$logs/results.csv"
+  fi
   step "training report" training-report.log 0 python3 bench/training_report.py "$logs/results.csv" "$logs" "$commit" "$gpu"
   cat "$logs/training-report.log"
+}
+
+# bench-training [steps]: the training benchmark alone (training_benchmark), built while the
+# benchmark transformer's AOTInductor package exports.
+cmd_bench_training() {
+  local steps="${1:-200}" package="$root/$build/training-step.pt2"
+  keep+=(results.csv)
+  in_background "export training-step.pt2" export-training.log 400 python3 scripts/aoti_training.py "$package"
+  configure
+  build training_bench
+  await "export training-step.pt2"
+  : >"$logs/results.csv"
+  training_benchmark "$steps" "$package" "${PY_TIMEOUT:-300}"
 }
 
 # overhead [calls]: only the CPU cost per call of bench's overhead table (gpu_bench and PyTorch's
@@ -123,8 +155,8 @@ serve_models_cpp() {  # serve_models_cpp <calls> <second pass: 0|1> <model...>: 
 # PyTorch, `steps` steps, default 200); writes results.csv, training.md and diffs.txt (each
 # graph's difference from eager, also printed above the table).
 cmd_training() {
-  local steps="${1:-200}" packages="$root/$build/training-models" precision
-  keep+=(results.csv training.md training.png diffs.txt)
+  local steps="${1:-200}" packages="$root/$build/training-models"
+  keep+=(results.csv diffs.txt)
   mkdir -p "$packages"
   in_background "export train_mlp.pt2" export-test.log 400 python3 scripts/export-test-models.py "$packages" --training-only
   in_background "export training-step.pt2" export-bench.log 400 python3 scripts/aoti_training.py "$packages/training-step.pt2"
@@ -149,15 +181,8 @@ cmd_training() {
     "training/per_step_grads_whole_step_graph_trains_as_eager" no 60
   example torch_training example.log 0
   await "export training-step.pt2"
-  if [ -f "$packages/training-step.pt2" ]; then export CGT_TRAINING_PACKAGE="$packages/training-step.pt2"; fi
   : >"$logs/results.csv"
-  for precision in fp32 tf32; do
-    measure "training_bench $precision" bench.log 60 "$build/bench/training_bench" "$steps" "$precision"
-    measure "bench/training.py $precision" pytorch.log "${PY_TIMEOUT:-150}" python3 bench/training.py "$steps" "$precision"
-  done
-  tail -n 5 "$logs/pytorch.log"
-  step "training report" report.log 0 python3 bench/training_report.py "$logs/results.csv" "$logs" "$commit" "$gpu"
-  cat "$logs/report.log"
+  training_benchmark "$steps" "$packages/training-step.pt2" "${PY_TIMEOUT:-300}"
 }
 
 # profile-training [fp32|tf32]: where the whole-step training graph's GPU time goes. Times the
