@@ -35,18 +35,22 @@ import :ledger;
 namespace cgt::detail {
 
 /// One function at one shape key (PyTorch's FunctionID): nodes of the tree belong to a variant.
+/// A plain struct, reached only through the engine's private `variants_`: each field has one
+/// writer among the engine's steps, named beside it.
 struct Variant {
+  // Set by `select_variant`, which makes the variant.
   std::uint32_t id = 0;
   std::uint32_t function = 0;
   std::vector<std::int64_t> key;
-  bool warmed_up = false;
+  bool warmed_up = false;  ///< set by `warm_up`
   /// Its capture failed for a reason that will not change (a synchronisation inside the function,
   /// a call of another pool): it runs eagerly from then on, for `capture_failure_reason`
-  /// (`Reason::capture_failed` or `nested_pool`), with the backend's message kept here.
+  /// (`Reason::capture_failed` or `nested_pool`), with the backend's message kept here. Both set
+  /// by `run_eagerly_from_now_on`.
   std::optional<std::string> capture_failure;
   Reason capture_failure_reason = Reason::capture_failed;
   /// Re-recorded somewhere in the tree (`ChildFacts::rerecords`): only then does a call look its
-  /// count up.
+  /// count up. Set by `run_tree`.
   bool rerecorded = false;
 };
 
@@ -57,25 +61,31 @@ struct Signature {
   std::vector<std::uint8_t> ranks;
 };
 
-/// A registered function.
+/// A registered function. A plain struct, reached only through the engine's private `functions_`:
+/// each field has one writer among the engine's steps, named beside it (`is_mutated` two).
 struct FunctionRecord {
+  // Set by `add_function`; `shutdown()` takes the invoker.
   std::uint32_t id = 0;
   std::string name;
   std::unique_ptr<backend::Invoker> invoker;
   FunctionOptions options;
+  // Set by `check_signature`, at the first call.
   std::optional<Signature> signature;
   std::vector<bool> is_static;  ///< per input, from options.static_inputs
-  /// Per input: declared in options.mutated_inputs, or seen written by a run (`note_write`).
+  /// Per input: declared in options.mutated_inputs (`check_signature`), or seen written by a run
+  /// (`note_write`).
   std::vector<bool> is_mutated;
   bool mutates_an_input = false;  ///< some `is_mutated` is set: calls check their inputs for it
+  // Set by `select_variant`.
   std::map<std::vector<std::int64_t>, std::uint32_t> variants;  ///< shape key -> variant id
   std::uint32_t last_variant = UINT32_MAX;                      ///< the last key seen: the fast path
-  bool warned_mutation = false;
-  bool warned_many_keys = false;
-  bool warned_pending_backward = false;
-  bool warned_padded_output = false;
-  bool warmed_up_once = false;  ///< some shape of it has warmed up (see `warm_up_each_shape`)
-  std::set<Reason> logged;      ///< reasons already printed by the default sink
+  bool warned_mutation = false;                                 ///< set by `mutates_unmanaged_input`
+  bool warned_many_keys = false;                                ///< set by `select_variant`
+  bool warned_pending_backward = false;                         ///< set by `warn_if_pending_backward_repeats`
+  bool warned_padded_output = false;                            ///< set by `warn_if_padding_shows`
+  /// Some shape of it has warmed up (see `warm_up_each_shape`); set by `warm_up`.
+  bool warmed_up_once = false;
+  std::set<Reason> logged;  ///< reasons already printed by the default sink; added to by `log`
 };
 
 /// Kernels may assume this alignment of their inputs (PyTorch's ALIGNMENT); a static input that
@@ -127,6 +137,9 @@ struct CallFrame {
   const Padding* padding = nullptr;
 };
 
+/// The engine of one pool (PyTorch's `CUDAGraphTreeManager`). Its state and the steps of a call
+/// (engine_*.cpp) are private. The public part is what the handles and the lease units reach: the
+/// handle count, the busy flag, the entry points, and read-only views; each says which lock it needs.
 class Engine final : public LedgerEffects {
  public:
   Engine(std::unique_ptr<backend::Device> device, Options options);
@@ -134,41 +147,79 @@ class Engine final : public LedgerEffects {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  /// Handles that share the engine (pool, functions, leases, node views, a call in flight); the
-  /// last one deletes it, on whatever thread drops it.
-  std::atomic<std::uint32_t> refs{0};
-  // Declared first, destroyed last: every recording below uses the device.
-  std::unique_ptr<backend::Device> device;
-  Options options;
-  std::int32_t device_index = 0;  ///< the device's, read once
-  bool releases_unowned = true;   ///< the device's releases_unowned_storage(), read once
-  bool stamps_values = false;     ///< the device's stamps_values(), read once
-  Stats stats;
-  std::atomic<bool> busy{false};
-  bool shut_down = false;
+  // --- the handles sharing the engine (`retain`, `release`): any thread ---
+  inline void add_references(std::uint32_t count) noexcept { refs_.fetch_add(count, std::memory_order_relaxed); }
+  /// True when these were the last references: the caller deletes the engine.
+  [[nodiscard]] inline bool drop_references(std::uint32_t count) noexcept {
+    // The last handle may go on any thread; acq_rel orders every use before the delete.
+    return refs_.fetch_sub(count, std::memory_order_acq_rel) == count;
+  }
 
-  /// The leases on the cells, the lives of their storages, and the state lock (ledger.cppm, the
-  /// ledger's one owner). Its lock, taken through `StateLock`, guards every field below and the cells.
-  Ledger ledger;
+  // --- one caller at a time (`detail::call`, `PoolBase::shutdown`): any thread ---
+  /// Takes the pool for a call or a shutdown; false while another caller has it (`concurrent_use`).
+  [[nodiscard]] inline bool try_set_busy() noexcept {
+    bool idle = false;
+    return busy_.compare_exchange_strong(idle, true, std::memory_order_acquire);
+  }
+  /// REQUIRES: this caller's `try_set_busy` succeeded.
+  inline void clear_busy() noexcept { busy_.store(false, std::memory_order_release); }
+  /// A call or a shutdown is in flight, on some thread.
+  [[nodiscard]] inline bool is_busy() const noexcept { return busy_.load(std::memory_order_acquire); }
 
-  std::vector<std::unique_ptr<FunctionRecord>> functions;
-  /// Guards the structure of `functions` (not the records) for readers of a function's name that
-  /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
-  mutable std::mutex functions_mutex;
-  std::vector<std::unique_ptr<Variant>> variants;
-  Tree tree;  ///< the recordings, and which child a call replays
-  /// The node the program is at, its state and warm-up nodes, and the path a new generation ended
-  /// (path.cppm, the path's one owner). Its ended record is set by `end_path_if_over` when a new
-  /// generation ends a path with live outputs, and gone before the call does work that may reuse
-  /// their memory (`release_ended_path`: a replay, a recording's checkpoint, a warm-up or eager run
-  /// that succeeded), or when the call fails before that (`restore_ended_path`).
-  Path path;
+  // --- what the handles do ---
+  /// Runs a call of `function` (`call_locked`). REQUIRES: this caller set busy and holds the state,
+  /// as `detail::call` does.
+  [[nodiscard]] inline Result<CallOutputs> call(std::uint32_t function, const ArgSource& source) {
+    return call_locked(*functions_[function], source);
+  }
+  /// Registers a function (`detail::add_function`). Fails with `concurrent_use` during a call,
+  /// `pool_shut_down` after `shutdown()`, `invalid_argument` for buckets that cannot be meant.
+  [[nodiscard]] Result<std::uint32_t> add_function(std::unique_ptr<backend::Invoker> invoker, FunctionOptions options);
+  /// Frees the tree and the device's memory; returns the functions' callables, for the caller to
+  /// destroy once it let go of the state. REQUIRES: this caller set busy, and holds the state.
+  [[nodiscard]] std::vector<std::unique_ptr<backend::Invoker>> shutdown();
+  /// A new step begins at the next call (`GenerationRule::mark_step_begin`): any thread, no lock.
+  inline void mark_step_begin() noexcept { generation_rule_.mark_step_begin(); }
 
-  /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
-  GenerationRule generation_rule;
+  // --- reads: any thread ---
+  /// The name of a function, without the state: a `concurrent_use` report names the function
+  /// while another thread's call holds the state.
+  [[nodiscard]] const std::string& function_name(std::uint32_t function) const noexcept;
+  /// Fixed when the engine is made.
+  [[nodiscard]] inline const Options& options() const noexcept { return options_; }
+  /// For the backend's own members (`Pool::device()`). What changes the allocator needs the state.
+  /// Const as `std::unique_ptr` is: a const engine's device is still the device.
+  [[nodiscard]] inline backend::Device& device() const noexcept { return *device_; }
 
+  // --- reads for the handles, the lease units and the tree views. REQUIRES: the state held ---
+  [[nodiscard]] inline const Stats& stats() const noexcept { return stats_; }
+  [[nodiscard]] inline bool is_shut_down() const noexcept { return shut_down_; }
+  [[nodiscard]] inline bool has_pending_backward() const noexcept { return generation_rule_.pending_backward(); }
+  [[nodiscard]] inline const Tree& tree() const noexcept { return tree_; }
+  [[nodiscard]] inline const Path& path() const noexcept { return path_; }
+  /// The function whose variant `node` ran.
+  [[nodiscard]] inline std::uint32_t function_of(const TreeNode& node) const noexcept {
+    return variants_[node.variant()]->function;
+  }
+  /// A graph node of the tree or a warm-up node of the path, by id; null if there is none.
+  [[nodiscard]] const TreeNode* find_node(std::int64_t id) const noexcept;
+  [[nodiscard]] std::string to_dot() const;
+  /// PyTorch's `check_memory_pool`: the allocator's live blocks are exactly the memory of live leases.
+  [[nodiscard]] Result<void> check_memory() const;
+  /// What a lease on `cell`, reclaimed by a new step, says (`output_overwritten`).
+  [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
+
+  /// The ledger: the lease handles drop through it from any thread (it takes the state or defers
+  /// the drop), and `StateLock` holds the state through it.
+  [[nodiscard]] inline Ledger& ledger() noexcept { return ledger_; }
+  [[nodiscard]] inline const Ledger& ledger() const noexcept { return ledger_; }
+
+ private:
   // --- the per-call algorithm (engine_call.cpp) ---
-  Result<CallOutputs> call(FunctionRecord& function, const ArgSource& source);
+  /// The call as a script: its generation, the path ended first where it must, its arguments read
+  /// and checked, the call run (`run_call`); on failure the path is put back and the generation
+  /// taken back (`abandon_call`).
+  Result<CallOutputs> call_locked(FunctionRecord& function, const ArgSource& source);
   /// The call once its generation is known and the path ended where it must: reads and checks the
   /// arguments into `slots` and `descs`, then runs the call (its shape variant, then the tree).
   Result<CallOutputs> run_call(FunctionRecord& function, const ArgSource& source, std::span<backend::ArgSlot> slots,
@@ -295,20 +346,55 @@ class Engine final : public LedgerEffects {
   ChildFacts& facts_for(std::uint32_t variant);
 
   // --- checks and reporting (engine_checks.cpp) ---
-  Result<void> check_memory() const;
   Result<void> debug_check(const char* where) const;
   void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept;
 
-  // --- leases (lease.cpp) ---
-  [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
+  // --- the state: each field says who writes it. The ledger's state lock (`StateLock`) guards
+  // all of it but `refs_`, `busy_`, what is fixed when the engine is made, and what the ledger and
+  // the generation rule keep atomic themselves. ---
 
-  // --- introspection (introspection.cpp) ---
-  [[nodiscard]] const TreeNode* find_node(std::int64_t id) const noexcept;
-  [[nodiscard]] std::string to_dot() const;
+  /// Handles that share the engine (pool, functions, leases, node views, a call in flight):
+  /// `add_references` and `drop_references`; the last one deletes the engine, on whatever thread
+  /// drops it.
+  std::atomic<std::uint32_t> refs_{0};
+  // Declared first, destroyed last: every recording below uses the device.
+  std::unique_ptr<backend::Device> device_;
+  const Options options_;
+  std::int32_t device_index_ = 0;  ///< the device's, read once
+  bool releases_unowned_ = true;   ///< the device's releases_unowned_storage(), read once
+  bool stamps_values_ = false;     ///< the device's stamps_values(), read once
+  /// Counted by the steps of a call (engine_*.cpp), each counter where its event happens; the
+  /// handles read a copy (`stats()`).
+  Stats stats_;
+  /// Set and cleared by `try_set_busy` and `clear_busy` (a call, a shutdown); `add_function` refuses
+  /// to run while it is set.
+  std::atomic<bool> busy_{false};
+  bool shut_down_ = false;  ///< set by `shutdown()`, never cleared
 
-  /// Frees the tree and the device's memory; returns the functions' callables, for the caller to
-  /// destroy once it let go of the state.
-  [[nodiscard]] std::vector<std::unique_ptr<backend::Invoker>> shutdown();
+  /// The leases on the cells, the lives of their storages, and the state lock (ledger.cppm, the
+  /// ledger's one owner).
+  Ledger ledger_;
+
+  /// Appended by `add_function` only. A record's fields are written by the steps of a call
+  /// (`check_signature`, `select_variant`, `note_write`, the warnings, `warm_up`), its callable
+  /// taken by `shutdown()`.
+  std::vector<std::unique_ptr<FunctionRecord>> functions_;
+  /// Guards the structure of `functions_` (not the records) for readers of a function's name that
+  /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
+  mutable std::mutex functions_mutex_;
+  /// Appended by `select_variant` only; a variant's fields are written by `warm_up`, `run_tree`
+  /// (`rerecorded`) and `run_eagerly_from_now_on` (`capture_failure`).
+  std::vector<std::unique_ptr<Variant>> variants_;
+  Tree tree_;  ///< the recordings, and which child a call replays: `add_to_tree` adds, `shutdown()` clears
+  /// The node the program is at, its state and warm-up nodes, and the path a new generation ended
+  /// (path.cppm, the path's one owner). Its ended record is set by `end_path_if_over` when a new
+  /// generation ends a path with live outputs, and gone before the call does work that may reuse
+  /// their memory (`release_ended_path`: a replay, a recording's checkpoint, a warm-up or eager run
+  /// that succeeded), or when the call fails before that (`restore_ended_path`).
+  Path path_;
+
+  /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
+  GenerationRule generation_rule_;
 };
 
 /// Marks the thread as recording `function` of `engine` while it lives (PyTorch's trees are one

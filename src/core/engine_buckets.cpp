@@ -100,7 +100,7 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
     slots[i] = frame.args[i];
     descs[i] = frame.descs[i];
     if (!is_padded(function, i, frame.descs[i], dim, size)) continue;
-    auto padded = device->pad(frame.args[i].value, frame.descs[i], dim, *bucket, function.options.buckets.pad_of(i));
+    auto padded = device_->pad(frame.args[i].value, frame.descs[i], dim, *bucket, function.options.buckets.pad_of(i));
     if (!padded) {
       Error error = in_call(std::move(padded.error()), function, "padding an input to its bucket");
       error.input = static_cast<std::int32_t>(i);
@@ -110,7 +110,7 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
     descs[i] = padded->desc;
     padded_values.push_back(std::move(padded->owner));
   }
-  ++stats.padded_calls;
+  ++stats_.padded_calls;
 
   const Padding padding{.caller_args = frame.args, .dim = dim, .rows = size};
   CallFrame padded_frame{.args = slots,
@@ -143,7 +143,7 @@ Result<void> Engine::slice_outputs(CallOutputs& out, FunctionRecord& function, s
     const backend::StorageHandle* storage = lease.cell != nullptr ? &lease.cell->storage : nullptr;
     std::vector<std::size_t> sliced;
     for (const std::size_t dim : dims) {
-      auto view = device->slice(lease.value, storage, dim, bucket, size);
+      auto view = device_->slice(lease.value, storage, dim, bucket, size);
       if (!view) {
         return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
       }
@@ -167,11 +167,11 @@ Result<void> Engine::slice_outputs(CallOutputs& out, FunctionRecord& function, s
 void Engine::warn_if_padding_shows(FunctionRecord& function, std::size_t index, const void* value,
                                    std::span<const std::size_t> sliced, std::int64_t bucket) {
   if (function.warned_padded_output) return;
-  const std::vector<std::int64_t> sizes = device->sizes_of(value);
+  const std::vector<std::int64_t> sizes = device_->sizes_of(value);
   for (std::size_t d = 0; d < sizes.size(); ++d) {
     if (sizes[d] != bucket || std::ranges::find(sliced, d) != sliced.end()) continue;
     function.warned_padded_output = true;
-    ++stats.by_reason[static_cast<std::size_t>(Reason::padded_output)];
+    ++stats_.by_reason[static_cast<std::size_t>(Reason::padded_output)];
     log(EventKind::warning, Reason::padded_output, function,
         "output " + std::to_string(index) + " of '" + function.name + "' has " + std::to_string(bucket) +
             " elements on dimension " + std::to_string(d) +

@@ -3,7 +3,6 @@
 module;
 #include <expected>
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -23,13 +22,13 @@ namespace {
 // Releases the pool for the next call however the call ends.
 class BusyGuard {
  public:
-  explicit BusyGuard(std::atomic<bool>& busy) noexcept : busy_(busy) {}
+  explicit BusyGuard(Engine& engine) noexcept : engine_(engine) {}
   BusyGuard(const BusyGuard&) = delete;
   BusyGuard& operator=(const BusyGuard&) = delete;
-  ~BusyGuard() { busy_.store(false, std::memory_order_release); }
+  ~BusyGuard() { engine_.clear_busy(); }
 
  private:
-  std::atomic<bool>& busy_;
+  Engine& engine_;
 };
 
 std::string quoted(const std::string& name) {
@@ -121,8 +120,7 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
                     "' runs eagerly instead, where this call works (or give both functions one pool)",
                 name);
   }
-  bool idle = false;
-  if (!engine.busy.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+  if (!engine.try_set_busy()) {
     const std::string name = function_name(engine, function);
     return fail(Errc::concurrent_use,
                 "call of " + quoted(name) +
@@ -133,23 +131,23 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
   // The function may drop the last handles of its own pool while it runs: the call keeps the
   // engine alive until it is done (declared first, released last).
   const EngineRef keep(&engine);
-  const BusyGuard guard(engine.busy);
+  const BusyGuard guard(engine);
   const StateLock lock(engine);
-  return engine.call(*engine.functions[function], args);
+  return engine.call(function, args);
 }
 
 // The call as a script (PyTorch's CUDAGraphTreeManager._run): the generation it runs in, the path
 // ended first where a new generation or dead outputs end it, then its arguments read and checked
 // and the call run; at the end the ended path's memory is released, or on failure the path is put
 // back and the generation taken back.
-Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& source) {
-  if (shut_down) {
+Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSource& source) {
+  if (shut_down_) {
     return fail(Errc::pool_shut_down,
                 "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
   }
-  ++stats.calls;
+  ++stats_.calls;
   const CallGeneration generation = begin_generation(function);
-  const std::uint64_t reclaims_before = path.reclaims();
+  const std::uint64_t reclaims_before = path_.reclaims();
   // End the path first: a new generation reclaims (or copies out) the memory of leases the caller
   // may be passing in, and the arguments must be read after that. Its memory is released only
   // once the call's work may reuse it.
@@ -162,16 +160,16 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
     return out;
   }
   release_ended_path();
-  if (options.debug_checks && out->kind != CallKind::eager) {
+  if (options_.debug_checks && out->kind != CallKind::eager) {
     if (auto checked = debug_check("after the call"); !checked) {
       return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
     }
   }
-  generation_rule.end_call(role_of(function));
+  generation_rule_.end_call(role_of(function));
   return out;
 }
 
-// Inlined into `call`, its only caller: a call of its own costs a replay about 40 instructions.
+// Inlined into `call_locked`, its only caller: a call of its own costs a replay about 40 instructions.
 [[clang::always_inline]] inline Result<CallOutputs> Engine::run_call(FunctionRecord& function, const ArgSource& source,
                                                                      std::span<backend::ArgSlot> slots,
                                                                      std::span<backend::ArgDesc> descs,
@@ -181,7 +179,7 @@ Result<CallOutputs> Engine::call(FunctionRecord& function, const ArgSource& sour
   }
   // The shapes of the last call: the signature is checked already (see `opening_word`).
   const bool same_shapes =
-      function.last_variant != UINT32_MAX && key_matches(variants[function.last_variant]->key, descs);
+      function.last_variant != UINT32_MAX && key_matches(variants_[function.last_variant]->key, descs);
   if (!same_shapes) {
     if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
   }
@@ -200,7 +198,7 @@ void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclai
   // generation's outputs as they were, and a generation its forward began is not begun. A call
   // that failed after the new generation reclaimed them cannot undo that.
   restore_ended_path();
-  if (path.reclaims() == reclaims_before && generation_rule.take_back(generation)) --stats.steps_begun_by_forward;
+  if (path_.reclaims() == reclaims_before && generation_rule_.take_back(generation)) --stats_.steps_begun_by_forward;
 }
 
 Result<CallOutputs> Engine::run_selected(CallFrame& frame) {
@@ -288,8 +286,8 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     if (descs[i].dtype != signature.dtypes[i]) {
       return fail(Errc::wrong_input_type,
                   "input " + std::to_string(i) + " of " + quoted(function.name) + " has element type " +
-                      device->type_name(descs[i].dtype) + ", but its first call had " +
-                      device->type_name(signature.dtypes[i]),
+                      device_->type_name(descs[i].dtype) + ", but its first call had " +
+                      device_->type_name(signature.dtypes[i]),
                   function.name, -1, input);
     }
     if (descs[i].rank != signature.ranks[i]) {
@@ -306,7 +304,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
 Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
   FunctionRecord& function = *frame.function;
   for (const auto& desc : frame.descs) {
-    if (desc.kind == backend::ArgKind::value && desc.device != device_index) {
+    if (desc.kind == backend::ArgKind::value && desc.device != device_index_) {
       fallback = Reason::input_on_other_device;
       return nullptr;
     }
@@ -319,43 +317,43 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
       return nullptr;
     }
   }
-  if (frame.same_shapes_as_last) return variants[function.last_variant].get();
+  if (frame.same_shapes_as_last) return variants_[function.last_variant].get();
   std::vector<std::int64_t> key;
   append_key(frame.descs, key);
   if (auto found = function.variants.find(key); found != function.variants.end()) {
     function.last_variant = found->second;
-    return variants[found->second].get();
+    return variants_[found->second].get();
   }
-  if (options.shape_key_limit != 0 && function.variants.size() >= options.shape_key_limit) {
+  if (options_.shape_key_limit != 0 && function.variants.size() >= options_.shape_key_limit) {
     fallback = Reason::shape_key_limit;
     return nullptr;
   }
   auto variant = std::make_unique<Variant>();
-  variant->id = static_cast<std::uint32_t>(variants.size());
+  variant->id = static_cast<std::uint32_t>(variants_.size());
   variant->function = function.id;
   variant->key = key;
   function.variants.emplace(std::move(key), variant->id);
   function.last_variant = variant->id;
-  variants.push_back(std::move(variant));
-  if (options.shape_key_warn_limit != 0 && function.variants.size() > options.shape_key_warn_limit &&
+  variants_.push_back(std::move(variant));
+  if (options_.shape_key_warn_limit != 0 && function.variants.size() > options_.shape_key_warn_limit &&
       !function.warned_many_keys) {
     function.warned_many_keys = true;
-    ++stats.by_reason[static_cast<std::size_t>(Reason::many_shape_keys)];
+    ++stats_.by_reason[static_cast<std::size_t>(Reason::many_shape_keys)];
     log(EventKind::warning, Reason::many_shape_keys, function,
         quoted(function.name) + " has been called with " + std::to_string(function.variants.size()) +
             " distinct shape keys, each warmed up and recorded separately; a key is the inputs' sizes and "
             "strides and the value of every integer scalar argument: pad inputs to a few sizes (graph_sizes), "
             "and pass values that change every call (positions, lengths) as tensors, not integer scalars");
   }
-  return variants.back().get();
+  return variants_.back().get();
 }
 
 bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept {
   // A warm-up allocates at addresses the caching state of that moment decides, so a recording
   // cannot follow it on the same path: once warming up, the path warms up until it ends.
   const bool shape_needs_it =
-      !variant.warmed_up && !options.skip_warmup && (function.options.warm_up_each_shape || !function.warmed_up_once);
-  return shape_needs_it || path.state() == PathState::warmup || options.force_warmup;
+      !variant.warmed_up && !options_.skip_warmup && (function.options.warm_up_each_shape || !function.warmed_up_once);
+  return shape_needs_it || path_.state() == PathState::warmup || options_.force_warmup;
 }
 
 Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
@@ -365,13 +363,13 @@ Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
   for (std::size_t i = 0; i < frame.descs.size(); ++i) {
     const backend::ArgDesc& desc = frame.descs[i];
     // `owns` first: most inputs that are not pool memory are the caller's, and it is the cheap test.
-    if (desc.kind != backend::ArgKind::value || !device->owns(desc.storage)) continue;
+    if (desc.kind != backend::ArgKind::value || !device_->owns(desc.storage)) continue;
     // Live memory is not enough: it may live again for another output since this value escaped
     // (where the backend stamps values, their life number must be the memory's current one).
-    if (const Cell* cell = path.live_cell(desc.storage)) {
-      if (!stamps_values || desc.life == cell->life()) continue;
+    if (const Cell* cell = path_.live_cell(desc.storage)) {
+      if (!stamps_values_ || desc.life == cell->life()) continue;
     }
-    if (path.is_output_of_ended(desc.storage)) {
+    if (path_.is_output_of_ended(desc.storage)) {
       return fail(Errc::output_overwritten,
                   "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
                       " is an output of the last step, whose memory the new step this call begins reclaims; the "
@@ -394,7 +392,7 @@ bool Engine::mutates_unmanaged_input(CallFrame& frame) {
   bool mutates = false;
   for (std::size_t i = 0; i < frame.descs.size() && !mutates; ++i) {
     mutates = function.is_mutated[i] && frame.descs[i].kind == backend::ArgKind::value &&
-              !is_usable_in_place(function, i, frame.descs[i]) && !path.is_output(frame.descs[i].storage);
+              !is_usable_in_place(function, i, frame.descs[i]) && !path_.is_output(frame.descs[i].storage);
   }
   if (mutates && !function.warned_mutation) {
     // Decided per call, and warned once per function, as the reference does.
@@ -412,7 +410,7 @@ std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
   // the call, and a graph that copied a mutated input into a slot would lose the mutation.
   if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
   if (frame.variant->capture_failure) return frame.variant->capture_failure_reason;
-  if (frame.variant->rerecorded && facts_for(frame.variant->id).rerecords > options.rerecord_limit) {
+  if (frame.variant->rerecorded && facts_for(frame.variant->id).rerecords > options_.rerecord_limit) {
     return Reason::rerecord_limit;
   }
   return std::nullopt;
@@ -438,15 +436,15 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   // function, which is a root. PyTorch tries the roots once no child fits (below); with no child
   // to try, and nothing that would keep the path (a warm-up goes on down it, a rerecord count is
   // per node), that is decided first, and the checks below run once, at the roots.
-  if (path.state() == PathState::execution && path.node() != nullptr && !frame.variant->rerecorded &&
-      !path.node()->children().has(frame.variant->id) && tree.roots().has(frame.variant->id) &&
+  if (path_.state() == PathState::execution && path_.node() != nullptr && !frame.variant->rerecorded &&
+      !path_.node()->children().has(frame.variant->id) && tree_.roots().has(frame.variant->id) &&
       !needs_warmup(*frame.function, *frame.variant)) {
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
   }
   if (auto reason = fallback_reason(frame)) return run_eager(frame, *reason);
 
   if (needs_warmup(*frame.function, *frame.variant)) {
-    if (path.state() == PathState::execution) {
+    if (path_.state() == PathState::execution) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }
@@ -455,31 +453,31 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   }
 
   NodeReason reason = NodeReason::first_call;
-  if (path.state() != PathState::recording) {
+  if (path_.state() != PathState::recording) {
     const Match match = find_replayable_child(frame);
     if (match.replayable != nullptr) return replay(*match.replayable, frame);
-    if (match.static_moved_child != nullptr && options.on_static_input_moved == OnStaticInputMoved::error) {
+    if (match.static_moved_child != nullptr && options_.on_static_input_moved == OnStaticInputMoved::error) {
       return std::unexpected(fail_static_input_moved(frame, match).error());
     }
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
-    if (path.node() != nullptr && tree.roots().has(frame.variant->id)) {
+    if (path_.node() != nullptr && tree_.roots().has(frame.variant->id)) {
       end_path_if_over(frame.generation, PathCheck::no_child_fits);
-      if (path.node() == nullptr) return run_tree(frame);
+      if (path_.node() == nullptr) return run_tree(frame);
     }
     if (match.moved_managed_input >= 0) {
       ChildFacts& facts = facts_for(frame.variant->id);
       ++facts.rerecords;
       frame.variant->rerecorded = true;
-      if (facts.rerecords > options.rerecord_limit) {
+      if (facts.rerecords > options_.rerecord_limit) {
         log(EventKind::eager_fallback, Reason::rerecord_limit, *frame.function,
             "skipping graphs for " + quoted(frame.function->name) + ": re-recorded more than " +
-                std::to_string(options.rerecord_limit) + " times under one node because input " +
+                std::to_string(options_.rerecord_limit) + " times under one node because input " +
                 std::to_string(match.moved_managed_input) + " (an output of an earlier graph) keeps moving");
         return run_eager(frame, Reason::rerecord_limit);
       }
     }
-    ++stats.failed_matches;
+    ++stats_.failed_matches;
     if (match.static_moved_child != nullptr) {
       reason = NodeReason::static_input_moved;
       frame.rerecording_of = match.static_moved_child;
@@ -490,7 +488,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     }
 
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
-    if (path.node() != nullptr) {
+    if (path_.node() != nullptr) {
       if (auto restored = restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }

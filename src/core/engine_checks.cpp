@@ -33,15 +33,15 @@ Result<void> Engine::check_memory() const {
   // Blocks the allocator counts as allocated must be exactly the storages that live leases hold
   // and the allocator owns (PyTorch's check_memory_pool).
   std::vector<std::uintptr_t> expected;
-  for (const Cell* cell : path.live_cells()) {
+  for (const Cell* cell : path_.live_cells()) {
     if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
   }
   // A path a new generation ended: its memory is released once the call does its work.
-  for (const CellRef& cell : path.ended_cells()) {
+  for (const CellRef& cell : path_.ended_cells()) {
     if (cell->storage.owned_by_allocator) expected.push_back(cell->storage.address);
   }
   std::vector<std::string> problems;
-  for (const Block& block : device->live_blocks()) {
+  for (const Block& block : device_->live_blocks()) {
     auto found = std::ranges::find(expected, block.address);
     if (found == expected.end()) {
       problems.push_back("block " + hex(block.address) + " (" + std::to_string(block.bytes) +
@@ -60,7 +60,7 @@ Result<void> Engine::check_memory() const {
 }
 
 Result<void> Engine::debug_check(const char* where) const {
-  if (!options.debug_checks) return {};
+  if (!options_.debug_checks) return {};
   auto checked = check_memory();
   if (!checked) checked.error().message = std::string(where) + ": " + checked.error().message;
   return checked;
@@ -69,23 +69,23 @@ Result<void> Engine::debug_check(const char* where) const {
 void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept {
   try {
     const bool first = function.logged.insert(reason).second;
-    if (kind == EventKind::eager_fallback && first) ++stats.fallback_warnings;
-    if (options.log_sink) {
-      options.log_sink(Event{.kind = kind, .reason = reason, .function = function.name, .message = message});
+    if (kind == EventKind::eager_fallback && first) ++stats_.fallback_warnings;
+    if (options_.log_sink) {
+      options_.log_sink(Event{.kind = kind, .reason = reason, .function = function.name, .message = message});
     } else if (first) {
       std::cerr << "cgt: " << message << '\n';
     }
   } catch (...) {
     // A log sink that throws must not abandon a call halfway through its bookkeeping: the
     // decision stands (it is counted in Stats), only its report is lost.
-    ++stats.log_sink_failures;
+    ++stats_.log_sink_failures;
   }
 }
 
 std::string Engine::overwritten_message(const Cell& cell, std::uint32_t output) const {
   // Until the program marks generations, only a forward's call begins them (`FunctionMode::forward`).
-  const bool by_forward = !generation_rule.program_marks_generations();
-  return "output " + std::to_string(output) + " of '" + functions[cell.function]->name +
+  const bool by_forward = !generation_rule_.program_marks_generations();
+  return "output " + std::to_string(output) + " of '" + functions_[cell.function]->name +
          "' was reclaimed when a new step began (" +
          (by_forward ? "a forward function was called, with no backward pending," : "mark_step_begin was called") +
          " after it was produced in step " + std::to_string(cell.generation()) +

@@ -25,8 +25,8 @@ CallRole role_of(const FunctionRecord& function) noexcept {
 }
 
 CallGeneration Engine::begin_generation(FunctionRecord& function) {
-  const CallGeneration call = generation_rule.begin_call(role_of(function), path.node() != nullptr);
-  if (call.begun_by_forward) ++stats.steps_begun_by_forward;
+  const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
+  if (call.begun_by_forward) ++stats_.steps_begun_by_forward;
   // The outputs a backward will read stay live: the forward goes on down the path.
   if (call.held_by_pending_backward) warn_if_pending_backward_repeats(function);
   return call;
@@ -39,17 +39,17 @@ void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {
   // occurrence, or each after a different function, is an ordinary path (layer 1, layer 2, ...).
   std::size_t occurrences = 0;
   std::set<std::uint32_t> parents;
-  for (const TreeNode* node : path.nodes()) {
-    if (variants[node->variant()]->function != function.id) continue;
+  for (const TreeNode* node : path_.nodes()) {
+    if (variants_[node->variant()]->function != function.id) continue;
     ++occurrences;
-    if (node->parent() != nullptr) parents.insert(variants[node->parent()->variant()]->function);
+    if (node->parent() != nullptr) parents.insert(variants_[node->parent()->variant()]->function);
   }
   if (occurrences <= 1) return;
-  const TreeNode* parent = path.node()->parent();
-  if (parent != nullptr) parents.insert(variants[parent->variant()]->function);
+  const TreeNode* parent = path_.node()->parent();
+  if (parent != nullptr) parents.insert(variants_[parent->variant()]->function);
   if (parents.size() == occurrences) return;
   function.warned_pending_backward = true;
-  ++stats.by_reason[static_cast<std::size_t>(Reason::pending_backward)];
+  ++stats_.by_reason[static_cast<std::size_t>(Reason::pending_backward)];
   log(EventKind::warning, Reason::pending_backward, function,
       "unable to replay '" + function.name +
           "': forwards ran whose backwards did not, so its call begins no new step and the path grows instead; "

@@ -41,14 +41,14 @@ std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& b
 }
 
 void Engine::end_path_if_over(std::uint64_t generation, PathCheck when) {
-  if (path.node() == nullptr) return;
-  if (GenerationRule::is_new_generation(path.generation(), generation)) {
+  if (path_.node() == nullptr) return;
+  if (GenerationRule::is_new_generation(path_.generation(), generation)) {
     end_path_for_new_generation();
     return;
   }
   // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
-  if (when == PathCheck::call_start && path.state() == PathState::execution) return;
-  if (path.all_outputs_dead()) path.end();
+  if (when == PathCheck::call_start && path_.state() == PathState::execution) return;
+  if (path_.all_outputs_dead()) path_.end();
 }
 
 void Engine::reclaim_path() {
@@ -59,37 +59,37 @@ void Engine::reclaim_path() {
 void Engine::end_path_for_new_generation() {
   // Marked now: the call's arguments are read after this, and a held output passed in must read
   // as reclaimed (or as its copy). Released once the call's work may reuse the memory.
-  path.end_for_new_generation([this](const Cell& cell) -> std::shared_ptr<void> {
-    if (!options.copy_out_on_new_step) return nullptr;
-    auto rescued = device->rescue(cell.storage);
+  path_.end_for_new_generation([this](const Cell& cell) -> std::shared_ptr<void> {
+    if (!options_.copy_out_on_new_step) return nullptr;
+    auto rescued = device_->rescue(cell.storage);
     return rescued ? std::move(*rescued) : nullptr;
   });
 }
 
 Result<void> Engine::hold_ended_path_memory() {
-  return path.hold_ended_memory([this] { return restore_checkpoint(); });
+  return path_.hold_ended_memory([this] { return restore_checkpoint(); });
 }
 
 void Engine::release_ended_path() noexcept {
-  const std::optional<EndedPath> ended = path.take_ended();  // its warm-up nodes go at the end
+  const std::optional<EndedPath> ended = path_.take_ended();  // its warm-up nodes go at the end
   if (!ended) return;
-  ++stats.steps_reclaimed;
-  stats.leases_copied_out += ended->leases_copied_out;
-  stats.leases_invalidated += ended->leases_invalidated;
+  ++stats_.steps_reclaimed;
+  stats_.leases_copied_out += ended->leases_copied_out;
+  stats_.leases_invalidated += ended->leases_invalidated;
   for (const CellRef& cell : ended->cells) {
-    device->release(cell->storage, backend::Release::reclaimed, functions[cell->function]->name);
+    device_->release(cell->storage, backend::Release::reclaimed, functions_[cell->function]->name);
     cell->storage.owned_by_allocator = false;
   }
 }
 
 void Engine::restore_ended_path() noexcept {
-  path.put_back_ended([this](Cell& cell) { cell_died(cell); });
+  path_.put_back_ended([this](Cell& cell) { cell_died(cell); });
 }
 
 Result<void> Engine::restore_checkpoint() {
-  const TreeNode& node = *path.node();
-  ++stats.checkpoint_restores;
-  const std::vector<Cell*> live = path.live_cells();
+  const TreeNode& node = *path_.node();
+  ++stats_.checkpoint_restores;
+  const std::vector<Cell*> live = path_.live_cells();
   std::vector<backend::StorageHandle*> handles;
   handles.reserve(live.size());
   for (Cell* cell : live) handles.push_back(&cell->storage);
@@ -97,11 +97,11 @@ Result<void> Engine::restore_checkpoint() {
   // What was live right after recording is allocated in the checkpoint; what died since must
   // be freed again (aliases share a storage: free it once).
   std::vector<std::uintptr_t> dead;
-  for (const PathIndex& index : differing_indices(node.liveness_after(), path.liveness())) {
+  for (const PathIndex& index : differing_indices(node.liveness_after(), path_.liveness())) {
     const std::uintptr_t address = node.path()[index.depth]->output_storage()[index.output];
     if (address != 0 && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
   }
-  if (auto restored = device->restore(node.checkpoint(), handles, dead); !restored) {
+  if (auto restored = device_->restore(node.checkpoint(), handles, dead); !restored) {
     Error error = std::move(restored.error());
     error.node = node.id();
     return std::unexpected(std::move(error));
@@ -111,15 +111,15 @@ Result<void> Engine::restore_checkpoint() {
 }
 
 void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member-function-const): frees pool memory
-  if (shut_down) return;
+  if (shut_down_) return;
   // A replay's output on the host: nothing to free, nothing to poison; skip the call.
-  if (!cell.storage.owned_by_allocator && cell.storage.native == nullptr && !releases_unowned) return;
-  device->release(cell.storage, backend::Release::dead, functions[cell.function]->name);
+  if (!cell.storage.owned_by_allocator && cell.storage.native == nullptr && !releases_unowned_) return;
+  device_->release(cell.storage, backend::Release::dead, functions_[cell.function]->name);
   cell.storage.owned_by_allocator = false;
 }
 
 ChildFacts& Engine::facts_for(std::uint32_t variant) {
-  return path.children(tree.roots()).facts(variant);
+  return path_.children(tree_.roots()).facts(variant);
 }
 
 }  // namespace cgt::detail

@@ -70,7 +70,7 @@ Result<CallOutputs> Engine::run_eagerly_from_now_on(CallFrame& frame, const Erro
 
 Result<CallOutputs> Engine::after_failed_capture(CallFrame& frame, const Error& error) {
   FunctionRecord& function = *frame.function;
-  if (!frame.variant->warmed_up && !options.skip_warmup) {
+  if (!frame.variant->warmed_up && !options_.skip_warmup) {
     // The shape recorded without a warm-up of its own (warm_up_each_shape = false): the failure
     // may be lazy set-up that this shape needs and the function's first shape did not (a new
     // kernel loaded, a workspace grown). Warm it up now, as the default would have; it records
@@ -95,7 +95,7 @@ std::vector<InputUse> Engine::classify_inputs(const CallFrame& frame) const {
     const backend::ArgDesc& desc = frame.descs[i];
     if (desc.kind == backend::ArgKind::scalar) continue;
     const bool copied_anyway = !frame.always_copied.empty() && frame.always_copied[i];
-    if (!copied_anyway && path.is_output(desc.storage)) {
+    if (!copied_anyway && path_.is_output(desc.storage)) {
       uses[i] = InputUse::managed;
     } else if (is_usable_in_place(*frame.function, i, desc)) {
       uses[i] = InputUse::static_in_place;
@@ -117,7 +117,7 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
       frame, "recording",
       [&]() -> Result<backend::Recorded> {
         const RecordingScope scope(*this, *frame.function);
-        auto recorded = record_graph(*device, *frame.function->invoker, frame.args, plan);
+        auto recorded = record_graph(*device_, *frame.function->invoker, frame.args, plan);
         if (!scope.refused_a_call()) return recorded;
         recorded = Result<backend::Recorded>();  // without the inner call's work: given up
         return fail(Cause::nested_pool, Errc::function_failed,
@@ -131,24 +131,24 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
 // Not const, though clang-tidy sees only `device->` calls: it changes the pool's allocator state.
 Result<void> Engine::finish_recording(TreeNode& node,  // NOLINT(readability-make-member-function-const)
                                       const std::vector<std::vector<bool>>& liveness_before) {
-  auto checkpoint = device->checkpoint();
+  auto checkpoint = device_->checkpoint();
   if (!checkpoint) return std::unexpected(std::move(checkpoint.error()));
   node.mark_recorded(std::move(*checkpoint), liveness_before);
   return {};
 }
 
 void Engine::count_recording(NodeReason reason, FunctionRecord& function) {
-  ++stats.recordings;
+  ++stats_.recordings;
   if (reason != NodeReason::static_input_moved && reason != NodeReason::managed_input_moved) return;
-  ++stats.rerecords;
+  ++stats_.rerecords;
   const Reason why =
       reason == NodeReason::static_input_moved ? Reason::static_input_moved : Reason::managed_input_moved;
-  ++stats.by_reason[static_cast<std::size_t>(why)];
+  ++stats_.by_reason[static_cast<std::size_t>(why)];
   log(EventKind::rerecord, why, function, moved_message(reason, function));
 }
 
 TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
-  return tree.add(std::move(node), path.children(tree.roots()));
+  return tree_.add(std::move(node), path_.children(tree_.roots()));
 }
 
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
@@ -156,10 +156,10 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   if (auto held = hold_ended_path_memory(); !held) {
     return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
-  auto node = std::make_unique<TreeNode>(NodeKind::graph, tree.next_id(), reason, frame.variant->id, path.node());
+  auto node = std::make_unique<TreeNode>(NodeKind::graph, tree_.next_id(), reason, frame.variant->id, path_.node());
   const std::vector<InputUse> uses = classify_inputs(frame);
   node->take_inputs(uses, frame.descs);
-  const std::vector<std::vector<bool>> liveness_before = path.liveness();
+  const std::vector<std::vector<bool>> liveness_before = path_.liveness();
 
   auto recorded = capture(frame, uses);
   if (!recorded) {
@@ -184,7 +184,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     return std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()));
   }
   count_recording(reason, function);
-  path.enter(add_to_tree(std::move(node)), PathState::recording, frame.generation);
+  path_.enter(add_to_tree(std::move(node)), PathState::recording, frame.generation);
   return out;
 }
 

@@ -14,8 +14,8 @@ import :engine;
 
 namespace cgt::detail {
 Match Engine::find_replayable_child(const CallFrame& frame) const {
-  return Tree::match(path.children(tree.roots()).of(frame.variant->id), frame.descs, frame.args,
-                     options.on_static_input_moved);
+  return Tree::match(path_.children(tree_.roots()).of(frame.variant->id), frame.descs, frame.args,
+                     options_.on_static_input_moved);
 }
 
 // True when every output has a storage of its own whose cell (dead since the last execution of the
@@ -45,11 +45,11 @@ void TreeNode::bind_outputs_for_replay(Engine& engine) {
         if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0) {
           const backend::StorageHandle storage{
               .address = output_storage_[i], .bytes = output_bytes_[i], .owned_by_allocator = false};
-          cells_[i] = make_cell(engine, storage, engine.variants[variant_]->function);
-          engine.device->adopt(cells_[i]->storage);
+          cells_[i] = make_cell(engine, storage, engine.function_of(*this));
+          engine.device().adopt(cells_[i]->storage);
         } else {
           cell->storage.owned_by_allocator = false;  // a replay allocates nothing
-          if (cell->storage.native == nullptr) engine.device->adopt(cell->storage);
+          if (cell->storage.native == nullptr) engine.device().adopt(cell->storage);
         }
         break;
       }
@@ -82,13 +82,13 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   out.leases.reserve(count);
   retain(*this, static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
   for (std::size_t i = 0; i < count; ++i) {
-    ledger.lease_to(out.leases.emplace_back(), node.cells()[i].get(), recording.output(i), function.id,
-                    static_cast<std::uint32_t>(i), generation_rule.current());
+    ledger_.lease_to(out.leases.emplace_back(), node.cells()[i].get(), recording.output(i), function.id,
+                     static_cast<std::uint32_t>(i), generation_rule_.current());
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   Ledger::consume(frame.args);
-  path.enter(node, PathState::execution, frame.generation);
-  ++stats.replays;
+  path_.enter(node, PathState::execution, frame.generation);
+  ++stats_.replays;
   return out;
 }
 

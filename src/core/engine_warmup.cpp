@@ -49,13 +49,13 @@ std::string fallback_message(Reason reason, const std::string& function) {
 // whatever clang-tidy infers from the pointer.
 Result<PoolSnapshot> Engine::snapshot_pool(  // NOLINT(readability-make-member-function-const)
     const FunctionRecord& function, const char* doing) {
-  if (auto checked = debug_check(options.debug_checks ? ("before " + std::string(doing)).c_str() : doing); !checked) {
+  if (auto checked = debug_check(options_.debug_checks ? ("before " + std::string(doing)).c_str() : doing); !checked) {
     return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
   }
-  auto checkpoint = device->checkpoint();
+  auto checkpoint = device_->checkpoint();
   if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, doing));
   PoolSnapshot snapshot{.checkpoint = std::move(*checkpoint), .owned_live = {}};
-  for (const Cell* cell : path.live_cells()) {
+  for (const Cell* cell : path_.live_cells()) {
     if (cell->storage.owned_by_allocator) snapshot.owned_live.push_back(cell->storage.address);
   }
   return snapshot;
@@ -63,7 +63,7 @@ Result<PoolSnapshot> Engine::snapshot_pool(  // NOLINT(readability-make-member-f
 
 Error Engine::roll_back(const PoolSnapshot& before, Error error) {  // NOLINT(readability-make-member-function-const)
   std::vector<backend::StorageHandle*> live;
-  for (Cell* cell : path.live_cells()) {
+  for (Cell* cell : path_.live_cells()) {
     if (cell->storage.owned_by_allocator) live.push_back(&cell->storage);
   }
   // A lease dropped inside the function freed its block, which `before` still counts as allocated.
@@ -73,7 +73,7 @@ Error Engine::roll_back(const PoolSnapshot& before, Error error) {  // NOLINT(re
       died.push_back(address);
     }
   }
-  if (auto restored = device->restore(*before.checkpoint, live, died); !restored) {
+  if (auto restored = device_->restore(*before.checkpoint, live, died); !restored) {
     error.message += "; restoring the pool also failed: " + restored.error().message;
   }
   return error;
@@ -87,8 +87,8 @@ CallOutputs Engine::hand_out(const TreeNode& node, const backend::RunResult& res
   out.node = node.id();
   out.leases.reserve(node.output_count());
   for (std::size_t i = 0; i < node.output_count(); ++i) {
-    out.leases.push_back(ledger.make_lease(node.cells()[i].get(), result.values[i], result.owner, function.id,
-                                           static_cast<std::uint32_t>(i), generation_rule.current()));
+    out.leases.push_back(ledger_.make_lease(node.cells()[i].get(), result.values[i], result.owner, function.id,
+                                            static_cast<std::uint32_t>(i), generation_rule_.current()));
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   Ledger::consume(frame.args);
@@ -118,11 +118,11 @@ Result<void> Engine::check_outputs_are_ours(const backend::RunResult& result, co
 Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   FunctionRecord& function = *frame.function;
   const std::string message = fallback_message(reason, function.name);
-  if (options.or_error) {
+  if (options_.or_error) {
     return fail(Errc::graph_unavailable, message + " (or_error is set, so the call fails instead)", function.name);
   }
-  ++stats.eager_calls;
-  ++stats.by_reason[static_cast<std::size_t>(reason)];
+  ++stats_.eager_calls;
+  ++stats_.by_reason[static_cast<std::size_t>(reason)];
   // A mutation, an exceeded re-record limit or a capture that failed is a decision kept, logged when made;
   // the other reasons are decided, and logged, per call.
   if (reason != Reason::mutated_input && reason != Reason::rerecord_limit && reason != Reason::capture_failed &&
@@ -130,7 +130,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
     log(EventKind::eager_fallback, reason, function, message);
   }
 
-  auto result = device->run(*function.invoker, frame.args, backend::RunMode::eager);
+  auto result = device_->run(*function.invoker, frame.args, backend::RunMode::eager);
   if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));
   if (auto taken = take_writes(frame, result->written_inputs); !taken) return std::unexpected(std::move(taken.error()));
   if (auto ours = check_outputs_are_ours(*result, frame); !ours) return std::unexpected(std::move(ours.error()));
@@ -143,9 +143,9 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
     // output: its lease shares that output's cell, so it keeps the memory live and is reclaimed
     // with it, like any other lease on it.
     const backend::OutputDesc& desc = result->outputs[i];
-    Cell* cell = desc.kind == backend::OutputKind::value && desc.in_pool ? path.live_cell(desc.storage) : nullptr;
-    out.leases.push_back(ledger.make_lease(cell, result->values[i], result->owner, function.id,
-                                           static_cast<std::uint32_t>(i), generation_rule.current()));
+    Cell* cell = desc.kind == backend::OutputKind::value && desc.in_pool ? path_.live_cell(desc.storage) : nullptr;
+    out.leases.push_back(ledger_.make_lease(cell, result->values[i], result->owner, function.id,
+                                            static_cast<std::uint32_t>(i), generation_rule_.current()));
   }
   Ledger::consume(frame.args);
   return out;
@@ -153,7 +153,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
 
 NodeReason Engine::warmup_reason(const Variant& variant) const noexcept {
   if (!variant.warmed_up) return NodeReason::first_call;
-  return path.state() == PathState::warmup ? NodeReason::path_warming_up : NodeReason::forced_warmup;
+  return path_.state() == PathState::warmup ? NodeReason::path_warming_up : NodeReason::forced_warmup;
 }
 
 Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
@@ -163,7 +163,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
     return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
   auto result = run_in_pool<backend::RunResult>(
-      frame, "warming up", [&] { return device->run(*function.invoker, frame.args, backend::RunMode::warmup); },
+      frame, "warming up", [&] { return device_->run(*function.invoker, frame.args, backend::RunMode::warmup); },
       std::identity{});  // a warm-up's result is its outputs
   if (!result) {
     if (result.error().cause == Cause::unsupported_output) {
@@ -173,13 +173,13 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   }
   release_ended_path();  // the warm-up allocated around the last generation's outputs: free them now
 
-  std::unique_ptr<TreeNode> node = path.make_warmup_node(warmup_reason(variant), variant.id);
+  std::unique_ptr<TreeNode> node = path_.make_warmup_node(warmup_reason(variant), variant.id);
   node->take_outputs(*this, result->outputs, function.id);
   CallOutputs out = hand_out(*node, *result, frame, CallKind::warmup);
   variant.warmed_up = true;
   function.warmed_up_once = true;
-  ++stats.warmups;
-  path.enter_warmup(std::move(node), frame.generation);
+  ++stats_.warmups;
+  path_.enter_warmup(std::move(node), frame.generation);
   return out;
 }
 

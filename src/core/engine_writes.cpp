@@ -21,7 +21,7 @@ void Engine::note_write(FunctionRecord& function, std::size_t input) {
   function.is_mutated[input] = true;
   function.mutates_an_input = true;
   // Once per input: the next calls take the mutated-input path, which says why they run eagerly.
-  ++stats.by_reason[static_cast<std::size_t>(Reason::undeclared_write)];
+  ++stats_.by_reason[static_cast<std::size_t>(Reason::undeclared_write)];
   log(EventKind::warning, Reason::undeclared_write, function,
       "'" + function.name + "' wrote to its input " + std::to_string(input) +
           ", which FunctionOptions::mutated_inputs does not list: it counts as mutated from now on, and calls "
@@ -39,7 +39,7 @@ Result<void> Engine::take_writes(const CallFrame& frame, std::span<const std::ui
     if (caller == frame.args[input].value) continue;  // not padded: the write reached the caller's input
     // The function ran on a padded copy (an eager run or a warm-up at the bucket's size): its
     // first rows are the caller's, the rest is padding that nobody reads.
-    if (auto copied = device->write_back(frame.args[input].value, caller, frame.padding->dim, frame.padding->rows);
+    if (auto copied = device_->write_back(frame.args[input].value, caller, frame.padding->dim, frame.padding->rows);
         !copied) {
       Error error = in_call(std::move(copied.error()), function, "copying a write to a padded input back");
       error.input = static_cast<std::int32_t>(input);

@@ -66,7 +66,7 @@ NodeReason Node::reason() const {
 
 std::string Node::function() const {
   return read_node(*this, std::string(), [](const detail::Engine& engine, const detail::TreeNode& node) {
-    return engine.functions[engine.variants[node.variant()]->function]->name;
+    return engine.function_name(engine.function_of(node));
   });
 }
 
@@ -120,14 +120,14 @@ std::vector<std::size_t> Node::copied_inputs() const {
 
 std::vector<Node> PoolBase::roots() const {
   return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
-    return children_views(engine_, engine.tree.roots());
+    return children_views(engine_, engine.tree().roots());
   });
 }
 
 std::vector<Node> PoolBase::current_path() const {
   return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
     std::vector<Node> views;  // NOLINT(misc-const-correctness)
-    for (const detail::TreeNode* node : engine.path.nodes()) views.push_back(NodeAccess::make(engine_, node->id()));
+    for (const detail::TreeNode* node : engine.path().nodes()) views.push_back(NodeAccess::make(engine_, node->id()));
     return views;
   });
 }
@@ -142,8 +142,8 @@ std::string PoolBase::to_dot() const {
 namespace cgt::detail {
 
 const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
-  if (id >= 0) return tree.find(id);
-  for (const auto& node : path.warmup_nodes()) {
+  if (id >= 0) return tree_.find(id);
+  for (const auto& node : path_.warmup_nodes()) {
     if (node->id() == id) return node.get();
   }
   return nullptr;
@@ -152,11 +152,9 @@ const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
 std::string Engine::to_dot() const {
   std::ostringstream dot;
   dot << "digraph cgt {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
-  const std::span<TreeNode* const> on_path = path.nodes();
+  const std::span<TreeNode* const> on_path = path_.nodes();
   auto is_on_path = [&](const TreeNode* node) { return std::ranges::find(on_path, node) != on_path.end(); };
-  auto name_of = [&](const TreeNode* node) -> const std::string& {
-    return functions[variants[node->variant()]->function]->name;
-  };
+  auto name_of = [&](const TreeNode* node) -> const std::string& { return functions_[function_of(*node)]->name; };
   auto emit = [&](const TreeNode* node) {
     const char* label = node->kind() == NodeKind::graph ? "graph" : "warm-up";
     dot << "  n" << (node->id() < 0 ? "w" : "") << (node->id() < 0 ? -node->id() : node->id()) << " [label=\""
@@ -168,17 +166,17 @@ std::string Engine::to_dot() const {
     dot << "\"";
     if (node->kind() == NodeKind::warmup) dot << ", style=dashed";
     if (is_on_path(node)) dot << ", penwidth=2, color=blue";
-    if (node == path.node()) dot << ", style=\"bold" << (node->kind() == NodeKind::warmup ? ",dashed" : "") << "\"";
+    if (node == path_.node()) dot << ", style=\"bold" << (node->kind() == NodeKind::warmup ? ",dashed" : "") << "\"";
     dot << "];\n";
   };
   auto id_of = [](const TreeNode* node) {
     return std::string("n") + (node->id() < 0 ? "w" + std::to_string(-node->id()) : std::to_string(node->id()));
   };
-  for (const TreeNode* node : tree.nodes()) {
+  for (const TreeNode* node : tree_.nodes()) {
     emit(node);
     if (node->parent() != nullptr) dot << "  " << id_of(node->parent()) << " -> " << id_of(node) << ";\n";
   }
-  for (const auto& node : path.warmup_nodes()) {
+  for (const auto& node : path_.warmup_nodes()) {
     emit(node.get());
     if (node->parent() != nullptr)
       dot << "  " << id_of(node->parent()) << " -> " << id_of(node.get()) << " [style=dashed];\n";

@@ -30,7 +30,7 @@ LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
 }
 
 void lease_drop(LeaseCore& lease) noexcept {
-  if (Cell* cell = std::exchange(lease.cell, nullptr)) (*lease.engine).ledger.drop({&cell, 1});
+  if (Cell* cell = std::exchange(lease.cell, nullptr)) (*lease.engine).ledger().drop({&cell, 1});
   lease.value = nullptr;
   lease.owner.reset();
   lease.engine = EngineRef();
@@ -54,11 +54,11 @@ void leases_drop(std::span<LeaseCore> leases) noexcept {
     if (cell == nullptr) continue;
     cells[count++] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < 8 here
     if (count == cells.size()) {
-      engine->ledger.drop(cells);
+      engine->ledger().drop(cells);
       count = 0;
     }
   }
-  if (count > 0) engine->ledger.drop({cells.data(), count});
+  if (count > 0) engine->ledger().drop({cells.data(), count});
   std::uint32_t references = 0;
   for (LeaseCore& lease : leases) {  // engine references last: they may be the engine's last
     lease.value = nullptr;
@@ -116,7 +116,7 @@ bool lease_is_valid(const LeaseCore& lease) noexcept {
   if (!lease.engine) return false;
   Engine& engine = *lease.engine;
   const StateLock lock(engine);
-  if (engine.shut_down) return false;
+  if (engine.is_shut_down()) return false;
   return lease.cell == nullptr || !lease.cell->is_reclaimed() || lease.cell->copied_out() != nullptr;
 }
 
@@ -126,8 +126,8 @@ Result<const void*> lease_value(LeaseCore& lease) {
   }
   Engine& engine = *lease.engine;
   const StateLock lock(engine);
-  const std::string& name = engine.functions[lease.function]->name;
-  if (engine.shut_down) {
+  if (engine.is_shut_down()) {
+    const std::string& name = engine.function_name(lease.function);
     return fail(Errc::pool_shut_down,
                 "output " + std::to_string(lease.output) + " of '" + name +
                     "' is gone: its pool was shut down; take() values you need before shutdown()",
@@ -136,13 +136,14 @@ Result<const void*> lease_value(LeaseCore& lease) {
   Cell* cell = lease.cell;
   if (cell != nullptr && cell->is_reclaimed()) {
     if (cell->copied_out() == nullptr) {
-      return fail(Errc::output_overwritten, engine.overwritten_message(*cell, lease.output), name);
+      return fail(Errc::output_overwritten, engine.overwritten_message(*cell, lease.output),
+                  engine.function_name(lease.function));
     }
     // Options::copy_out_on_new_step kept a copy: from now on this lease views the copy.
-    lease.owner = engine.device->rebase(lease.value, cell->storage, cell->copied_out());
+    lease.owner = engine.device().rebase(lease.value, cell->storage, cell->copied_out());
     lease.value = lease.owner.get();
     lease.cell = nullptr;
-    engine.ledger.drop_locked(cell);  // the lease no longer needs the cell: the last one frees the cell's copy
+    engine.ledger().drop_locked(cell);  // the lease no longer needs the cell: the last one frees the cell's copy
   }
   return lease.value;
 }

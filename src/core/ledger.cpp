@@ -15,11 +15,11 @@ import :engine;
 
 namespace cgt::detail {
 
-StateLock::StateLock(Engine& engine) noexcept : engine_(engine), nested_(!engine.ledger.hold()) {}
+StateLock::StateLock(Engine& engine) noexcept : engine_(engine), nested_(!engine.ledger().hold()) {}
 
 StateLock::~StateLock() {
   if (nested_) return;
-  engine_.ledger.let_go();
+  engine_.ledger().let_go();
 }
 
 void Ledger::lease_to(LeaseCore& lease, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,

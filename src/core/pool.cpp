@@ -2,7 +2,6 @@
 module;
 #include <expected>
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -17,29 +16,28 @@ import :engine;
 
 namespace cgt::detail {
 
-Engine::Engine(std::unique_ptr<backend::Device> device_, Options options_)
-    : device(std::move(device_)),
-      options(std::move(options_)),
-      device_index(device->device_index()),
-      releases_unowned(device->releases_unowned_storage()),
-      stamps_values(device->stamps_values()),
-      ledger(*this, *this, stamps_values ? device.get() : nullptr) {}
+Engine::Engine(std::unique_ptr<backend::Device> device, Options options)
+    : device_(std::move(device)),
+      options_(std::move(options)),
+      device_index_(device_->device_index()),
+      releases_unowned_(device_->releases_unowned_storage()),
+      stamps_values_(device_->stamps_values()),
+      ledger_(*this, *this, stamps_values_ ? device_.get() : nullptr) {}
 
 Engine::~Engine() {
   // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are
   // applied now. Nodes hold recordings and cells that use the device: drop them before it goes.
-  ledger.apply_deferred_locked();
-  path.end();
-  tree.clear();
+  ledger_.apply_deferred_locked();
+  path_.end();
+  tree_.clear();
 }
 
 void retain(Engine& engine, std::uint32_t count) noexcept {
-  engine.refs.fetch_add(count, std::memory_order_relaxed);
+  engine.add_references(count);
 }
 
 void release(Engine& engine, std::uint32_t count) noexcept {
-  // The last handle may go on any thread; acq_rel orders every use before the delete.
-  if (engine.refs.fetch_sub(count, std::memory_order_acq_rel) == count) {
+  if (engine.drop_references(count)) {
     delete &engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
   }
 }
@@ -90,48 +88,54 @@ Result<void> check_buckets(const backend::Device& device, const FunctionOptions&
 
 }  // namespace
 
-Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
-  if (engine.busy.load(std::memory_order_acquire)) {
-    return fail(Errc::concurrent_use, "add_function while a call of the same pool is in flight");
-  }
-  const StateLock lock(engine);
-  if (engine.shut_down) return fail(Errc::pool_shut_down, "add_function after the pool was shut down; make a new pool");
+Result<std::uint32_t> Engine::add_function(std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
+  if (is_busy()) return fail(Errc::concurrent_use, "add_function while a call of the same pool is in flight");
+  const StateLock lock(*this);
+  if (shut_down_) return fail(Errc::pool_shut_down, "add_function after the pool was shut down; make a new pool");
   auto record = std::make_unique<FunctionRecord>();
-  record->id = static_cast<std::uint32_t>(engine.functions.size());
+  record->id = static_cast<std::uint32_t>(functions_.size());
   record->name = options.name.empty() ? "function" + std::to_string(record->id) : options.name;
-  if (auto checked = check_buckets(*engine.device, options, record->name); !checked) {
+  if (auto checked = check_buckets(*device_, options, record->name); !checked) {
     return std::unexpected(std::move(checked.error()));
   }
   record->invoker = std::move(invoker);
   record->options = std::move(options);
-  const std::lock_guard names(engine.functions_mutex);
-  engine.functions.push_back(std::move(record));
-  return engine.functions.back()->id;
+  const std::lock_guard names(functions_mutex_);
+  functions_.push_back(std::move(record));
+  return functions_.back()->id;
+}
+
+const std::string& Engine::function_name(std::uint32_t function) const noexcept {
+  // The record is on the heap, and its name never changes: it stays put when another thread adds
+  // a function. Only the vector's structure needs the (short) guard.
+  const std::lock_guard names(functions_mutex_);
+  return functions_[function]->name;
+}
+
+Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
+  return engine.add_function(std::move(invoker), std::move(options));
 }
 
 const std::string& function_name(Engine& engine, std::uint32_t function) noexcept {
-  // The record is on the heap, and its name never changes: it stays put when another thread adds
-  // a function. Only the vector's structure needs the (short) guard.
-  const std::lock_guard names(engine.functions_mutex);
-  return engine.functions[function]->name;
+  return engine.function_name(function);
 }
 
 backend::Device& device(Engine& engine) noexcept {
-  return *engine.device;
+  return engine.device();
 }
 
 std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
   std::vector<std::unique_ptr<backend::Invoker>> callables;
-  if (shut_down) return callables;
-  if (path.node() != nullptr) reclaim_path();
-  path.end();
-  tree.clear();
-  shut_down = true;
-  device->shutdown();
+  if (shut_down_) return callables;
+  if (path_.node() != nullptr) reclaim_path();
+  path_.end();
+  tree_.clear();
+  shut_down_ = true;
+  device_->shutdown();
   // The callables go too: one that holds a Function (or lease) of this pool would keep the engine
   // alive for good. They are destroyed by the caller once the state is let go, since their
   // destructors may drop handles of this pool.
-  for (auto& function : functions) callables.push_back(std::move(function->invoker));
+  for (auto& function : functions_) callables.push_back(std::move(function->invoker));
   return callables;
 }
 
@@ -146,19 +150,18 @@ void PoolBase::mark_step_begin() noexcept {
   // Atomic: any thread, and a pool function, may begin a step; the next call sees it. From now
   // on the program says when steps begin: forwards no longer begin them (`FunctionMode::forward`).
   if (!engine_) return;
-  (*engine_).generation_rule.mark_step_begin();
+  (*engine_).mark_step_begin();
 }
 
 bool PoolBase::has_pending_backward() const noexcept {
   return detail::read_engine(engine_, false,
-                             [](const detail::Engine& engine) { return engine.generation_rule.pending_backward(); });
+                             [](const detail::Engine& engine) { return engine.has_pending_backward(); });
 }
 
 Result<void> PoolBase::shutdown() {
   if (!engine_) return fail(Errc::invalid_argument, "shutdown() of a moved-from pool handle");
   detail::Engine& engine = *engine_;
-  bool idle = false;
-  if (!engine.busy.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+  if (!engine.try_set_busy()) {
     return fail(Errc::concurrent_use, "shutdown() while a call of the same pool is in flight");
   }
   const detail::EngineRef keep = engine_;  // the callables released below may hold the pool's last handles
@@ -167,31 +170,31 @@ Result<void> PoolBase::shutdown() {
     const detail::StateLock lock(engine);
     callables = engine.shutdown();
   }
-  engine.busy.store(false, std::memory_order_release);
+  engine.clear_busy();
   callables.clear();
   return {};
 }
 
 bool PoolBase::is_shut_down() const noexcept {
-  return detail::read_engine(engine_, true, [](const detail::Engine& engine) { return engine.shut_down; });
+  return detail::read_engine(engine_, true, [](const detail::Engine& engine) { return engine.is_shut_down(); });
 }
 const Options& PoolBase::options() const noexcept {
   static const Options none;  // a moved-from handle's
-  return engine_ ? (*engine_).options : none;
+  return engine_ ? (*engine_).options() : none;
 }
 Stats PoolBase::stats() const noexcept {
-  return detail::read_engine(engine_, Stats{}, [](const detail::Engine& engine) { return engine.stats; });
+  return detail::read_engine(engine_, Stats{}, [](const detail::Engine& engine) { return engine.stats(); });
 }
 
 MemoryInfo PoolBase::memory() const {
   return detail::read_engine(engine_, MemoryInfo{}, [](const detail::Engine& engine) {
-    return engine.shut_down ? MemoryInfo{} : engine.device->memory();
+    return engine.is_shut_down() ? MemoryInfo{} : engine.device().memory();
   });
 }
 
 std::vector<Block> PoolBase::live_blocks() const {
   return detail::read_engine(engine_, std::vector<Block>{}, [](const detail::Engine& engine) {
-    return engine.shut_down ? std::vector<Block>{} : engine.device->live_blocks();
+    return engine.is_shut_down() ? std::vector<Block>{} : engine.device().live_blocks();
   });
 }
 
@@ -201,13 +204,13 @@ Result<void> PoolBase::check_memory() const {
   // From inside a call (its function, a kernel, the log sink) the pool is halfway through it:
   // blocks are allocated that no lease holds yet, and the check would report a bug that is not
   // one.
-  if (engine.busy.load(std::memory_order_acquire) && engine.ledger.is_held_here()) {
+  if (engine.is_busy() && engine.ledger().is_held_here()) {
     return fail(Errc::concurrent_use,
                 "check_memory from inside a call of the same pool (its function, a kernel or the log sink): the "
                 "pool is halfway through the call; check it after the call returns");
   }
   const detail::StateLock lock(*engine_);
-  if (engine.shut_down) return fail(Errc::pool_shut_down, "check_memory after the pool was shut down");
+  if (engine.is_shut_down()) return fail(Errc::pool_shut_down, "check_memory after the pool was shut down");
   return engine.check_memory();
 }
 
