@@ -25,6 +25,9 @@
 //   launch,MODEL,BATCH,METHOD,nodes,memsets,raw_us,cgt_us,raw_us_after_1ms,cgt_us_after_1ms,
 //          raw_us_alone,cgt_us_alone,raw_us_after_small_kernel,cgt_us_after_small_kernel
 //   calls,MODEL,METHOD,replays,eager calls
+//   nodes / rewritten,MODEL,BATCH,FORMAT,<the captured graph's node types and shape, before and after
+//          cgt's memset rewrite>
+//   rewrittenlaunch,MODEL,BATCH,FORMAT,<raw launch of the rewritten graph: alone, after a small kernel>
 // With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass, against drift).
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -35,6 +38,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+
+#include "node_rewrite.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -280,6 +285,11 @@ struct NodeTypes {
   // cluster, programmatic (PDL) dependencies, node types other than kernels and memsets, and how
   // many distinct kernels the graph runs.
   std::size_t cluster_kernels = 0, programmatic_edges = 0, other_nodes = 0, distinct_kernels = 0;
+  // The shape (issue 27, item 6: what a graph launched slowly has that a kernel-only graph does
+  // not): nodes without a dependency, nodes that wait on several, nodes several wait on, edges.
+  std::size_t roots = 0, joins = 0, forks = 0, edges = 0;
+  // Kernel nodes with a priority or another launch attribute set; memcpy nodes.
+  std::size_t prioritised_kernels = 0, memcpys = 0;
 };
 
 NodeTypes node_types(cudaGraph_t graph) {
@@ -305,6 +315,14 @@ NodeTypes node_types(cudaGraph_t graph) {
           cluster.clusterDim.x * cluster.clusterDim.y * cluster.clusterDim.z > 1) {
         ++types.cluster_kernels;
       }
+      cudaLaunchAttributeValue priority{};
+      if (cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &priority) == cudaSuccess &&
+          priority.priority != 0) {
+        ++types.prioritised_kernels;
+      }
+    } else if (type == cudaGraphNodeTypeMemcpy) {
+      ++types.memcpys;
+      ++types.other_nodes;
     } else {
       ++types.other_nodes;
     }
@@ -316,13 +334,72 @@ NodeTypes node_types(cudaGraph_t graph) {
     std::vector<cudaGraphNode_t> from(edges), to(edges);
     std::vector<cudaGraphEdgeData> data(edges);
     if (cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges) == cudaSuccess) {
+      types.edges = edges;
+      std::map<cudaGraphNode_t, std::size_t> in, out;
       for (std::size_t e = 0; e < edges; ++e) {
         if (data[e].type == cudaGraphDependencyTypeProgrammatic) ++types.programmatic_edges;
+        ++out[from[e]];
+        ++in[to[e]];
+      }
+      for (cudaGraphNode_t node : nodes) {
+        if (in[node] == 0) ++types.roots;
+        if (in[node] > 1) ++types.joins;
+        if (out[node] > 1) ++types.forks;
       }
     }
+  } else {
+    types.roots = count;
   }
   (void)cudaGetLastError();
   return types;
+}
+
+void print_node_types(const char* what, const std::string& model, std::int64_t batch, const std::string& label,
+                      const NodeTypes& types) {
+  std::printf(
+      "%s,%s,%lld,%s,%zu nodes: %zu memsets; %zu memcpys; %zu kernels with a cluster; %zu with a priority; %zu "
+      "programmatic edges; %zu other nodes; %zu distinct kernels; %zu roots, %zu joins, %zu forks, %zu edges\n",
+      what, model.c_str(), static_cast<long long>(batch), label.c_str(), types.total, types.memsets, types.memcpys,
+      types.cluster_kernels, types.prioritised_kernels, types.programmatic_edges, types.other_nodes,
+      types.distinct_kernels, types.roots, types.joins, types.forks, types.edges);
+}
+
+// Issue 27, item 6: the captured graph with its memsets rewritten as cgt rewrites them
+// (cgt::kernels::rewrite_for_launch on a clone), instantiated and launched raw, alone and right
+// after a small kernel: whether a slow cgt call is the graph's own launch cost or cgt's, and what
+// the rewritten graph still has. Prints "rewritten,..." (node types) and
+// "rewrittenlaunch,MODEL,BATCH,FORMAT,alone us,after a small kernel us".
+void rewritten_launch(const std::string& model, std::int64_t batch, const std::string& label, cudaGraph_t captured,
+                      const c10::cuda::CUDAStream& side, int calls) {
+  cudaGraph_t copy = nullptr;
+  check(cudaGraphClone(&copy, captured), "cloning the graph");
+  cgt::kernels::NodeRewrites counts;
+  check(cgt::kernels::rewrite_for_launch(copy, {.memsets = true, .memcpys = false}, counts), "rewriting");
+  print_node_types("rewritten", model, batch, label, node_types(copy));
+  cudaGraphExec_t exec = nullptr;
+  check(cudaGraphInstantiate(&exec, copy, 0), "instantiating the rewritten graph");
+  check(cudaGraphUpload(exec, side.stream()), "upload");
+  at::Tensor small = at::zeros({256}, at::TensorOptions().device(at::kCUDA).dtype(at::kFloat));
+  std::vector<double> alone, after_small;
+  for (int i = 0; i < calls + 10; ++i) {
+    synchronize();
+    const auto start = Clock::now();
+    check(cudaGraphLaunch(exec, side.stream()), "launch");
+    if (i >= 10) alone.push_back(micros(Clock::now() - start));
+  }
+  for (int i = 0; i < calls + 10; ++i) {
+    synchronize();
+    small.add_(1);
+    synchronize();
+    const auto start = Clock::now();
+    check(cudaGraphLaunch(exec, side.stream()), "launch");
+    if (i >= 10) after_small.push_back(micros(Clock::now() - start));
+  }
+  synchronize();
+  std::printf("rewrittenlaunch,%s,%lld,%s,%.2f,%.2f\n", model.c_str(), static_cast<long long>(batch), label.c_str(),
+              median(alone), median(after_small));
+  check(cudaGraphExecDestroy(exec), "destroying");
+  check(cudaGraphDestroy(copy), "destroying");
 }
 
 // The launch line of a model that could not be captured raw (report.py leaves it out).
@@ -415,11 +492,8 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
       median(thread_cpu[&ours]), median(thread_cpu[&raw_paused]), median(thread_cpu[&ours_paused]),
       median(thread_cpu[&raw_alone]), median(thread_cpu[&ours_alone]), median(thread_cpu[&raw_after_small]),
       median(thread_cpu[&ours_after_small]));
-  std::printf(
-      "nodes,%s,%lld,%s,%zu nodes: %zu memsets; %zu kernels with a cluster; %zu programmatic edges; "
-      "%zu other nodes; %zu distinct kernels\n",
-      model.c_str(), static_cast<long long>(batch), format.label.c_str(), types.total, types.memsets,
-      types.cluster_kernels, types.programmatic_edges, types.other_nodes, types.distinct_kernels);
+  print_node_types("nodes", model, batch, format.label, types);
+  rewritten_launch(model, batch, format.label, graph.raw_cuda_graph(), side, calls);
   std::fflush(stdout);
 }
 
