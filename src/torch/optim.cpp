@@ -1,5 +1,6 @@
 // Capturable optimizers: state on the device, made with the optimizer; a step of device work only.
 module;
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_amp_update_scale.h>
@@ -36,6 +37,7 @@ module;
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstddef>
 #include <cstdint>
 #include <expected>
@@ -64,7 +66,17 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
   if (!p.requires_grad() || !p.is_leaf()) {
     return fail(Errc::invalid_argument, which + " is not a leaf that requires grad: nothing would train it");
   }
+  // An expanded tensor (a stride of 0) is one element seen many times: an in-place update of it
+  // fails inside the step, after the step counts and moments were written.
+  if (at::has_internal_overlap(p) == at::MemOverlap::Yes) {
+    return fail(Errc::invalid_argument, which + " has elements that share memory (an expanded tensor): clone it");
+  }
   return {};
+}
+
+// A learning rate the device's float32 rate tensor holds: finite, not below 0, within float32.
+bool is_rate(double lr) noexcept {
+  return std::isfinite(lr) && lr >= 0 && lr <= std::numeric_limits<float>::max();
 }
 
 }  // namespace
@@ -192,6 +204,9 @@ Result<void> Optimizer::take_scheduled_lr() {
   } catch (const std::exception& e) {
     return fail(Errc::function_failed, "the learning-rate schedule threw at step " +
                                            std::to_string(state_->scheduled_steps_) + ": " + e.what());
+  } catch (...) {  // whatever the program's function throws comes back as an error, as a pool function's does
+    return fail(Errc::function_failed, "the learning-rate schedule threw at step " +
+                                           std::to_string(state_->scheduled_steps_) + " (not a std::exception)");
   }
   if (auto set = state_->set_lr(rate); !set) {
     Error error = std::move(set.error());
@@ -369,8 +384,9 @@ void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
 }
 
 Result<void> Optimizer::State::set_lr(double lr) {
-  if (!std::isfinite(lr) || lr < 0) {
-    return fail(Errc::invalid_argument, "the learning rate must be finite and >= 0, not " + std::to_string(lr));
+  if (!is_rate(lr)) {
+    return fail(Errc::invalid_argument,
+                "the learning rate must be finite, >= 0 and within float32's range, not " + std::to_string(lr));
   }
   for (const at::Tensor& rate : lr_by_device_) {
     if (!is_capturing(rate.device())) continue;
@@ -486,9 +502,10 @@ Result<void> Optimizer::State::attach_grads() {
 }
 
 Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
-  if (!(options.lr >= 0) || !(options.eps >= 0) || !(options.weight_decay >= 0) || !(options.beta1 >= 0) ||
+  if (!is_rate(options.lr) || !(options.eps >= 0) || !(options.weight_decay >= 0) || !(options.beta1 >= 0) ||
       !(options.beta1 < 1) || !(options.beta2 >= 0) || !(options.beta2 < 1)) {
-    return fail(Errc::invalid_argument, "Adam: lr, eps and weight_decay must be >= 0, betas in [0, 1)");
+    return fail(Errc::invalid_argument,
+                "Adam: lr, eps and weight_decay must be >= 0 (lr finite, within float32), betas in [0, 1)");
   }
   auto state = std::make_shared<Adam::State>();
   state->options_ = options;
@@ -637,8 +654,8 @@ void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std
 }
 
 Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
-  if (!(options.lr >= 0) || !(options.momentum >= 0) || !(options.weight_decay >= 0)) {
-    return fail(Errc::invalid_argument, "SGD: lr, momentum and weight_decay must be >= 0");
+  if (!is_rate(options.lr) || !(options.momentum >= 0) || !(options.weight_decay >= 0)) {
+    return fail(Errc::invalid_argument, "SGD: lr, momentum and weight_decay must be >= 0 (lr finite, within float32)");
   }
   if (options.nesterov && options.momentum <= 0) {
     return fail(Errc::invalid_argument, "SGD: Nesterov momentum needs a momentum above 0");
