@@ -610,7 +610,7 @@ AccumulationRun train_accumulating(std::optional<at::ScalarType> autocast,
 // capture is passing: no shape falls back to eager). The failures are placed where the loss
 // function runs: the warm-ups and the recordings of the first, middle and stepping calls.
 TEST_CASE("training/hostile: a loss function that throws or runs out of memory mid-step changes nothing",
-          "[gpu][training][hostile]") {
+          "[gpu][training][hostile][provokes-api-errors]") {
   REQUIRE_GPU();
   const std::map<std::pair<int, int>, Failure> plan{
       {{0, 1}, Failure::out_of_memory},  // the middle calls' warm-up
