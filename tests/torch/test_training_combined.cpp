@@ -26,38 +26,14 @@ import cgt.torch;
 namespace {
 
 using training_test::Autocast;
+using training_test::Block;
+using training_test::BlockImpl;
 using training_test::gpu;
 using training_test::must;
 
 constexpr std::int64_t steps = 200;
 constexpr std::int64_t micro_batches = 4;
 constexpr std::int64_t resume_at = 100;
-
-// A pre-norm transformer block (hidden 64, 4 heads) and a linear head.
-struct BlockImpl : torch::nn::Module {
-  static constexpr std::int64_t hidden = 64;
-  static constexpr std::int64_t heads = 4;
-  BlockImpl()
-      : norm1(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})))),
-        qkv(register_module("qkv", torch::nn::Linear(hidden, 3 * hidden))),
-        proj(register_module("proj", torch::nn::Linear(hidden, hidden))),
-        norm2(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})))),
-        up(register_module("up", torch::nn::Linear(hidden, 4 * hidden))),
-        down(register_module("down", torch::nn::Linear(4 * hidden, hidden))) {}
-  torch::Tensor forward(const torch::Tensor& x) {  // [batch, seq, hidden]
-    const std::int64_t b = x.size(0), s = x.size(1), d = hidden / heads;
-    auto parts = qkv->forward(norm1->forward(x)).view({b, s, 3, heads, d}).permute({2, 0, 3, 1, 4});
-    auto scores = torch::matmul(parts[0], parts[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-    auto attended = torch::matmul(torch::softmax(scores, -1), parts[2]).transpose(1, 2).reshape({b, s, hidden});
-    auto h = x + proj->forward(attended);
-    return h + down->forward(torch::gelu(up->forward(norm2->forward(h))));
-  }
-  torch::nn::LayerNorm norm1;
-  torch::nn::Linear qkv, proj;
-  torch::nn::LayerNorm norm2;
-  torch::nn::Linear up, down;
-};
-TORCH_MODULE(Block);
 
 struct Batch {
   torch::Tensor x, y;
@@ -215,10 +191,10 @@ TEST_CASE("training/combined_fp16_run_skips_exactly_the_step_with_an_overflow", 
   Block model;
   model->to(gpu);
   auto adam = must(cgt::torch::make_adam(model->parameters(), {.lr = 3e-3,
-                                                                .weight_decay = 1e-2,
-                                                                .decoupled_weight_decay = true,
-                                                                .max_grad_norm = 1.0,
-                                                                .loss_scale = {.dynamic = true}}));
+                                                               .weight_decay = 1e-2,
+                                                               .decoupled_weight_decay = true,
+                                                               .max_grad_norm = 1.0,
+                                                               .loss_scale = {.dynamic = true}}));
   must(adam.set_schedule(schedule(), 0));
   auto pool = must(cgt::torch::make_pool({.device = 0}));
   auto step = must(cgt::torch::make_training_step(

@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "torch/training_harness.hpp"
+
 import cgt;
 import cgt.torch;
 
@@ -49,32 +51,7 @@ struct MlpImpl : torch::nn::Module {
 };
 TORCH_MODULE(Mlp);
 
-// A pre-norm transformer block (hidden 64, 4 heads): self-attention written out (matmul, softmax:
-// deterministic kernels), LayerNorm, a GELU MLP, residuals.
-struct BlockImpl : torch::nn::Module {
-  static constexpr std::int64_t hidden = 64;
-  static constexpr std::int64_t heads = 4;
-  BlockImpl()
-      : norm1(register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})))),
-        qkv(register_module("qkv", torch::nn::Linear(hidden, 3 * hidden))),
-        proj(register_module("proj", torch::nn::Linear(hidden, hidden))),
-        norm2(register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({hidden})))),
-        up(register_module("up", torch::nn::Linear(hidden, 4 * hidden))),
-        down(register_module("down", torch::nn::Linear(4 * hidden, hidden))) {}
-  torch::Tensor forward(const torch::Tensor& x) {  // [batch, seq, hidden]
-    const std::int64_t b = x.size(0), s = x.size(1), d = hidden / heads;
-    auto parts = qkv->forward(norm1->forward(x)).view({b, s, 3, heads, d}).permute({2, 0, 3, 1, 4});
-    auto scores = torch::matmul(parts[0], parts[1].transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
-    auto attended = torch::matmul(torch::softmax(scores, -1), parts[2]).transpose(1, 2).reshape({b, s, hidden});
-    auto h = x + proj->forward(attended);
-    return h + down->forward(torch::gelu(up->forward(norm2->forward(h))));
-  }
-  torch::nn::LayerNorm norm1;
-  torch::nn::Linear qkv, proj;
-  torch::nn::LayerNorm norm2;
-  torch::nn::Linear up, down;
-};
-TORCH_MODULE(Block);
+using training_test::Block;
 
 struct Batch {
   torch::Tensor x, y;
