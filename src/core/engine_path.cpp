@@ -20,9 +20,8 @@ import :engine;
 
 namespace cgt::detail {
 
-CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function) {
-  return CellRef(
-      new Cell(engine, storage, function));  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
+CellRef make_cell(const backend::StorageHandle& storage, std::uint32_t function) {
+  return CellRef(new Cell(storage, function));  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
 }
 
 std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,

@@ -178,7 +178,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   }
   release_ended_path();  // before the checkpoint below: the last generation's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
-  node->take_outputs(*this, recorded->first_outputs.outputs, function.id);
+  node->take_outputs(recorded->first_outputs.outputs, function.id);
   CallOutputs out = hand_out(*node, recorded->first_outputs, frame, CallKind::recording);
   if (auto finished = finish_recording(*node, liveness_before); !finished) {
     return std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()));

@@ -45,7 +45,7 @@ void TreeNode::bind_outputs_for_replay(Engine& engine) {
         if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0) {
           const backend::StorageHandle storage{
               .address = output_storage_[i], .bytes = output_bytes_[i], .owned_by_allocator = false};
-          cells_[i] = make_cell(engine, storage, engine.function_of(*this));
+          cells_[i] = make_cell(storage, engine.function_of(*this));
           engine.device().adopt(cells_[i]->storage);
         } else {
           cell->storage.owned_by_allocator = false;  // a replay allocates nothing

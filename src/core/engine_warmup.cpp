@@ -174,7 +174,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   release_ended_path();  // the warm-up allocated around the last generation's outputs: free them now
 
   std::unique_ptr<TreeNode> node = path_.make_warmup_node(warmup_reason(variant), variant.id);
-  node->take_outputs(*this, result->outputs, function.id);
+  node->take_outputs(result->outputs, function.id);
   CallOutputs out = hand_out(*node, *result, frame, CallKind::warmup);
   variant.warmed_up = true;
   function.warmed_up_once = true;

@@ -30,13 +30,12 @@ class TreeNode;
 /// only through the methods below.
 struct Cell {  // a struct: declared so in :detail
  public:
-  inline Cell(Engine& engine, backend::StorageHandle storage, std::uint32_t function) noexcept
-      : storage(std::move(storage)), engine(&engine), function(function) {}
+  inline Cell(backend::StorageHandle storage, std::uint32_t function) noexcept
+      : storage(std::move(storage)), function(function) {}
 
   /// The device's handle on the memory (the device fills in its native record; who owns the
   /// block, the allocator or a replay, changes as the path does).
   backend::StorageHandle storage;
-  const gsl::not_null<Engine*> engine;
   const std::uint32_t function;  ///< function that produced it (for messages)
 
   [[nodiscard]] inline bool is_live() const noexcept { return leases_ > 0 && !reclaimed_; }
@@ -116,7 +115,7 @@ class CellRef {
   Cell* cell_ = nullptr;
 };
 
-[[nodiscard]] CellRef make_cell(Engine& engine, const backend::StorageHandle& storage, std::uint32_t function);
+[[nodiscard]] CellRef make_cell(const backend::StorageHandle& storage, std::uint32_t function);
 
 /// How an output of a recording relates to other memory (PyTorch's `OutputAliasInfo`).
 enum class AliasKind : std::uint8_t {
@@ -214,7 +213,7 @@ class TreeNode {
   /// other memory (`AliasKind`): an output viewing a live output of the path or an earlier output
   /// of this call shares that one's cell; a new storage of the pool gets a new cell. Called before
   /// the node is entered: the path searched is its parent's.
-  void take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function);
+  void take_outputs(std::span<const backend::OutputDesc> outputs, std::uint32_t function);
   [[nodiscard]] inline std::size_t output_count() const noexcept { return output_count_; }
   /// Per output: the storage it views in the current execution (null: not pool memory).
   [[nodiscard]] inline const std::vector<CellRef>& cells() const noexcept { return cells_; }

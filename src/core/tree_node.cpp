@@ -79,7 +79,7 @@ std::optional<PathIndex> TreeNode::live_output_at(std::uintptr_t storage) const 
   return std::nullopt;
 }
 
-void TreeNode::take_outputs(Engine& engine, std::span<const backend::OutputDesc> outputs, std::uint32_t function) {
+void TreeNode::take_outputs(std::span<const backend::OutputDesc> outputs, std::uint32_t function) {
   const std::size_t count = outputs.size();
   output_count_ = count;
   aliases_.assign(count, OutputAlias{});
@@ -117,7 +117,7 @@ void TreeNode::take_outputs(Engine& engine, std::span<const backend::OutputDesc>
                                          .native = desc.native,
                                          .native_owner = desc.native_owner,
                                          .owned_by_allocator = true};
-    cells_[i] = make_cell(engine, storage, function);
+    cells_[i] = make_cell(storage, function);
   }
   outputs_own_storage_ =
       std::ranges::all_of(aliases_, [](const OutputAlias& alias) { return alias.kind == AliasKind::new_storage; });
