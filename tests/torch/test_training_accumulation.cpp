@@ -22,6 +22,7 @@ import cgt.torch;
 namespace {
 
 using training_test::gpu;
+using training_test::max_difference;
 using training_test::must;
 
 constexpr std::int64_t micro_rows = 16;
@@ -155,13 +156,6 @@ std::vector<double> step_means(const std::vector<double>& per_micro, int k) {
     out.push_back(sum / k);
   }
   return out;
-}
-
-double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double most = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) most = std::max(most, std::abs(a[i] - b[i]));
-  return most;
 }
 
 }  // namespace

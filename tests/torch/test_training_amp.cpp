@@ -34,8 +34,10 @@ import cgt.torch;
 
 namespace {
 
-using training_test::gpu;
 using training_test::Autocast;
+using training_test::autocast_state;
+using training_test::AutocastState;
+using training_test::gpu;
 using training_test::Mlp;
 using training_test::must;
 
@@ -54,18 +56,6 @@ std::vector<Batch> batches(int n, std::optional<int> overflow = std::nullopt) {
   for (int i = 0; i < n; ++i) out.push_back({torch::randn({32, 16}, gpu), torch::randn({32, 8}, gpu)});
   if (overflow) out[*overflow].y = out[*overflow].y * 1e4;
   return out;
-}
-
-struct AutocastState {
-  bool enabled;
-  at::ScalarType dtype;
-  bool cached;
-  bool operator==(const AutocastState&) const = default;
-};
-
-AutocastState autocast_state() {
-  return {at::autocast::is_autocast_enabled(at::kCUDA), at::autocast::get_autocast_dtype(at::kCUDA),
-          at::autocast::is_autocast_cache_enabled()};
 }
 
 void set_autocast_state(const AutocastState& state) {

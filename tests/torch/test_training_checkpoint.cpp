@@ -29,8 +29,11 @@ import cgt.torch;
 namespace {
 
 using training_test::gpu;
+using training_test::host_copies;
+using training_test::max_difference;
 using training_test::Mlp;
 using training_test::must;
+using training_test::TempFile;
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -46,41 +49,6 @@ std::vector<Batch> batches() {
   std::vector<Batch> out;
   for (int i = 0; i < steps; ++i) out.push_back({torch::randn({32, 16}, gpu), torch::randn({32, 8}, gpu)});
   return out;
-}
-
-// A file in the temporary directory, removed when the test ends.
-struct TempFile {
-  explicit TempFile(const std::string& name)
-      : path((std::filesystem::temp_directory_path() / ("cgt_checkpoint_" + name + ".pt")).string()) {}
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    std::error_code ignored;
-    std::filesystem::remove(path, ignored);
-  }
-  std::string path;
-};
-
-std::vector<torch::Tensor> host_copies(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : tensors) out.push_back(t.detach().cpu().clone());
-  return out;
-}
-
-double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double most = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    most = std::max(most, (a[i].cpu() - b[i].cpu()).abs().max().item<double>());
-  }
-  return most;
-}
-
-double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double most = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) most = std::max(most, static_cast<double>(std::abs(a[i] - b[i])));
-  return most;
 }
 
 const cgt::torch::LrSchedule schedule = cgt::torch::lr::warmup_cosine(3e-3, 10, steps, 3e-4);
@@ -116,8 +84,8 @@ void train(cgt::torch::Pool& pool, const cgt::torch::TrainingStep& step, const s
 TEST_CASE("training/a_run_resumed_from_a_checkpoint_trains_as_the_uninterrupted_run", "[gpu][training]") {
   REQUIRE_GPU();
   const auto data = batches();
-  const TempFile optimizer_file("adamw");
-  const TempFile model_file("mlp");
+  const TempFile optimizer_file("checkpoint_adamw");
+  const TempFile model_file("checkpoint_mlp");
 
   std::vector<float> whole;
   std::vector<torch::Tensor> whole_params;
@@ -164,8 +132,8 @@ TEST_CASE("training/a_run_resumed_from_a_checkpoint_trains_as_the_uninterrupted_
 TEST_CASE("training/a_checkpoint_loaded_into_the_running_step_reaches_its_graph", "[gpu][training]") {
   REQUIRE_GPU();
   const auto data = batches();
-  const TempFile optimizer_file("adamw_running");
-  const TempFile model_file("mlp_running");
+  const TempFile optimizer_file("checkpoint_adamw_running");
+  const TempFile model_file("checkpoint_mlp_running");
   torch::manual_seed(0);
   Mlp model;
   model->to(gpu);
@@ -203,8 +171,8 @@ TEST_CASE("training/a_checkpoint_loaded_into_the_running_step_reaches_its_graph"
 TEST_CASE("training/sgd_with_momentum_resumes_from_a_checkpoint", "[gpu][training]") {
   REQUIRE_GPU();
   const auto data = batches();
-  const TempFile optimizer_file("sgd");
-  const TempFile model_file("mlp_sgd");
+  const TempFile optimizer_file("checkpoint_sgd");
+  const TempFile model_file("checkpoint_mlp_sgd");
   const auto make_sgd = [](Mlp& model) {
     return must(cgt::torch::make_sgd(model->parameters(), {.lr = 1e-2, .momentum = 0.9, .weight_decay = 1e-3}));
   };
@@ -269,11 +237,11 @@ TEST_CASE("training/a_checkpoint_that_does_not_fit_changes_nothing", "[gpu][trai
     unchanged();
   };
 
-  const TempFile sgd_file("other_kind");
+  const TempFile sgd_file("checkpoint_other_kind");
   must(must(cgt::torch::make_sgd(model->parameters(), {.lr = 1e-2, .momentum = 0.9})).save(sgd_file.path));
   refused(sgd_file.path, "'sgd'");
 
-  const TempFile amsgrad_file("amsgrad");
+  const TempFile amsgrad_file("checkpoint_amsgrad");
   {
     Mlp same;
     same->to(gpu);
@@ -281,7 +249,7 @@ TEST_CASE("training/a_checkpoint_that_does_not_fit_changes_nothing", "[gpu][trai
   }
   refused(amsgrad_file.path, "amsgrad");
 
-  const TempFile shapes_file("other_shapes");
+  const TempFile shapes_file("checkpoint_other_shapes");
   {
     Mlp wider(32);
     wider->to(gpu);
@@ -289,14 +257,14 @@ TEST_CASE("training/a_checkpoint_that_does_not_fit_changes_nothing", "[gpu][trai
   }
   refused(shapes_file.path, "parameter 0");
 
-  const TempFile model_file("not_an_optimizer");
+  const TempFile model_file("checkpoint_not_an_optimizer");
   torch::save(model, model_file.path);
   refused(model_file.path, "not a checkpoint of a cgt optimizer");
 
   refused((std::filesystem::temp_directory_path() / "cgt_checkpoint_missing.pt").string(), "cannot read");
 
   // Inside a function, a warm-up may load (nothing is recorded); a recording may not.
-  const TempFile own_file("own");
+  const TempFile own_file("checkpoint_own");
   must(adam.save(own_file.path));
   auto pool = must(cgt::torch::make_pool({.device = 0}));
   std::vector<std::optional<cgt::Errc>> seen;
@@ -316,7 +284,7 @@ TEST_CASE("training/a_checkpoint_that_does_not_fit_changes_nothing", "[gpu][trai
 // Why parameters are loaded with load_parameters_in_place: torch::load points each parameter at
 // new memory (a recorded graph keeps the old address), load_parameters_in_place copies into it.
 TEST_CASE("training/load_parameters_in_place_keeps_the_addresses_torch_load_replaces", "[training]") {
-  const TempFile file("cpu_mlp");
+  const TempFile file("checkpoint_cpu_mlp");
   torch::manual_seed(0);
   Mlp saved;
   torch::save(saved, file.path);
@@ -356,12 +324,12 @@ TEST_CASE("training/load_parameters_in_place_refuses_a_file_that_does_not_fit", 
   const std::string missing = (std::filesystem::temp_directory_path() / "cgt_checkpoint_missing.pt").string();
   refused(cgt::torch::load_parameters_in_place(*model, missing), "cannot read");
 
-  const TempFile wider_file("wider");
+  const TempFile wider_file("checkpoint_wider");
   torch::save(Mlp(32), wider_file.path);
   refused(cgt::torch::load_parameters_in_place(*model, wider_file.path), "fc1.weight");
 
   // A list of tensors, as torch::save(tensors) writes it: by count, then by index.
-  const TempFile list_file("list");
+  const TempFile list_file("checkpoint_list");
   torch::save(std::vector<torch::Tensor>{torch::ones({2, 3}), torch::ones({4})}, list_file.path);
   refused(cgt::torch::load_parameters_in_place(model->parameters(), list_file.path), "holds 2 tensors");
   std::vector<torch::Tensor> tensors{torch::zeros({2, 3}), torch::zeros({4})};
@@ -373,7 +341,7 @@ TEST_CASE("training/load_parameters_in_place_refuses_a_file_that_does_not_fit", 
 }
 
 TEST_CASE("training/checkpoints_of_a_handle_without_state_fail", "[training]") {
-  const TempFile file("no_state");
+  const TempFile file("checkpoint_no_state");
   cgt::torch::Adam none;
   CHECK(none.save(file.path).error().code == cgt::Errc::invalid_argument);
   CHECK(none.load(file.path).error().code == cgt::Errc::invalid_argument);

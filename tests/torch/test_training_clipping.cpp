@@ -24,6 +24,7 @@ import cgt.torch;
 namespace {
 
 using training_test::gpu;
+using training_test::max_difference;
 using training_test::Mlp;
 using training_test::must;
 
@@ -45,13 +46,6 @@ struct Run {
   std::vector<double> norms;  // the gradients' norm before clipping, per step
   std::vector<torch::Tensor> params;
 };
-
-double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double most = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) most = std::max(most, std::abs(a[i] - b[i]));
-  return most;
-}
 
 double max_param_difference(const Run& a, const Run& b) {
   REQUIRE(a.params.size() == b.params.size());

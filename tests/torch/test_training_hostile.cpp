@@ -43,9 +43,14 @@ import cgt.torch;
 
 namespace {
 
+using training_test::autocast_state;
+using training_test::AutocastState;
 using training_test::gpu;
+using training_test::host_copies;
+using training_test::max_difference;
 using training_test::Mlp;
 using training_test::must;
+using training_test::TempFile;
 
 using Catch::Matchers::ContainsSubstring;
 
@@ -53,19 +58,6 @@ constexpr double not_a_number = std::numeric_limits<double>::quiet_NaN();
 constexpr double infinity = std::numeric_limits<double>::infinity();
 
 // ---- helpers ------------------------------------------------------------------------------------
-
-// A file in the temporary directory, removed when the test ends.
-struct TempFile {
-  explicit TempFile(const std::string& name)
-      : path((std::filesystem::temp_directory_path() / ("cgt_hostile_" + name + ".pt")).string()) {}
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    std::error_code ignored;
-    std::filesystem::remove(path, ignored);
-  }
-  std::string path;
-};
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -119,13 +111,6 @@ Tamper dropping(const std::string& which) {
   };
 }
 
-std::vector<torch::Tensor> host_copies(const std::vector<torch::Tensor>& tensors) {
-  std::vector<torch::Tensor> out;
-  out.reserve(tensors.size());
-  for (const auto& t : tensors) out.push_back(t.detach().cpu().clone());
-  return out;
-}
-
 // Equal element for element, NaN equal to NaN.
 bool same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
   if (a.size() != b.size()) return false;
@@ -137,17 +122,6 @@ bool same(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>&
     if (!torch::equal(torch::nan_to_num(x, 0.0), torch::nan_to_num(y, 0.0))) return false;
   }
   return true;
-}
-
-double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
-  REQUIRE(a.size() == b.size());
-  double most = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    most = std::max(
-        most,
-        (a[i].detach().cpu().to(torch::kDouble) - b[i].detach().cpu().to(torch::kDouble)).abs().max().item<double>());
-  }
-  return most;
 }
 
 // NaN where the other is NaN, and within `tolerance` elsewhere.
@@ -162,13 +136,6 @@ bool nan_close(const std::vector<torch::Tensor>& a, const std::vector<torch::Ten
   return true;
 }
 
-double max_difference(const std::vector<double>& a, const std::vector<double>& b) {
-  REQUIRE(a.size() == b.size());
-  double most = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) most = std::max(most, std::abs(a[i] - b[i]));
-  return most;
-}
-
 // The error code a result holds, if any.
 template <class T>
 std::optional<cgt::Errc> error_of(const cgt::Result<T>& result) {
@@ -181,18 +148,6 @@ void expect_error(const cgt::Result<void>& result, cgt::Errc code, const std::st
   REQUIRE_FALSE(result.has_value());
   CHECK(result.error().code == code);
   CHECK_THAT(result.error().message, ContainsSubstring(says));
-}
-
-struct AutocastState {
-  bool enabled;
-  at::ScalarType dtype;
-  bool cached;
-  bool operator==(const AutocastState&) const = default;
-};
-
-AutocastState autocast_state() {
-  return {at::autocast::is_autocast_enabled(at::kCUDA), at::autocast::get_autocast_dtype(at::kCUDA),
-          at::autocast::is_autocast_cache_enabled()};
 }
 
 cgt::torch::Values mse(Mlp& model, const cgt::torch::Inputs& in) {
@@ -216,9 +171,9 @@ TEST_CASE("training/hostile: optimizer handles without state refuse every new me
   cgt::torch::Adam adam_default;
   cgt::torch::SGD sgd_default;
 
-  const TempFile checkpoint("no_state_source");
+  const TempFile checkpoint("hostile_no_state_source");
   must(moved.save(checkpoint.path));  // a real checkpoint, which no handle below may read
-  const TempFile never("no_state_target");
+  const TempFile never("hostile_no_state_target");
   for (cgt::torch::Optimizer* none :
        std::initializer_list<cgt::torch::Optimizer*>{&adam, &sgd, &adam_default, &sgd_default}) {
     CHECK_FALSE(none->has_state());
@@ -259,7 +214,7 @@ TEST_CASE("training/hostile: optimizer handles without state refuse every new me
   CHECK(sliced.options().lr == cgt::torch::AdamOptions{}.lr);
   CHECK(sliced.exp_avgs().empty());
   CHECK(sliced.lr() == 0.5);
-  const TempFile sliced_file("no_state_sliced");
+  const TempFile sliced_file("hostile_no_state_sliced");
   must(sliced.save(sliced_file.path));
   expect_error(moved.load(sliced_file.path), cgt::Errc::invalid_argument, "'sgd'");
   CHECK(moved.lr() == 0.25);
@@ -304,7 +259,7 @@ TEST_CASE("training/hostile: schedules count steps below 0 as 0 and stay finite 
 // rate and the schedule's count stay. The same file untampered, and with a key more (a later
 // version's), loads. An optimizer over no parameters needs no device.
 TEST_CASE("training/hostile: broken and tampered optimizer files change nothing", "[training][hostile]") {
-  const TempFile good("file_good");
+  const TempFile good("hostile_file_good");
   {
     auto source = must(cgt::torch::make_adam({}, {.lr = 0.01}));
     must(source.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), 7));
@@ -323,7 +278,7 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
   const std::string bytes = read_bytes(good.path);
   REQUIRE(bytes.size() > 64);
 
-  const TempFile broken("file_broken");
+  const TempFile broken("hostile_file_broken");
   write_bytes(broken.path, bytes.substr(0, bytes.size() / 2));
   refused(broken.path, "cannot read");
   write_bytes(broken.path, bytes.substr(0, bytes.size() - 1));
@@ -334,14 +289,14 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
   refused(broken.path, "cannot read");
   refused(std::filesystem::temp_directory_path().string(), "cannot read");  // a directory
 
-  const TempFile tensors("file_tensors");
+  const TempFile tensors("hostile_file_tensors");
   torch::save(std::vector<torch::Tensor>{torch::ones({2})}, tensors.path);
   refused(tensors.path, "not a checkpoint of a cgt optimizer");
-  const TempFile sgd_file("file_sgd");
+  const TempFile sgd_file("hostile_file_sgd");
   must(must(cgt::torch::make_sgd({}, {.lr = 0.5})).save(sgd_file.path));
   refused(sgd_file.path, "'sgd'");
 
-  const TempFile tampered("file_tampered");
+  const TempFile tampered("hostile_file_tampered");
   const auto refused_with = [&](const Tamper& tamper, const std::string& says) {
     rewrite(good.path, tampered.path, tamper);
     refused(tampered.path, says);
@@ -385,13 +340,13 @@ TEST_CASE("training/hostile: load_parameters_in_place changes nothing or everyth
   const auto values = host_copies(model->parameters());
   const auto unchanged = [&] { CHECK(same(values, host_copies(model->parameters()))); };
 
-  const TempFile narrow_file("narrow_model");
+  const TempFile narrow_file("hostile_narrow_model");
   torch::save(std::make_shared<NarrowImpl>(), narrow_file.path);
   auto narrow = cgt::torch::load_parameters_in_place(*model, narrow_file.path);
   expect_error(narrow, cgt::Errc::invalid_argument, "fc3.weight");
   unchanged();  // fc1 and fc2 fit, and were not copied either
 
-  const TempFile double_file("double_model");
+  const TempFile double_file("hostile_double_model");
   {
     Mlp twice;
     twice->to(torch::kDouble);
@@ -400,11 +355,11 @@ TEST_CASE("training/hostile: load_parameters_in_place changes nothing or everyth
   expect_error(cgt::torch::load_parameters_in_place(*model, double_file.path), cgt::Errc::invalid_argument, "Double");
   unchanged();
 
-  const TempFile whole_file("whole_model");
+  const TempFile whole_file("hostile_whole_model");
   Mlp other;
   torch::save(other, whole_file.path);
   const std::string bytes = read_bytes(whole_file.path);
-  const TempFile truncated("truncated_model");
+  const TempFile truncated("hostile_truncated_model");
   write_bytes(truncated.path, bytes.substr(0, bytes.size() * 3 / 4));
   expect_error(cgt::torch::load_parameters_in_place(*model, truncated.path), cgt::Errc::invalid_argument,
                "cannot read");
@@ -415,7 +370,7 @@ TEST_CASE("training/hostile: load_parameters_in_place changes nothing or everyth
   // Odd layouts: a transposed view and every other element of a buffer receive the file's values.
   const auto matrix = torch::arange(12, torch::kFloat).reshape({3, 4});
   const auto row = torch::arange(5, torch::kFloat) + 100;
-  const TempFile list_file("odd_layouts");
+  const TempFile list_file("hostile_odd_layouts");
   torch::save(std::vector<torch::Tensor>{matrix, row}, list_file.path);
   auto transposed_storage = torch::zeros({4, 3});
   auto strided_storage = torch::full({10}, -1.0);
@@ -894,7 +849,7 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
   eager_scaled_step(model, adam, 1);
   eager_scaled_step(model, adam, 2);
   must(adam.set_schedule(schedule, 2));
-  const TempFile good("adam_good");
+  const TempFile good("hostile_adam_good");
   must(adam.save(good.path));
   const AdamSnapshot saved = snapshot(model, adam);
   eager_scaled_step(model, adam, 3, 1e38);  // skipped: the scale halves, the counts stay
@@ -911,7 +866,7 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
     expect_error(adam.load(path), cgt::Errc::invalid_argument, says);
     check_same(now, snapshot(model, adam));
   };
-  const TempFile tampered("adam_tampered");
+  const TempFile tampered("hostile_adam_tampered");
   const auto refused_with = [&](const Tamper& tamper, const std::string& says) {
     rewrite(good.path, tampered.path, tamper);
     refused(tampered.path, says);
@@ -930,9 +885,9 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
   write_bytes(tampered.path, bytes.substr(0, bytes.size() * 9 / 10));
   refused(tampered.path, "cannot read");
 
-  const TempFile fewer("adam_fewer");
-  const TempFile twice("adam_double");
-  const TempFile sgd_file("adam_sgd");
+  const TempFile fewer("hostile_adam_fewer");
+  const TempFile twice("hostile_adam_double");
+  const TempFile sgd_file("hostile_adam_sgd");
   {
     Mlp other;
     other->to(gpu);
@@ -978,8 +933,8 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
 TEST_CASE("training/hostile: files with and without loss scaling load into optimizers without and with",
           "[gpu][training][hostile]") {
   REQUIRE_GPU();
-  const TempFile scaled_file("scaled");
-  const TempFile plain_file("plain");
+  const TempFile scaled_file("hostile_scaled");
+  const TempFile plain_file("hostile_plain");
   std::vector<torch::Tensor> scaled_moments;
   std::vector<torch::Tensor> plain_moments;
   {

@@ -1,5 +1,5 @@
 // What the training tests of cgt.torch share: a result's value or the test's failure, the GPU they
-// train on, and the small MLP most of them train.
+// train on, the models they train, eager autocast, temporary files, and comparisons of results.
 #pragma once
 
 #include <torch/torch.h>
@@ -10,10 +10,17 @@
 #endif
 #include <catch2/catch_test_macros.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
+#include <string>
+#include <system_error>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 import cgt;
 import cgt.torch;
@@ -65,6 +72,67 @@ class Autocast {
   bool was_enabled_ = false;
   at::ScalarType was_dtype_ = at::kFloat;
 };
+
+/// The thread's CUDA autocast state: whether on, to which dtype, and whether casts are cached.
+struct AutocastState {
+  bool enabled;
+  at::ScalarType dtype;
+  bool cached;
+  bool operator==(const AutocastState&) const = default;
+};
+
+inline AutocastState autocast_state() {
+  return {at::autocast::is_autocast_enabled(at::kCUDA), at::autocast::get_autocast_dtype(at::kCUDA),
+          at::autocast::is_autocast_cache_enabled()};
+}
+
+/// A file in the temporary directory, cgt_<name>.pt, removed when the test ends. Test files
+/// prefix their names with their own (tests of several files run at once).
+struct TempFile {
+  explicit TempFile(const std::string& name)
+      : path((std::filesystem::temp_directory_path() / ("cgt_" + name + ".pt")).string()) {}
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  TempFile(TempFile&&) = delete;
+  TempFile& operator=(TempFile&&) = delete;
+  ~TempFile() {
+    std::error_code ignored;
+    std::filesystem::remove(path, ignored);
+  }
+  std::string path;
+};
+
+/// Detached copies on the host: values to compare after the device changed the originals.
+inline std::vector<torch::Tensor> host_copies(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) out.push_back(t.detach().cpu().clone());
+  return out;
+}
+
+/// The largest absolute difference of two lists of tensors, element for element, in float64.
+inline double max_difference(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  REQUIRE(a.size() == b.size());
+  double most = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    most = std::max(
+        most,
+        (a[i].detach().cpu().to(torch::kDouble) - b[i].detach().cpu().to(torch::kDouble)).abs().max().item<double>());
+  }
+  return most;
+}
+
+/// The largest absolute difference of two lists of numbers (losses, norms).
+template <class T>
+  requires std::is_arithmetic_v<T>
+double max_difference(const std::vector<T>& a, const std::vector<T>& b) {
+  REQUIRE(a.size() == b.size());
+  double most = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    most = std::max(most, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  }
+  return most;
+}
 
 /// 16 -> hidden -> hidden -> 8, tanh then relu.
 struct MlpImpl : torch::nn::Module {
