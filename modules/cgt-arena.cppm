@@ -73,8 +73,11 @@ class Arena {
   /// free (segments made since are wholly free).
   void restore(const ArenaCheckpoint& checkpoint);
 
-  /// Is `address` inside one of the arena's segments?
-  [[nodiscard]] bool contains(std::uintptr_t address) const noexcept;
+  /// Is `address` inside one of the arena's segments? (A pool asks for each input of every call:
+  /// an address outside the span of all segments, a caller's buffer, is answered inline.)
+  [[nodiscard]] inline bool contains(std::uintptr_t address) const noexcept {
+    return address >= lowest_ && address < highest_ && in_a_segment(address);
+  }
   [[nodiscard]] bool is_allocated(std::uintptr_t address) const noexcept;
   [[nodiscard]] std::vector<Block> live_blocks() const;
   [[nodiscard]] MemoryInfo memory() const noexcept;
@@ -105,6 +108,7 @@ class Arena {
   [[nodiscard]] Result<std::size_t> add_segment(std::size_t min_bytes);
   [[nodiscard]] std::pair<std::size_t, std::map<std::size_t, BlockState>::iterator> find(std::uintptr_t address);
   void rebuild_free_index();
+  [[nodiscard]] bool in_a_segment(std::uintptr_t address) const noexcept;
 
   ArenaOptions options_;
   std::vector<Segment> segments_;
@@ -113,6 +117,8 @@ class Arena {
   std::size_t allocated_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
   std::size_t live_blocks_ = 0;
+  std::uintptr_t lowest_ = UINTPTR_MAX;  ///< the lowest address of any segment
+  std::uintptr_t highest_ = 0;           ///< one past the highest byte of any segment
 };
 
 }  // namespace cgt

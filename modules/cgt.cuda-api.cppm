@@ -266,7 +266,8 @@ struct Backend {
   using Value = Buffer;
   using Callable = cuda::Callable;
   using Device = cuda::Device;
-  [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
+  [[nodiscard]] [[clang::always_inline]] static inline Result<void> describe(const Buffer& buffer,
+                                                                           backend::ArgDesc& desc) noexcept {
     return backend::describe_buffer(buffer, buffer.device(), desc);
   }
   /// A copy in device memory of its own (same layout), complete when it returns: it waits for the

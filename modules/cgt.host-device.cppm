@@ -200,7 +200,8 @@ struct Backend {
   using Callable = host::Callable;
   using Device = host::Device;
   /// Every call describes its arguments: defined here, so that it inlines into the call.
-  [[nodiscard]] static inline Result<void> describe(const Buffer& buffer, backend::ArgDesc& desc) noexcept {
+  [[nodiscard]] [[clang::always_inline]] static inline Result<void> describe(const Buffer& buffer,
+                                                                           backend::ArgDesc& desc) noexcept {
     return backend::describe_buffer(buffer, 0, desc);  // host buffers are all memory of the one host device
   }
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);

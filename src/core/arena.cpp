@@ -54,6 +54,9 @@ Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
       static_cast<std::byte*>(memory), SegmentRelease{&options_.source, size, options_.alignment});
   segment.size = size;
   segment.blocks.emplace(0, BlockState{size, false});
+  const auto base = reinterpret_cast<std::uintptr_t>(memory);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+  lowest_ = std::min(lowest_, base);
+  highest_ = std::max(highest_, base + size);
   segments_.push_back(std::move(segment));
   reserved_bytes_ += size;
   const std::size_t index = segments_.size() - 1;
@@ -157,7 +160,7 @@ void Arena::rebuild_free_index() {
   }
 }
 
-bool Arena::contains(std::uintptr_t address) const noexcept {
+bool Arena::in_a_segment(std::uintptr_t address) const noexcept {
   return std::ranges::any_of(segments_, [address](const Segment& segment) {
     const auto base = reinterpret_cast<std::uintptr_t>(segment.memory.get());  // NOLINT
     return address >= base && address < base + segment.size;

@@ -51,14 +51,16 @@ std::int64_t key_layout_bits(const backend::ArgDesc& desc) noexcept {
   return static_cast<std::int64_t>(desc.expanded) | (static_cast<std::int64_t>(desc.view) << 32);
 }
 
-// A key word that opens each argument: its kind, and for a value its element type and rank. With
-// it a key says the whole signature, so a call whose key is a known variant's needs no signature
-// check (the variant's first call passed it).
+// A key word that opens each argument: its kind, and for a value its device, element type and
+// rank. With it a key says the whole signature, so a call whose key is a known variant's needs no
+// signature check (the variant's first call passed it), and no device check (a variant is made
+// only for calls whose values are all on the pool's device).
 constexpr std::int64_t kScalarTag = std::int64_t{1} << 62;
 constexpr std::int64_t kValueTag = std::int64_t{1} << 61;
 std::int64_t opening_word(const backend::ArgDesc& desc) noexcept {
   if (desc.kind == backend::ArgKind::scalar) return kScalarTag;
-  return kValueTag | (static_cast<std::int64_t>(desc.dtype) << 8) | desc.rank;
+  const auto device = static_cast<std::int64_t>(static_cast<std::uint32_t>(desc.device));  // -1: host memory
+  return kValueTag | (device << 24) | (static_cast<std::int64_t>(desc.dtype) << 8) | desc.rank;
 }
 
 void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_t>& key) {
@@ -74,20 +76,21 @@ void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_
   }
 }
 
-// The same comparison without building a key: the fast path of a call with the last shapes.
+// The same comparison without building a key: the fast path of a call with the last shapes. A key
+// word that equals the argument's opening word says how many words follow it in the key (one for
+// a scalar, 2 * rank + 1 for a value): only the opening words need a bound check.
 bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::ArgDesc> descs) noexcept {
   std::size_t at = 0;
   for (const auto& desc : descs) {
     if (at >= key.size() || key[at] != opening_word(desc)) return false;
     ++at;
     if (desc.kind == backend::ArgKind::scalar) {
-      if (at >= key.size() || key[at] != desc.scalar) return false;
+      if (key[at] != desc.scalar) return false;
       ++at;
       continue;
     }
     const std::size_t rank = desc.rank;
-    if (at + (2 * rank) + 1 > key.size()) return false;
-    for (std::size_t d = 0; d < desc.rank; ++d) {  // ranks are small: a loop beats memcmp here
+    for (std::size_t d = 0; d < rank; ++d) {  // ranks are small: a loop beats memcmp here
       if (key[at + d] != desc.sizes[d] || key[at + rank + d] != key_stride(desc, d)) return false;
     }
     at += 2 * rank;
@@ -303,13 +306,15 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
 
 Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
   FunctionRecord& function = *frame.function;
+  // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
+  if (frame.same_shapes_as_last) return variants_[function.last_variant].get();
   for (const auto& desc : frame.descs) {
     if (desc.kind == backend::ArgKind::value && desc.device != device_index_) {
       fallback = Reason::input_on_other_device;
       return nullptr;
     }
   }
-  if (!function.options.graph_sizes.empty() && !frame.same_shapes_as_last) {
+  if (!function.options.graph_sizes.empty()) {
     const SizeSource source = function.options.size_source;
     const std::int64_t size = frame.descs[source.input].sizes[source.dim];
     if (std::ranges::find(function.options.graph_sizes, size) == function.options.graph_sizes.end()) {
@@ -317,7 +322,6 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
       return nullptr;
     }
   }
-  if (frame.same_shapes_as_last) return variants_[function.last_variant].get();
   std::vector<std::int64_t> key;
   append_key(frame.descs, key);
   if (auto found = function.variants.find(key); found != function.variants.end()) {

@@ -79,11 +79,12 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   out.kind = CallKind::replay;
   out.node = node.id();
   const std::size_t count = node.output_count();
-  out.leases.reserve(count);
+  out.leases = LeaseArray(count);
   retain(*this, static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
+  const std::uint64_t generation = generation_rule_.current();
   for (std::size_t i = 0; i < count; ++i) {
-    ledger_.lease_to(out.leases.emplace_back(), node.cells()[i].get(), recording.output(i), function.id,
-                     static_cast<std::uint32_t>(i), generation_rule_.current());
+    ledger_.lease_to(out.leases[i], node.cells()[i].get(), recording.output(i), function.id,
+                     static_cast<std::uint32_t>(i), generation);
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   Ledger::consume(frame.args);

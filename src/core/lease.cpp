@@ -38,34 +38,38 @@ void lease_drop(LeaseCore& lease) noexcept {
 
 void leases_drop(std::span<LeaseCore> leases) noexcept {
   // A call's leases share one engine: their cells go under one hold of its state (eight at a time),
-  // and their references to it in one count. A lease of another engine (none of a call's) is
-  // dropped on its own.
+  // and their references to it in one count, in one pass over the leases. A lease of another
+  // engine (none of a call's) is dropped on its own.
   Engine* engine = nullptr;
   std::array<Cell*, 8> cells{};
   std::size_t count = 0;
+  std::uint32_t references = 0;
+  bool owners = false;
   for (LeaseCore& lease : leases) {
-    if (!lease.engine) continue;
-    if (engine == nullptr) engine = lease.engine.get();
-    if (lease.engine.get() != engine) {
+    Engine* own = lease.engine.get();
+    if (own == nullptr) continue;
+    if (engine == nullptr) engine = own;
+    if (own != engine) {
       lease_drop(lease);
       continue;
     }
-    Cell* cell = std::exchange(lease.cell, nullptr);
-    if (cell == nullptr) continue;
-    cells[count++] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < 8 here
-    if (count == cells.size()) {
-      engine->ledger().drop(cells);
-      count = 0;
+    if (Cell* cell = std::exchange(lease.cell, nullptr)) {
+      cells[count++] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < 8 here
+      if (count == cells.size()) {
+        engine->ledger().drop(cells);
+        count = 0;
+      }
     }
+    lease.value = nullptr;
+    owners = owners || lease.owner != nullptr;
+    (void)lease.engine.forget();
+    ++references;
   }
   if (count > 0) engine->ledger().drop({cells.data(), count});
-  std::uint32_t references = 0;
-  for (LeaseCore& lease : leases) {  // engine references last: they may be the engine's last
-    lease.value = nullptr;
-    lease.owner.reset();
-    if (lease.engine.forget() != nullptr) ++references;
+  if (owners) {  // the values the engine does not own go after the cells' drops, as a lease's do
+    for (LeaseCore& lease : leases) lease.owner.reset();
   }
-  if (references > 0) release(*engine, references);
+  if (references > 0) release(*engine, references);  // last: they may be the engine's last references
 }
 
 namespace {

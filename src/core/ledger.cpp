@@ -22,19 +22,6 @@ StateLock::~StateLock() {
   engine_.ledger().let_go();
 }
 
-void Ledger::lease_to(LeaseCore& lease, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
-                      std::uint64_t generation) noexcept {
-  lease.engine = EngineRef::adopt(engine_);
-  if (cell != nullptr) {
-    cell->add_lease(lives_, generation);
-    if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
-    lease.cell = cell;
-  }
-  lease.value = value;
-  lease.function = function;
-  lease.output = output;
-}
-
 LeaseCore Ledger::make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner, std::uint32_t function,
                              std::uint32_t output, std::uint64_t generation) {
   LeaseCore lease;

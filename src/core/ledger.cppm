@@ -110,8 +110,19 @@ class Ledger {
   /// already (`retain(engine, n)` for a call's n leases): the lease adopts it. ENSURES: the cell
   /// has one lease more; the first lease after none gives it the next life, which is stamped on
   /// `value` where the device stamps values.
-  void lease_to(LeaseCore& lease, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
-                std::uint64_t generation) noexcept;
+  /// (Inline: a replay fills one lease per output.)
+  inline void lease_to(LeaseCore& lease, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
+                       std::uint64_t generation) noexcept {
+    lease.engine = EngineRef::adopt(engine_);
+    if (cell != nullptr) {
+      cell->add_lease(lives_, generation);
+      if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
+      lease.cell = cell;
+    }
+    lease.value = value;
+    lease.function = function;
+    lease.output = output;
+  }
   /// As `lease_to`, on a new lease that counts its own reference to the engine and keeps `owner`
   /// (what owns `value` where the engine does not).
   [[nodiscard]] LeaseCore make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner,

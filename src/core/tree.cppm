@@ -148,28 +148,44 @@ enum class InputUse : std::uint8_t {
 };
 
 /// The nodes under one parent (or the roots of the tree), by variant, with per-variant facts.
+/// A flat list sorted by variant: a parent has few variants under it, and a replay looks them up
+/// two or three times (a hash map cost more than the rest of the search).
 class Children {
  public:
   /// The nodes of `variant`, in the order they were recorded (empty: none).
   [[nodiscard]] inline std::span<const std::unique_ptr<TreeNode>> of(std::uint32_t variant) const noexcept {
-    const auto found = by_variant_.find(variant);
-    if (found == by_variant_.end()) return {};
-    return found->second;
+    const Entry* entry = find(variant);
+    if (entry == nullptr) return {};
+    return entry->nodes;
   }
-  [[nodiscard]] inline bool has(std::uint32_t variant) const noexcept { return by_variant_.contains(variant); }
+  [[nodiscard]] inline bool has(std::uint32_t variant) const noexcept { return !of(variant).empty(); }
   /// Variants in the order their first node was added.
   [[nodiscard]] inline const std::vector<std::uint32_t>& order() const noexcept { return order_; }
   /// Adds `node` after the others of its variant; returns it.
   TreeNode& add(std::unique_ptr<TreeNode> node);
   /// What is known of `variant` at this place of the tree, whether or not a node of it exists.
-  [[nodiscard]] inline ChildFacts& facts(std::uint32_t variant) { return facts_[variant]; }
+  [[nodiscard]] ChildFacts& facts(std::uint32_t variant);
   [[nodiscard]] std::size_t count_descendants() const;
   void clear() noexcept;
 
  private:
-  std::unordered_map<std::uint32_t, std::vector<std::unique_ptr<TreeNode>>> by_variant_;
+  struct Entry {
+    std::uint32_t variant = 0;
+    std::vector<std::unique_ptr<TreeNode>> nodes;
+    ChildFacts facts;
+  };
+  [[nodiscard]] inline const Entry* find(std::uint32_t variant) const noexcept {
+    // A short list (most parents have one or two variants): a scan beats a binary search.
+    for (const Entry& entry : entries_) {
+      if (entry.variant >= variant) return entry.variant == variant ? &entry : nullptr;
+    }
+    return nullptr;
+  }
+  /// The entry of `variant`, made (empty) where there is none.
+  Entry& entry_of(std::uint32_t variant);
+
+  std::vector<Entry> entries_;  ///< sorted by variant
   std::vector<std::uint32_t> order_;
-  std::unordered_map<std::uint32_t, ChildFacts> facts_;
 };
 
 /// A node of the tree: a recording or a warm-up run (PyTorch's CUDAGraphNode / CUDAWarmupNode). The

@@ -15,25 +15,34 @@ import :engine;
 
 namespace cgt::detail {
 
+Children::Entry& Children::entry_of(std::uint32_t variant) {
+  const auto at = std::ranges::lower_bound(entries_, variant, {}, &Entry::variant);
+  if (at != entries_.end() && at->variant == variant) return *at;
+  return *entries_.insert(at, Entry{.variant = variant, .nodes = {}, .facts = {}});
+}
+
 TreeNode& Children::add(std::unique_ptr<TreeNode> node) {
-  auto& list = by_variant_[node->variant()];
+  auto& list = entry_of(node->variant()).nodes;
   if (list.empty()) order_.push_back(node->variant());
   list.push_back(std::move(node));
   return *list.back();
 }
 
+ChildFacts& Children::facts(std::uint32_t variant) {
+  return entry_of(variant).facts;
+}
+
 std::size_t Children::count_descendants() const {
   std::size_t count = 0;
-  for (const auto& [variant, nodes] : by_variant_) {
-    for (const auto& child : nodes) count += 1 + child->num_descendants();
+  for (const Entry& entry : entries_) {
+    for (const auto& child : entry.nodes) count += 1 + child->num_descendants();
   }
   return count;
 }
 
 void Children::clear() noexcept {
-  by_variant_.clear();
+  entries_.clear();
   order_.clear();
-  facts_.clear();
 }
 
 TreeNode::TreeNode(NodeKind kind, std::int64_t id, NodeReason reason, std::uint32_t variant, TreeNode* parent)
