@@ -329,7 +329,10 @@ class Engine final : public LedgerEffects {
   /// allocated until `release_ended_path`.
   void end_path_for_new_generation();
   /// Releases the memory of the path a new generation ended, if any: the call's work may reuse it now.
-  void release_ended_path() noexcept;
+  inline void release_ended_path() noexcept {
+    if (path_.has_ended()) release_ended_path_now();
+  }
+  void release_ended_path_now() noexcept;
   /// The call that began a new generation failed before `release_ended_path`: the path and its leases
   /// are as they were before the call (`Path::put_back_ended`).
   void restore_ended_path() noexcept;

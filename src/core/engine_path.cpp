@@ -69,7 +69,7 @@ Result<void> Engine::hold_ended_path_memory() {
   return path_.hold_ended_memory([this] { return restore_checkpoint(); });
 }
 
-void Engine::release_ended_path() noexcept {
+void Engine::release_ended_path_now() noexcept {
   const std::optional<EndedPath> ended = path_.take_ended();  // its warm-up nodes go at the end
   if (!ended) return;
   ++stats_.steps_reclaimed;

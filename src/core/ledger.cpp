@@ -56,12 +56,6 @@ void Ledger::drop(std::span<Cell* const> cells) noexcept {
   apply_deferred();
 }
 
-void Ledger::consume(std::span<const backend::ArgSlot> args) noexcept {
-  for (const backend::ArgSlot& slot : args) {
-    if (slot.consumed != nullptr) lease_drop(*slot.consumed);
-  }
-}
-
 void Ledger::apply_deferred_drops() noexcept {
   std::vector<Cell*> drops;
   {

@@ -137,7 +137,11 @@ class Ledger {
   /// Drops the leases moved into a call (`ArgSlot::consumed`), each into its own engine's ledger.
   /// REQUIRES: the call succeeded and its outputs took their leases (an output that aliases a
   /// consumed input keeps the memory). A failing call never calls it: its leases stay valid.
-  static void consume(std::span<const backend::ArgSlot> args) noexcept;
+  static inline void consume(std::span<const backend::ArgSlot> args) noexcept {
+    for (const backend::ArgSlot& slot : args) {
+      if (slot.consumed != nullptr) lease_drop(*slot.consumed);
+    }
+  }
   /// Applies the drops other threads deferred. REQUIRES: this thread holds the state, or no thread
   /// can (the engine is being destroyed). (Inline: every call and drop asks, and there is rarely
   /// anything to do.)

@@ -140,6 +140,9 @@ class Path {
   /// The ended record, for the caller to release its memory: the call's work may reuse it now.
   /// ENSURES: no ended record; its warm-up nodes go with the returned one; `reclaims()` counts it.
   [[nodiscard]] std::optional<EndedPath> take_ended() noexcept;
+  /// Whether a new generation ended a path that the call has not released yet (inline: every
+  /// call asks, twice).
+  [[nodiscard]] inline bool has_ended() const noexcept { return ended_.has_value(); }
   /// Ended records taken so far (`take_ended`): paths whose outputs' memory a new generation
   /// reclaimed. A call that failed after one was taken cannot give its generation back.
   [[nodiscard]] inline std::uint64_t reclaims() const noexcept { return reclaims_; }

@@ -268,6 +268,10 @@ class TreeNode {
   }
   /// Everything live right after recording.
   [[nodiscard]] inline const std::vector<PathIndex>& live_after() const noexcept { return live_after_; }
+  /// Nothing of the call or the path can keep the graph from replaying: no input read in place, no
+  /// output of the path that must be dead before or die during a replay, no output aliasing an
+  /// earlier graph's (`Tree::match` takes such a child at once: a root, most often).
+  [[nodiscard]] inline bool fits_every_call() const noexcept { return fits_every_call_; }
 
   // --- replay (engine_replay.cpp: the hot path) ---
   /// Points each output at the storage this replay writes (a new cell where the last one is
@@ -276,6 +280,8 @@ class TreeNode {
 
  private:
   [[nodiscard]] bool is_bound_as_is() const noexcept;
+  /// Sets `fits_every_call_` from the inputs, aliases and liveness taken so far.
+  void decide_fits_every_call() noexcept;
 
   std::int64_t id_;
   NodeKind kind_;
@@ -302,6 +308,7 @@ class TreeNode {
   std::vector<std::uintptr_t> output_storage_;
   std::vector<std::size_t> output_bytes_;
   bool outputs_own_storage_ = false;            ///< every output is new_storage: a replay may skip rebinding
+  bool fits_every_call_ = false;                ///< by `decide_fits_every_call`, after each of the three takes
   std::vector<backend::StorageHandle*> bound_;  ///< storages the recording's outputs view now
   std::vector<const void*> bound_native_;       ///< and their native records at that time
 };

@@ -73,6 +73,7 @@ void TreeNode::take_inputs(std::span<const InputUse> uses, std::span<const backe
       case InputUse::copied: copied_to_slot_[i] = true; break;
     }
   }
+  decide_fits_every_call();
 }
 
 std::optional<PathIndex> TreeNode::live_output_at(std::uintptr_t storage) const noexcept {
@@ -130,6 +131,7 @@ void TreeNode::take_outputs(std::span<const backend::OutputDesc> outputs, std::u
   }
   outputs_own_storage_ =
       std::ranges::all_of(aliases_, [](const OutputAlias& alias) { return alias.kind == AliasKind::new_storage; });
+  decide_fits_every_call();
 }
 
 void TreeNode::mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
@@ -149,6 +151,15 @@ void TreeNode::mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
   }
   bound_.clear();
   bound_native_.clear();
+  decide_fits_every_call();
+}
+
+void TreeNode::decide_fits_every_call() noexcept {
+  fits_every_call_ = managed_inputs_.empty() && static_inputs_.empty() && expected_dead_before_.empty() &&
+                     expected_dead_after_.empty() &&
+                     std::ranges::none_of(aliases_, [](const OutputAlias& alias) {
+                       return alias.kind == AliasKind::alias_of_prior;
+                     });
 }
 
 std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes) {
