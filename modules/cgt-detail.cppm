@@ -103,29 +103,60 @@ struct LeaseCore {
 [[nodiscard]] bool keep_lease_block(void* block) noexcept;
 inline constexpr std::size_t kLeaseBlock = 8;
 
-/// Allocates the lease arrays of calls' outputs. A program calling in a loop allocates and frees
-/// one array per call: arrays of up to `kLeaseBlock` leases are kept per thread for the next call,
-/// where malloc and free cost a tenth of a replay's bookkeeping.
-template <class T>
-struct LeaseAllocator {
-  using value_type = T;
-  inline LeaseAllocator() = default;
-  template <class U>
-  inline LeaseAllocator(const LeaseAllocator<U>& /*other*/) noexcept {}  // NOLINT(google-explicit-constructor)
-  [[nodiscard]] inline T* allocate(std::size_t n) {
-    if (n > kLeaseBlock) return std::allocator<T>().allocate(n);
-    if (void* kept = take_lease_block()) return static_cast<T*>(kept);
-    return std::allocator<T>().allocate(kLeaseBlock);  // any small array gets a whole block
+/// The leases of one call's outputs: as many as the call has outputs, fixed when made. A program
+/// calling in a loop makes and frees one array per call: arrays of up to `kLeaseBlock` leases are
+/// kept per thread for the next call, where malloc and free cost a tenth of a replay's bookkeeping.
+/// Destroying the array drops the leases it still holds, all at once (`leases_drop`).
+class LeaseArray {
+ public:
+  inline LeaseArray() = default;
+  /// `count` empty leases.
+  inline explicit LeaseArray(std::size_t count) : size_(count) {
+    if (count == 0) return;
+    data_ = count > kLeaseBlock ? std::allocator<LeaseCore>().allocate(count) : small_block();
+    std::uninitialized_default_construct_n(data_, count);
   }
-  inline void deallocate(T* block, std::size_t n) noexcept {
-    if (n > kLeaseBlock) return std::allocator<T>().deallocate(block, n);
-    if (!keep_lease_block(block)) std::allocator<T>().deallocate(block, kLeaseBlock);
+  LeaseArray(const LeaseArray&) = delete;
+  LeaseArray& operator=(const LeaseArray&) = delete;
+  inline LeaseArray(LeaseArray&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+  inline LeaseArray& operator=(LeaseArray&& other) noexcept {
+    if (this != &other) {
+      free();
+      data_ = std::exchange(other.data_, nullptr);
+      size_ = std::exchange(other.size_, 0);
+    }
+    return *this;
   }
-  friend bool operator==(const LeaseAllocator& /*a*/, const LeaseAllocator& /*b*/) noexcept { return true; }
-};
+  inline ~LeaseArray() { free(); }
 
-/// The leases of one call's outputs.
-using LeaseArray = std::vector<LeaseCore, LeaseAllocator<LeaseCore>>;
+  [[nodiscard]] inline std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] inline LeaseCore& operator[](std::size_t i) noexcept { return data_[i]; }
+  [[nodiscard]] inline const LeaseCore& operator[](std::size_t i) const noexcept { return data_[i]; }
+  [[nodiscard]] inline std::span<LeaseCore> span() noexcept { return {data_, size_}; }
+
+ private:
+  [[nodiscard]] inline static LeaseCore* small_block() {
+    if (void* kept = take_lease_block()) return static_cast<LeaseCore*>(kept);
+    return std::allocator<LeaseCore>().allocate(kLeaseBlock);  // any small array gets a whole block
+  }
+  inline void free() noexcept {
+    if (data_ == nullptr) return;
+    leases_drop(span());
+    // Every lease is empty now (no engine, cell or owner): their destructors would do nothing, and
+    // the memory is given back without running them.
+    if (size_ > kLeaseBlock) {
+      std::allocator<LeaseCore>().deallocate(data_, size_);
+    } else if (!keep_lease_block(data_)) {
+      std::allocator<LeaseCore>().deallocate(data_, kLeaseBlock);
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+  LeaseCore* data_ = nullptr;
+  std::size_t size_ = 0;
+};
 
 /// What one call produced.
 struct CallOutputs {
@@ -165,7 +196,7 @@ class SmallArray {
     if (size > Inline) {
       heap_ = std::make_unique<T[]>(size);
     } else {
-      std::uninitialized_value_construct_n(inline_.data(), size);  // NOLINT(cppcoreguidelines-pro-type-union-access)
+      std::uninitialized_default_construct_n(inline_.data(), size);  // NOLINT(cppcoreguidelines-pro-type-union-access)
     }
   }
   SmallArray(const SmallArray&) = delete;

@@ -271,8 +271,7 @@ class Outputs {
   Outputs(Outputs&&) noexcept = default;
   Outputs& operator=(Outputs&& other) noexcept {
     if (this != &other) {
-      reset();
-      leases_ = std::move(other.leases_);
+      leases_ = std::move(other.leases_);  // drops the leases this bundle held
       kind_ = other.kind_;
       node_ = other.node_;
     }
@@ -281,7 +280,7 @@ class Outputs {
   Outputs(const Outputs&) = delete;
   Outputs& operator=(const Outputs&) = delete;
   /// Drops the leases still in the bundle (all at once: one hold of the pool's state).
-  ~Outputs() { reset(); }
+  ~Outputs() = default;
 
   [[nodiscard]] std::size_t size() const noexcept { return leases_.size(); }
   /// What the call did: warm-up, recording, replay or eager fallback.
@@ -317,7 +316,7 @@ class Outputs {
     return OutputLease<B>(std::move(leases_[i]));
   }
   /// Drops every lease still in the bundle.
-  void reset() noexcept { detail::leases_drop(leases_); }
+  void reset() noexcept { detail::leases_drop(leases_.span()); }
 
   /// What `->` reaches on a temporary `Owning<Outputs>` (`(*f)({x})->take(0)`): only what is safe
   /// on a temporary. `take` and `release` return the call's error when it failed; `size`, `kind`

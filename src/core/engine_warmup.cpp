@@ -85,10 +85,10 @@ CallOutputs Engine::hand_out(const TreeNode& node, const backend::RunResult& res
   CallOutputs out;
   out.kind = kind;
   out.node = node.id();
-  out.leases.reserve(node.output_count());
+  out.leases = LeaseArray(node.output_count());
   for (std::size_t i = 0; i < node.output_count(); ++i) {
-    out.leases.push_back(ledger_.make_lease(node.cells()[i].get(), result.values[i], result.owner, function.id,
-                                            static_cast<std::uint32_t>(i), generation_rule_.current()));
+    out.leases[i] = ledger_.make_lease(node.cells()[i].get(), result.values[i], result.owner, function.id,
+                                       static_cast<std::uint32_t>(i), generation_rule_.current());
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   Ledger::consume(frame.args);
@@ -137,15 +137,15 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   release_ended_path();
   CallOutputs out;
   out.kind = CallKind::eager;
-  out.leases.reserve(result->values.size());
+  out.leases = LeaseArray(result->values.size());
   for (std::size_t i = 0; i < result->values.size(); ++i) {
     // An eager run allocates outside the pool, but may return a view of an input that is a pool
     // output: its lease shares that output's cell, so it keeps the memory live and is reclaimed
     // with it, like any other lease on it.
     const backend::OutputDesc& desc = result->outputs[i];
     Cell* cell = desc.kind == backend::OutputKind::value && desc.in_pool ? path_.live_cell(desc.storage) : nullptr;
-    out.leases.push_back(ledger_.make_lease(cell, result->values[i], result->owner, function.id,
-                                            static_cast<std::uint32_t>(i), generation_rule_.current()));
+    out.leases[i] = ledger_.make_lease(cell, result->values[i], result->owner, function.id,
+                                       static_cast<std::uint32_t>(i), generation_rule_.current());
   }
   Ledger::consume(frame.args);
   return out;
