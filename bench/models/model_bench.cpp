@@ -28,6 +28,11 @@
 //   nodes / rewritten,MODEL,BATCH,FORMAT,<the captured graph's node types and shape, before and after
 //          cgt's memset rewrite>
 //   rewrittenlaunch,MODEL,BATCH,FORMAT,<raw launch of the rewritten graph: alone, after a small kernel>
+//   cgtsplit,MODEL,BATCH,FORMAT,<cgt's call taken apart, in one loop with the raw launches, each right
+//          after a small kernel: see split_cgt_call>
+//   cudacalls,MODEL,BATCH,FORMAT,<CUDA runtime calls per cgt call, by name>
+//   cgtgraph,flags F,MODEL,BATCH,FORMAT,<the graph cgt launches: its instantiate flags, node types and shape>
+//   graphcounts,MODEL,FORMAT,<the pool's GraphCounts after serving>
 // With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass, against drift).
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -38,10 +43,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include "node_rewrite.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -54,6 +61,7 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <mutex>
 #include <map>
 #include <optional>
 #include <span>
@@ -64,6 +72,162 @@
 
 import cgt;
 import cgt.torch;
+
+// Issue 27, item 6: what cgt's call does on the CUDA runtime, one call at a time. The benchmark
+// defines these runtime functions itself, so that every call of them in the process (cgt's,
+// libtorch's, its own) comes here, and forwards each to the runtime's (the next definition,
+// libcudart.so). While `armed` (the timed cgt calls, on the benchmark's thread) it counts them and
+// notes when the graph launch began and ended, and which executable it launched. Each
+// instantiation's graph and flags are noted always (the graph cgt launches is found by its
+// executable).
+namespace probe {
+enum Api : std::uint8_t {
+  graph_launch,
+  get_device,
+  set_device,
+  event_record,
+  stream_wait_event,
+  event_create,
+  event_destroy,
+  launch_kernel,
+  exec_kernel_node_set_params,
+  exec_update,
+  memcpy_async,
+  stream_is_capturing,
+  count
+};
+constexpr std::array<const char*, Api::count> names{
+    "cudaGraphLaunch",     "cudaGetDevice",       "cudaSetDevice",
+    "cudaEventRecord",     "cudaStreamWaitEvent", "cudaEventCreateWithFlags",
+    "cudaEventDestroy",    "cudaLaunchKernel",    "cudaGraphExecKernelNodeSetParams",
+    "cudaGraphExecUpdate", "cudaMemcpyAsync",     "cudaStreamIsCapturing"};
+thread_local bool armed = false;
+thread_local std::array<std::uint64_t, Api::count> calls{};
+thread_local std::chrono::steady_clock::time_point launch_began, launch_ended;
+thread_local cudaGraphExec_t launched = nullptr;
+struct Instantiated {
+  cudaGraph_t graph = nullptr;
+  unsigned long long flags = 0;
+};
+std::map<cudaGraphExec_t, Instantiated>& instantiated() {
+  static std::map<cudaGraphExec_t, Instantiated> map;
+  return map;
+}
+std::mutex& instantiated_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
+template <class Fn>
+Fn real(const char* name) {
+  void* found = dlsym(RTLD_NEXT, name);
+  if (found == nullptr) {
+    std::fprintf(stderr, "probe: the runtime has no %s\n", name);
+    std::abort();
+  }
+  return reinterpret_cast<Fn>(found);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+}
+
+inline void note_call(Api api) {
+  if (armed) ++calls[api];  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
+}
+}  // namespace probe
+
+extern "C" {
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  static const auto forward = probe::real<cudaError_t (*)(cudaGraphExec_t, cudaStream_t)>("cudaGraphLaunch");
+  if (!probe::armed) return forward(exec, stream);
+  probe::note_call(probe::graph_launch);
+  probe::launched = exec;
+  probe::launch_began = std::chrono::steady_clock::now();
+  const cudaError_t status = forward(exec, stream);
+  probe::launch_ended = std::chrono::steady_clock::now();
+  return status;
+}
+cudaError_t cudaGetDevice(int* device) {
+  static const auto forward = probe::real<cudaError_t (*)(int*)>("cudaGetDevice");
+  probe::note_call(probe::get_device);
+  return forward(device);
+}
+cudaError_t cudaSetDevice(int device) {
+  static const auto forward = probe::real<cudaError_t (*)(int)>("cudaSetDevice");
+  probe::note_call(probe::set_device);
+  return forward(device);
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  static const auto forward = probe::real<cudaError_t (*)(cudaEvent_t, cudaStream_t)>("cudaEventRecord");
+  probe::note_call(probe::event_record);
+  return forward(event, stream);
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned int)>("cudaStreamWaitEvent");
+  probe::note_call(probe::stream_wait_event);
+  return forward(stream, event, flags);
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  static const auto forward = probe::real<cudaError_t (*)(cudaEvent_t*, unsigned int)>("cudaEventCreateWithFlags");
+  probe::note_call(probe::event_create);
+  return forward(event, flags);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  static const auto forward = probe::real<cudaError_t (*)(cudaEvent_t)>("cudaEventDestroy");
+  probe::note_call(probe::event_destroy);
+  return forward(event);
+}
+cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t shared, cudaStream_t stream) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)>("cudaLaunchKernel");
+  probe::note_call(probe::launch_kernel);
+  return forward(func, grid, block, args, shared, stream);
+}
+cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
+                                             const cudaKernelNodeParams* params) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(cudaGraphExec_t, cudaGraphNode_t, const cudaKernelNodeParams*)>(
+          "cudaGraphExecKernelNodeSetParams");
+  probe::note_call(probe::exec_kernel_node_set_params);
+  return forward(exec, node, params);
+}
+cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo* info) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(cudaGraphExec_t, cudaGraph_t, cudaGraphExecUpdateResultInfo*)>("cudaGraphExecUpdate");
+  probe::note_call(probe::exec_update);
+  return forward(exec, graph, info);
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t)>("cudaMemcpyAsync");
+  probe::note_call(probe::memcpy_async);
+  return forward(dst, src, bytes, kind, stream);
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(cudaStream_t, cudaStreamCaptureStatus*)>("cudaStreamIsCapturing");
+  probe::note_call(probe::stream_is_capturing);
+  return forward(stream, status);
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(cudaGraphExec_t*, cudaGraph_t, unsigned long long)>("cudaGraphInstantiate");
+  const cudaError_t status = forward(exec, graph, flags);
+  if (status == cudaSuccess) {
+    const std::lock_guard<std::mutex> lock(probe::instantiated_mutex());
+    probe::instantiated()[*exec] = {.graph = graph, .flags = flags};
+  }
+  return status;
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
+  static const auto forward =
+      probe::real<cudaError_t (*)(cudaGraphExec_t*, cudaGraph_t, unsigned long long)>("cudaGraphInstantiateWithFlags");
+  const cudaError_t status = forward(exec, graph, flags);
+  if (status == cudaSuccess) {
+    const std::lock_guard<std::mutex> lock(probe::instantiated_mutex());
+    probe::instantiated()[*exec] = {.graph = graph, .flags = flags};
+  }
+  return status;
+}
+}  // extern "C"
 
 namespace {
 
@@ -402,6 +566,129 @@ void rewritten_launch(const std::string& model, std::int64_t batch, const std::s
   check(cudaGraphDestroy(copy), "destroying");
 }
 
+// Issue 27, item 6, taken apart: in one loop, each right after a small kernel ran alone on the GPU
+// (synchronised before and after it), in turn:
+//   * the raw launch of libtorch's capture (`exec`, as raw_launch's),
+//   * cgt's call, timed in parts through the probe: the step (mark_step_begin), the call until
+//     its cudaGraphLaunch began, the launch itself, from its end to the call's return, and the
+//     drop of the outputs (the ModelOutputs' destructor),
+//   * the raw launch of the executable cgt's call launched (its own graph, input copy node
+//     included: whether cgt's graph itself launches slower than libtorch's capture),
+//   * for AOTI, the pool function called directly (`fn.function()({x})`: the Model layer bypassed;
+//     the same shape key, so the same graph).
+// Prints, medians in us:
+//   cgtsplit,MODEL,BATCH,FORMAT,raw libtorch exec,raw cgt exec,cgt total,step,until launch,launch,
+//            launch to return,drop,function call (- when not measured),cgt total thread CPU
+//   cudacalls,MODEL,BATCH,FORMAT,<name=calls per cgt call of every runtime function the probe sees>
+//   cgtgraph,flags F,MODEL,BATCH,FORMAT,<the graph cgt launches (F: its instantiate flags), as the nodes lines>
+// and "note,..." where a timed call was not a replay or launched no graph.
+void split_cgt_call(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x, int calls,
+                    cgt::torch::Pool& pool, const cgt::torch::Model& fn, cudaGraphExec_t exec,
+                    const c10::cuda::CUDAStream& side) {
+  at::Tensor small = at::zeros({256}, x.options().dtype(at::kFloat));
+  const auto after_small_kernel = [&] {
+    synchronize();
+    small.add_(1);
+    synchronize();
+  };
+  const bool function_only = format.label.rfind("AOTI", 0) == 0;  // its pool function takes {x}
+  std::vector<double> raw, raw_cgt_exec, total, step, until_launch, launch, to_return, drop, function_call, cpu;
+  std::array<std::uint64_t, probe::Api::count> api_calls{};
+  cudaGraphExec_t cgt_exec = nullptr;
+  bool noted = false;
+  const auto note = [&](const char* what) {
+    if (!noted)
+      std::printf("note,%s,%lld,%s,%s\n", model.c_str(), static_cast<long long>(batch), format.label.c_str(), what);
+    noted = true;
+  };
+  for (int i = 0; i < calls + 10; ++i) {
+    const bool keep = i >= 10;
+    after_small_kernel();
+    auto start = Clock::now();
+    check(cudaGraphLaunch(exec, side.stream()), "launch");
+    if (keep) raw.push_back(micros(Clock::now() - start));
+
+    after_small_kernel();
+    probe::calls = {};
+    probe::launched = nullptr;
+    probe::armed = true;
+    const double cpu_start = thread_cpu_micros();
+    const auto t0 = Clock::now();
+    pool.mark_step_begin();
+    const auto t1 = Clock::now();
+    Clock::time_point t2;
+    {
+      auto out = fn({x});
+      t2 = Clock::now();
+      if (!out || out->kind() != cgt::CallKind::replay) note("a timed cgt call was not a replay");
+    }
+    const auto t3 = Clock::now();
+    const double cpu_end = thread_cpu_micros();
+    probe::armed = false;
+    if (probe::launched == nullptr) {
+      note("a timed cgt call launched no graph");
+    } else {
+      cgt_exec = probe::launched;
+    }
+    if (probe::launched != nullptr && keep) {
+      total.push_back(micros(t3 - t0));
+      step.push_back(micros(t1 - t0));
+      until_launch.push_back(micros(probe::launch_began - t1));
+      launch.push_back(micros(probe::launch_ended - probe::launch_began));
+      to_return.push_back(micros(t2 - probe::launch_ended));
+      drop.push_back(micros(t3 - t2));
+      cpu.push_back(cpu_end - cpu_start);
+      for (std::size_t a = 0; a < api_calls.size(); ++a) api_calls[a] += probe::calls[a];
+    }
+
+    if (cgt_exec != nullptr) {
+      after_small_kernel();
+      start = Clock::now();
+      check(cudaGraphLaunch(cgt_exec, side.stream()), "launching cgt's executable");
+      if (keep) raw_cgt_exec.push_back(micros(Clock::now() - start));
+    }
+
+    if (function_only) {
+      after_small_kernel();
+      start = Clock::now();
+      pool.mark_step_begin();
+      {
+        auto out = fn.function()({x});
+        if (!out || out->kind() != cgt::CallKind::replay) note("a timed pool function call was not a replay");
+      }
+      if (keep) function_call.push_back(micros(Clock::now() - start));
+    }
+  }
+  synchronize();
+  std::array<char, 32> function_text{'-', '\0'};
+  if (function_only) std::snprintf(function_text.data(), function_text.size(), "%.2f", median(function_call));
+  std::printf("cgtsplit,%s,%lld,%s,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%s,%.2f\n", model.c_str(),
+              static_cast<long long>(batch), format.label.c_str(), median(raw), median(raw_cgt_exec), median(total),
+              median(step), median(until_launch), median(launch), median(to_return), median(drop), function_text.data(),
+              median(cpu));
+  std::ostringstream counted;
+  const double timed = std::max<double>(1, static_cast<double>(total.size()));
+  for (std::size_t a = 0; a < api_calls.size(); ++a) {
+    if (api_calls[a] != 0)
+      counted << (counted.tellp() > 0 ? " " : "") << probe::names[a] << "=" << api_calls[a] / timed;
+  }
+  std::printf("cudacalls,%s,%lld,%s,%s\n", model.c_str(), static_cast<long long>(batch), format.label.c_str(),
+              counted.str().c_str());
+  probe::Instantiated found;
+  {
+    const std::lock_guard<std::mutex> lock(probe::instantiated_mutex());
+    if (auto entry = probe::instantiated().find(cgt_exec); entry != probe::instantiated().end()) found = entry->second;
+  }
+  if (found.graph != nullptr) {
+    print_node_types(("cgtgraph,flags " + std::to_string(found.flags)).c_str(), model, batch, format.label,
+                     node_types(found.graph));
+  } else {
+    std::printf("cgtgraph,%s,%lld,%s,its instantiation was not seen\n", model.c_str(), static_cast<long long>(batch),
+                format.label.c_str());
+  }
+  std::fflush(stdout);
+}
+
 // The launch line of a model that could not be captured raw (report.py leaves it out).
 void print_raw_capture_failed(const std::string& model, std::int64_t batch, const Format& format) {
   std::printf("launch,%s,%lld,raw cudaGraphLaunch (%s),capture failed,0,0,0,0,0\n", model.c_str(),
@@ -411,7 +698,7 @@ void print_raw_capture_failed(const std::string& model, std::int64_t batch, cons
 // The model captured by libtorch's CUDAGraph as it is (no rewrite), launched raw: the CPU of one
 // cudaGraphLaunch with the GPU idle, the yardstick of issue 12's launch-cost target.
 void raw_launch(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x, int calls,
-                const std::function<void()>& cgt_call) {
+                const std::function<void()>& cgt_call, cgt::torch::Pool& pool, const cgt::torch::Model& fn) {
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
   const c10::cuda::CUDAStreamGuard guard(side);
   format.run_capturable(x);  // warm-up on the capture stream
@@ -494,6 +781,7 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
       median(thread_cpu[&ours_after_small]));
   print_node_types("nodes", model, batch, format.label, types);
   rewritten_launch(model, batch, format.label, graph.raw_cuda_graph(), side, calls);
+  split_cgt_call(model, batch, format, x, calls, pool, fn, exec, side);
   std::fflush(stdout);
 }
 
@@ -544,10 +832,22 @@ void bench_format(const std::string& dir, const std::string& model, const Format
     if (first_pass && pool.stats().eager_calls > eager_before) {
       print_raw_capture_failed(model, batch, format);
     } else if (first_pass && format.run_capturable) {
-      raw_launch(model, batch, format, x, calls, [&] { methods[1].call(x); });
+      raw_launch(model, batch, format, x, calls, [&] { methods[1].call(x); }, pool, fn);
     }
   }
   const cgt::Stats stats = pool.stats();
+  if (auto device = pool.device()) {
+    const auto& counts = device->get().graph_counts();
+    std::printf(
+        "graphcounts,%s,%s,instantiated %llu,updated in place %llu,switched %llu,memsets rewritten %llu,"
+        "memsets kept %llu,memcpys rewritten %llu,memcpys kept %llu\n",
+        model.c_str(), format.label.c_str(), static_cast<unsigned long long>(counts.instantiated),
+        static_cast<unsigned long long>(counts.updated_in_place), static_cast<unsigned long long>(counts.switched),
+        static_cast<unsigned long long>(counts.memset_nodes_rewritten),
+        static_cast<unsigned long long>(counts.memset_nodes_kept),
+        static_cast<unsigned long long>(counts.memcpy_nodes_rewritten),
+        static_cast<unsigned long long>(counts.memcpy_nodes_kept));
+  }
   std::printf("calls,%s,cgt.torch (%s),%llu,%llu\n", model.c_str(), format.label.c_str(),
               static_cast<unsigned long long>(stats.replays), static_cast<unsigned long long>(stats.eager_calls));
   std::printf("pool,%s,cgt.torch (%s),%zu\n", model.c_str(), format.label.c_str(), pool.memory().reserved_bytes);
