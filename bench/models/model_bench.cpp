@@ -28,6 +28,8 @@
 //   nodes / rewritten,MODEL,BATCH,FORMAT,<the captured graph's node types and shape, before and after
 //          cgt's memset rewrite>
 //   rewrittenlaunch,MODEL,BATCH,FORMAT,<raw launch of the rewritten graph: alone, after a small kernel>
+//   rewrittenflags,MODEL,BATCH,FORMAT,<the same after a small kernel, instantiated with flags 0,
+//     auto-free on launch, node priority, both>
 //   cgtsplit,MODEL,BATCH,FORMAT,<cgt's call taken apart, in one loop with the raw launches, each right
 //          after a small kernel: see split_cgt_call>
 //   cudacalls,MODEL,BATCH,FORMAT,<CUDA runtime calls per cgt call, by name>
@@ -563,6 +565,33 @@ void rewritten_launch(const std::string& model, std::int64_t batch, const std::s
   std::printf("rewrittenlaunch,%s,%lld,%s,%.2f,%.2f\n", model.c_str(), static_cast<long long>(batch), label.c_str(),
               median(alone), median(after_small));
   check(cudaGraphExecDestroy(exec), "destroying");
+  // The same rewritten graph instantiated with each of the flags libtorch's CUDAGraph uses (cgt's
+  // torch executables have both: cgtgraph's "flags 9"), each launched right after a small kernel:
+  // whether an instantiation flag, not the graph, makes cgt's executable launch slower.
+  // Prints "rewrittenflags,MODEL,BATCH,FORMAT,flags 0,auto-free on launch,node priority,both" (us).
+  const std::array<unsigned long long, 4> flag_sets{
+      0, cudaGraphInstantiateFlagAutoFreeOnLaunch, cudaGraphInstantiateFlagUseNodePriority,
+      cudaGraphInstantiateFlagAutoFreeOnLaunch | cudaGraphInstantiateFlagUseNodePriority};
+  std::array<double, 4> by_flags{};
+  for (std::size_t f = 0; f < flag_sets.size(); ++f) {
+    cudaGraphExec_t flagged = nullptr;
+    check(cudaGraphInstantiateWithFlags(&flagged, copy, flag_sets.at(f)), "instantiating with flags");
+    check(cudaGraphUpload(flagged, side.stream()), "upload");
+    std::vector<double> times;
+    for (int i = 0; i < calls + 10; ++i) {
+      synchronize();
+      small.add_(1);
+      synchronize();
+      const auto start = Clock::now();
+      check(cudaGraphLaunch(flagged, side.stream()), "launch");
+      if (i >= 10) times.push_back(micros(Clock::now() - start));
+    }
+    synchronize();
+    by_flags.at(f) = median(times);
+    check(cudaGraphExecDestroy(flagged), "destroying");
+  }
+  std::printf("rewrittenflags,%s,%lld,%s,%.2f,%.2f,%.2f,%.2f\n", model.c_str(), static_cast<long long>(batch),
+              label.c_str(), by_flags[0], by_flags[1], by_flags[2], by_flags[3]);
   check(cudaGraphDestroy(copy), "destroying");
 }
 

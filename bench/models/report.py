@@ -42,8 +42,8 @@ def read(path):
                     launches[(fields[1], int(fields[2]), fields[3])] = (int(fields[4]), int(fields[5]), *timings)
                 elif kind == "calls":
                     calls[(fields[1], fields[2])] = (int(fields[3]), int(fields[4]))
-                elif kind in ("error", "export", "measure", "nodes", "launchcpu", "rewritten", "rewrittenlaunch", "cgtsplit",
-                              "cudacalls", "cgtgraph", "graphcounts") or (kind == "capture" and "failed" in line):
+                elif kind in ("error", "export", "measure", "nodes", "launchcpu", "rewritten", "rewrittenlaunch",
+                              "rewrittenflags", "cgtsplit", "cudacalls", "cgtgraph", "graphcounts") or (kind == "capture" and "failed" in line):
                     notes.append(line.strip())
             except (ValueError, IndexError):
                 notes.append("unparsed: " + line.strip())
