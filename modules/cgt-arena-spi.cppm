@@ -32,7 +32,8 @@ inline std::byte* no_elements_storage() noexcept {
 /// or the function, would read every element of it (a hand-made `restrided`, say), so it is refused
 /// before any work.
 template <class Buffer>
-[[nodiscard]] [[clang::always_inline]] inline Result<void> describe_buffer(const Buffer& buffer, std::int32_t device, ArgDesc& desc) noexcept {
+[[nodiscard]] [[clang::always_inline]] inline Result<void> describe_buffer(const Buffer& buffer, std::int32_t device,
+                                                                           ArgDesc& desc) noexcept {
   if (!buffer.empty() && !buffer.fits()) {
     return fail(Errc::invalid_argument,
                 "the buffer's view is invalid or reaches outside its storage (check the sizes, strides and offset "

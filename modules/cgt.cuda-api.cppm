@@ -267,7 +267,7 @@ struct Backend {
   using Callable = cuda::Callable;
   using Device = cuda::Device;
   [[nodiscard]] [[clang::always_inline]] static inline Result<void> describe(const Buffer& buffer,
-                                                                           backend::ArgDesc& desc) noexcept {
+                                                                             backend::ArgDesc& desc) noexcept {
     return backend::describe_buffer(buffer, buffer.device(), desc);
   }
   /// A copy in device memory of its own (same layout), complete when it returns: it waits for the

@@ -201,7 +201,7 @@ struct Backend {
   using Device = host::Device;
   /// Every call describes its arguments: defined here, so that it inlines into the call.
   [[nodiscard]] [[clang::always_inline]] static inline Result<void> describe(const Buffer& buffer,
-                                                                           backend::ArgDesc& desc) noexcept {
+                                                                             backend::ArgDesc& desc) noexcept {
     return backend::describe_buffer(buffer, 0, desc);  // host buffers are all memory of the one host device
   }
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);

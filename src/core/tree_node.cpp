@@ -155,11 +155,10 @@ void TreeNode::mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
 }
 
 void TreeNode::decide_fits_every_call() noexcept {
-  fits_every_call_ = managed_inputs_.empty() && static_inputs_.empty() && expected_dead_before_.empty() &&
-                     expected_dead_after_.empty() &&
-                     std::ranges::none_of(aliases_, [](const OutputAlias& alias) {
-                       return alias.kind == AliasKind::alias_of_prior;
-                     });
+  fits_every_call_ =
+      managed_inputs_.empty() && static_inputs_.empty() && expected_dead_before_.empty() &&
+      expected_dead_after_.empty() &&
+      std::ranges::none_of(aliases_, [](const OutputAlias& alias) { return alias.kind == AliasKind::alias_of_prior; });
 }
 
 std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes) {
