@@ -175,9 +175,12 @@ class ArgSource {
  public:
   [[nodiscard]] virtual std::size_t size() const noexcept = 0;
   /// Describes every argument into `slots` and `descs` (`size()` of each), in one call: a replay
-  /// describes them all. An error has `Error::input` set to the argument that failed.
-  [[nodiscard]] virtual Result<void> describe(std::span<backend::ArgSlot> slots,
-                                              std::span<backend::ArgDesc> descs) const = 0;
+  /// describes them all. An error has `Error::input` set to the argument that failed. The owner of
+  /// a value that a lease's owner owns (an eager or warm-up output) is added to `keep`: code the
+  /// call runs (the function, the log sink) may drop that lease, and the call may still read the
+  /// value after (it runs the function again when a capture fails).
+  [[nodiscard]] virtual Result<void> describe(std::span<backend::ArgSlot> slots, std::span<backend::ArgDesc> descs,
+                                              std::vector<std::shared_ptr<const void>>& keep) const = 0;
 
  protected:
   ~ArgSource() = default;

@@ -187,7 +187,8 @@ class Arg {
   // A consumed lease is handed to the engine, which drops it only once the call has succeeded.
   // Inlined into the call's loop over its arguments (`Function::Source`): each level of returned
   // `Result` cost a replay about 20 instructions per argument.
-  [[clang::always_inline]] Result<void> describe(backend::ArgSlot& slot, backend::ArgDesc& desc, bool consume) const {
+  [[clang::always_inline]] Result<void> describe(backend::ArgSlot& slot, backend::ArgDesc& desc, bool consume,
+                                                 std::vector<std::shared_ptr<const void>>& keep) const {
     if (is_scalar_) {
       if (scalar_too_large_) {
         return fail(Errc::invalid_argument, "an unsigned scalar above INT64_MAX: scalars are 64-bit signed");
@@ -202,7 +203,7 @@ class Arg {
       if (!got) return std::unexpected(std::move(got.error()));
       value = &got->get();
       if (consume) slot.consumed = &lease_->core_;
-      if (lease_->core_.owner) slot.owner = lease_->core_.owner;  // the value outlives a drop mid-call
+      if (lease_->core_.owner) keep.push_back(lease_->core_.owner);  // the value outlives a drop mid-call
     }
     slot.value = value;
     return B::describe(*value, desc);
@@ -406,10 +407,11 @@ class Function {
    public:
     explicit Source(std::span<const Arg<B>> args) noexcept : args_(args) {}
     [[nodiscard]] std::size_t size() const noexcept override { return args_.size(); }
-    [[nodiscard]] Result<void> describe(std::span<backend::ArgSlot> slots,
-                                        std::span<backend::ArgDesc> descs) const override {
+    [[nodiscard]] Result<void> describe(std::span<backend::ArgSlot> slots, std::span<backend::ArgDesc> descs,
+                                        std::vector<std::shared_ptr<const void>>& keep) const override {
       for (std::size_t i = 0; i < args_.size(); ++i) {
-        if (auto described = args_[i].describe(slots[i], descs[i], is_first_consumer(i)); !described) [[unlikely]] {
+        if (auto described = args_[i].describe(slots[i], descs[i], is_first_consumer(i), keep); !described)
+            [[unlikely]] {
           described.error().input = static_cast<std::int32_t>(i);
           return described;
         }

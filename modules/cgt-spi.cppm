@@ -34,10 +34,8 @@ struct ArgSlot {
   std::int64_t scalar = 0;      ///< for `ArgKind::scalar`
   ArgKind kind = ArgKind::value;
   detail::LeaseCore* consumed = nullptr;  ///< a lease moved into the call: released by it
-  /// Owns `value` when a lease's does (an eager or warm-up output): code the call runs (the
-  /// function, the log sink) may drop that lease, and the call may still read `value` after (it
-  /// runs the function again when a capture fails). Null for values the caller or a recording owns.
-  std::shared_ptr<const void> owner;
+  // Trivially destructible: a call makes one per argument. A value that a lease's owner owns (an
+  // eager or warm-up output) is kept alive for the call by the engine (`ArgSource::describe`).
 };
 
 /// What the engine needs to know of one argument; the typed layer fills it from the native value.

@@ -223,7 +223,8 @@ class Engine final : public LedgerEffects {
   /// The call once its generation is known and the path ended where it must: reads and checks the
   /// arguments into `slots` and `descs`, then runs the call (its shape variant, then the tree).
   Result<CallOutputs> run_call(FunctionRecord& function, const ArgSource& source, std::span<backend::ArgSlot> slots,
-                               std::span<backend::ArgDesc> descs, std::uint64_t generation);
+                               std::span<backend::ArgDesc> descs, std::vector<std::shared_ptr<const void>>& keep,
+                               std::uint64_t generation);
   /// After a call that failed: the ended path put back, and the generation taken back unless a
   /// reclaim (`Path::reclaims`) since `reclaims_before` made the new generation irreversible.
   void abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept;
@@ -428,8 +429,11 @@ class RecordingScope {
 /// threads deferred meanwhile (`Ledger::let_go`).
 class StateLock {
  public:
-  explicit StateLock(Engine& engine) noexcept;
-  ~StateLock();
+  // Inline: every call takes it, and most lease drops.
+  inline explicit StateLock(Engine& engine) noexcept : engine_(engine), nested_(!engine.ledger().hold()) {}
+  inline ~StateLock() {
+    if (!nested_) engine_.ledger().let_go();
+  }
   StateLock(const StateLock&) = delete;
   StateLock& operator=(const StateLock&) = delete;
 
@@ -452,7 +456,14 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
                                                        const std::vector<std::vector<bool>>& after);
 
 /// The part `function` plays for the generation rule (its `FunctionOptions::mode`).
-[[nodiscard]] CallRole role_of(const FunctionRecord& function) noexcept;
+[[nodiscard]] inline CallRole role_of(const FunctionRecord& function) noexcept {
+  switch (function.options.mode) {
+    case FunctionMode::forward: return CallRole::forward;
+    case FunctionMode::backward: return CallRole::backward;
+    case FunctionMode::inference: break;
+  }
+  return CallRole::inference;
+}
 
 /// `error` from the device, told in terms of the call: which function, doing what, on which node.
 [[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);

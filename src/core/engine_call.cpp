@@ -102,8 +102,8 @@ bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::
 
 // Reads every argument's description into `slots` and `descs`; an error names the input.
 Result<void> describe_arguments(const ArgSource& source, const std::string& function, std::span<backend::ArgSlot> slots,
-                                std::span<backend::ArgDesc> descs) {
-  auto described = source.describe(slots, descs);
+                                std::span<backend::ArgDesc> descs, std::vector<std::shared_ptr<const void>>& keep) {
+  auto described = source.describe(slots, descs, keep);
   if (!described) [[unlikely]] {
     Error& error = described.error();
     error.message = "input " + std::to_string(error.input) + " of " + quoted(function) + ": " + error.message;
@@ -157,7 +157,8 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
   end_path_if_over(generation.generation, PathCheck::call_start);
   SmallArray<backend::ArgSlot, 8> slots(source.size());
   SmallArray<backend::ArgDesc, 8> descs(source.size());
-  Result<CallOutputs> out = run_call(function, source, slots.span(), descs.span(), generation.generation);
+  std::vector<std::shared_ptr<const void>> keep;  // what keeps arguments alive (ArgSource::describe)
+  Result<CallOutputs> out = run_call(function, source, slots.span(), descs.span(), keep, generation.generation);
   if (!out) {
     abandon_call(generation, reclaims_before);
     return out;
@@ -176,8 +177,9 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
 [[clang::always_inline]] inline Result<CallOutputs> Engine::run_call(FunctionRecord& function, const ArgSource& source,
                                                                      std::span<backend::ArgSlot> slots,
                                                                      std::span<backend::ArgDesc> descs,
+                                                                     std::vector<std::shared_ptr<const void>>& keep,
                                                                      std::uint64_t generation) {
-  if (auto described = describe_arguments(source, function.name, slots, descs); !described) {
+  if (auto described = describe_arguments(source, function.name, slots, descs, keep); !described) {
     return std::unexpected(std::move(described.error()));
   }
   // The shapes of the last call: the signature is checked already (see `opening_word`).

@@ -15,15 +15,6 @@ import :engine;
 
 namespace cgt::detail {
 
-CallRole role_of(const FunctionRecord& function) noexcept {
-  switch (function.options.mode) {
-    case FunctionMode::forward: return CallRole::forward;
-    case FunctionMode::backward: return CallRole::backward;
-    case FunctionMode::inference: break;
-  }
-  return CallRole::inference;
-}
-
 CallGeneration Engine::begin_generation(FunctionRecord& function) {
   const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
   if (call.begun_by_forward) ++stats_.steps_begun_by_forward;

@@ -14,8 +14,11 @@ import :engine;
 
 namespace cgt::detail {
 Match Engine::find_replayable_child(const CallFrame& frame) const {
-  return Tree::match(path_.children(tree_.roots()).of(frame.variant->id), frame.descs, frame.args,
-                     options_.on_static_input_moved);
+  const auto candidates = path_.children(tree_.roots()).of(frame.variant->id);
+  // The common replay (a root with copied inputs): what Tree::match would answer, without the call.
+  if (!candidates.empty() && candidates.front()->fits_every_call())
+    return Match{.replayable = candidates.front().get()};
+  return Tree::match(candidates, frame.descs, frame.args, options_.on_static_input_moved);
 }
 
 // True when every output has a storage of its own whose cell (dead since the last execution of the

@@ -15,13 +15,6 @@ import :engine;
 
 namespace cgt::detail {
 
-StateLock::StateLock(Engine& engine) noexcept : engine_(engine), nested_(!engine.ledger().hold()) {}
-
-StateLock::~StateLock() {
-  if (nested_) return;
-  engine_.ledger().let_go();
-}
-
 LeaseCore Ledger::make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner, std::uint32_t function,
                              std::uint32_t output, std::uint64_t generation) {
   LeaseCore lease;

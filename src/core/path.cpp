@@ -54,18 +54,6 @@ std::vector<Cell*> Path::live_cells() const {
   return live;
 }
 
-bool Path::all_outputs_dead() const {
-  if (current_ == nullptr) return true;
-  if (current_->kind() == NodeKind::graph) {
-    // Everything live after the recording is listed; what was dead then cannot revive.
-    return std::ranges::none_of(current_->live_after(), [this](const PathIndex& index) {
-      const CellRef& cell = current_->cell_at(index);
-      return cell && cell->is_live();
-    });
-  }
-  return live_cells().empty();
-}
-
 bool Path::is_output_of_ended(std::uintptr_t storage) const noexcept {
   return ended_ && std::ranges::any_of(ended_->cells,
                                        [storage](const CellRef& cell) { return cell->storage.address == storage; });

@@ -6,6 +6,7 @@
 // this API (src/core/engine_path.cpp).
 module;
 #include <expected>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -92,8 +93,17 @@ class Path {
   [[nodiscard]] bool is_output(std::uintptr_t storage) const;
   /// The live cells of the path, each once, root first.
   [[nodiscard]] std::vector<Cell*> live_cells() const;
-  /// Whether no output of the path is live (true with no path).
-  [[nodiscard]] bool all_outputs_dead() const;
+  /// Whether no output of the path is live (true with no path). Inline for a graph node (a replay
+  /// asks on every call): everything live after its recording is listed, and what was dead then
+  /// cannot revive.
+  [[nodiscard]] inline bool all_outputs_dead() const {
+    if (current_ == nullptr) return true;
+    if (current_->kind() != NodeKind::graph) return live_cells().empty();
+    return std::ranges::none_of(current_->live_after(), [this](const PathIndex& index) {
+      const CellRef& cell = current_->cell_at(index);
+      return cell && cell->is_live();
+    });
+  }
   /// Whether `storage` is the memory of an output of the ended path.
   [[nodiscard]] bool is_output_of_ended(std::uintptr_t storage) const noexcept;
   /// The outputs of the ended path whose memory is still allocated (empty: no ended record).
