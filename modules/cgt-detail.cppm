@@ -96,12 +96,13 @@ struct LeaseCore {
 /// True while the lease can hand out its value.
 [[nodiscard]] bool lease_is_valid(const LeaseCore& lease) noexcept;
 
+inline constexpr std::size_t kLeaseBlock = 8;
+
 /// A block for up to `kLeaseBlock` leases that this thread freed before, or null (lease.cpp).
 [[nodiscard]] void* take_lease_block() noexcept;
 /// Keeps a block of `kLeaseBlock` leases for the thread's next call; false when the thread keeps
 /// enough already (the caller frees it).
 [[nodiscard]] bool keep_lease_block(void* block) noexcept;
-inline constexpr std::size_t kLeaseBlock = 8;
 
 /// The leases of one call's outputs: as many as the call has outputs, fixed when made. A program
 /// calling in a loop makes and frees one array per call: arrays of up to `kLeaseBlock` leases are
@@ -140,19 +141,13 @@ class LeaseArray {
     if (void* kept = take_lease_block()) return static_cast<LeaseCore*>(kept);
     return std::allocator<LeaseCore>().allocate(kLeaseBlock);  // any small array gets a whole block
   }
+  // Inline for a moved-from or empty array (every call's results are moved a few times).
   inline void free() noexcept {
-    if (data_ == nullptr) return;
-    leases_drop(span());
-    // Every lease is empty now (no engine, cell or owner): their destructors would do nothing, and
-    // the memory is given back without running them.
-    if (size_ > kLeaseBlock) {
-      std::allocator<LeaseCore>().deallocate(data_, size_);
-    } else if (!keep_lease_block(data_)) {
-      std::allocator<LeaseCore>().deallocate(data_, kLeaseBlock);
-    }
-    data_ = nullptr;
-    size_ = 0;
+    if (data_ != nullptr) free_leases();
   }
+  /// Drops the leases and gives the memory back (lease.cpp): every lease is empty then (no engine,
+  /// cell or owner), their destructors would do nothing, and the memory goes without running them.
+  void free_leases() noexcept;
 
   LeaseCore* data_ = nullptr;
   std::size_t size_ = 0;

@@ -88,6 +88,16 @@ struct FunctionRecord {
   std::set<Reason> logged;  ///< reasons already printed by the default sink; added to by `log`
 };
 
+/// The part `function` plays for the generation rule (its `FunctionOptions::mode`).
+[[nodiscard]] inline CallRole role_of(const FunctionRecord& function) noexcept {
+  switch (function.options.mode) {
+    case FunctionMode::forward: return CallRole::forward;
+    case FunctionMode::backward: return CallRole::backward;
+    case FunctionMode::inference: break;
+  }
+  return CallRole::inference;
+}
+
 /// Kernels may assume this alignment of their inputs (PyTorch's ALIGNMENT); a static input that
 /// lacks it is copied into an aligned slot instead of being baked in mis-addressed.
 inline constexpr std::uintptr_t kInputAlignment = 16;
@@ -230,7 +240,13 @@ class Engine final : public LedgerEffects {
   void abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept;
   /// Starts a call of `function` in the generation the rule says (`GenerationRule::begin_call`),
   /// and warns once where a pending backward keeps a forward off the fast path.
-  CallGeneration begin_generation(FunctionRecord& function);
+  inline CallGeneration begin_generation(FunctionRecord& function) {
+    const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
+    if (call.begun_by_forward || call.held_by_pending_backward) note_generation(function, call);
+    return call;
+  }
+  /// What `begin_generation` counts and warns about, when a forward began a generation or was held.
+  void note_generation(FunctionRecord& function, const CallGeneration& call);
   /// Warns once per function when pending backwards make a forward repeat itself down the path
   /// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`).
   void warn_if_pending_backward_repeats(FunctionRecord& function);
@@ -283,7 +299,14 @@ class Engine final : public LedgerEffects {
 
   // --- replay (engine_replay.cpp) ---
   /// The child of the current node (or root) of the call's variant that it replays (`Tree::match`).
-  [[nodiscard]] Match find_replayable_child(const CallFrame& frame) const;
+  /// (Inline: the first candidate that fits every call is the common replay, a root most often.)
+  [[nodiscard]] inline Match find_replayable_child(const CallFrame& frame) const {
+    const auto candidates = path_.children(tree_.roots()).of(frame.variant->id);
+    if (!candidates.empty() && candidates.front()->fits_every_call()) {
+      return Match{.replayable = candidates.front().get()};
+    }
+    return Tree::match(candidates, frame.descs, frame.args, options_.on_static_input_moved);
+  }
   Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
 
   // --- recording (engine_record.cpp) ---
@@ -322,7 +345,17 @@ class Engine final : public LedgerEffects {
   };
   /// Ends the current path if it is over: reclaims it if a new generation began since it last ran, or
   /// ends it if no output of the path is live (at `call_start`, only a path warming up or recording).
-  void end_path_if_over(std::uint64_t generation, PathCheck when);
+  /// (Inline: a call asks at its start, where a replaying path of this generation is kept at once.)
+  [[clang::always_inline]] inline void end_path_if_over(std::uint64_t generation, PathCheck when) {
+    if (path_.node() == nullptr) return;
+    if (GenerationRule::is_new_generation(path_.generation(), generation)) {
+      end_path_for_new_generation();
+      return;
+    }
+    // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
+    if (when == PathCheck::call_start && path_.state() == PathState::execution) return;
+    if (path_.all_outputs_dead()) path_.end();
+  }
   /// Reclaims the whole path now (shutdown): leases read as reclaimed, memory released.
   void reclaim_path();
   /// Ends the path for a new generation (`Path::end_for_new_generation`): its live outputs read as
@@ -405,6 +438,14 @@ class Engine final : public LedgerEffects {
 /// per device and cannot nest; cgt's pools can be many). A call of another pool's function on
 /// this thread meanwhile is refused (`other_recording`), and the scope remembers that it was:
 /// the recording lacks that call's work, whatever the function made of the refusal.
+/// What this thread records: set by a RecordingScope, read by calls of other pools (every call asks).
+struct RecordingOnThread {
+  const Engine* engine = nullptr;
+  const FunctionRecord* function = nullptr;
+  bool refused = false;  ///< a call of another pool was refused meanwhile
+};
+inline thread_local constinit RecordingOnThread recording_on_this_thread{};
+
 class RecordingScope {
  public:
   RecordingScope(const Engine& engine, const FunctionRecord& function) noexcept;
@@ -415,7 +456,12 @@ class RecordingScope {
   [[nodiscard]] bool refused_a_call() const noexcept;
   /// The function that another pool than `engine` records on this thread, or null; a non-null
   /// answer counts as a refused call of that recording.
-  [[nodiscard]] static const FunctionRecord* other_recording(const Engine& engine) noexcept;
+  [[nodiscard]] inline static const FunctionRecord* other_recording(const Engine& engine) noexcept {
+    RecordingOnThread& recording = recording_on_this_thread;
+    if (recording.engine == nullptr || recording.engine == &engine) return nullptr;
+    recording.refused = true;
+    return recording.function;
+  }
 
  private:
   const Engine* previous_engine_;
@@ -454,16 +500,6 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 /// `_get_different_indices`): outputs live in `before` and dead in `after`.
 [[nodiscard]] std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
                                                        const std::vector<std::vector<bool>>& after);
-
-/// The part `function` plays for the generation rule (its `FunctionOptions::mode`).
-[[nodiscard]] inline CallRole role_of(const FunctionRecord& function) noexcept {
-  switch (function.options.mode) {
-    case FunctionMode::forward: return CallRole::forward;
-    case FunctionMode::backward: return CallRole::backward;
-    case FunctionMode::inference: break;
-  }
-  return CallRole::inference;
-}
 
 /// `error` from the device, told in terms of the call: which function, doing what, on which node.
 [[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);

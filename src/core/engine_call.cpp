@@ -31,6 +31,21 @@ class BusyGuard {
   Engine& engine_;
 };
 
+// Keeps the engine alive through a call: the function may drop the last handles of its own pool
+// while it runs. (An EngineRef would do it through two calls into pool.cpp on every replay.)
+class CallKeepsEngine {
+ public:
+  explicit CallKeepsEngine(Engine& engine) noexcept : engine_(engine) { engine_.add_references(1); }
+  CallKeepsEngine(const CallKeepsEngine&) = delete;
+  CallKeepsEngine& operator=(const CallKeepsEngine&) = delete;
+  ~CallKeepsEngine() {
+    if (engine_.drop_references(1)) delete &engine_;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
+  }
+
+ private:
+  Engine& engine_;
+};
+
 std::string quoted(const std::string& name) {
   return "'" + name + "'";
 }
@@ -133,7 +148,7 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
   }
   // The function may drop the last handles of its own pool while it runs: the call keeps the
   // engine alive until it is done (declared first, released last).
-  const EngineRef keep(&engine);
+  const CallKeepsEngine keep(engine);
   const BusyGuard guard(engine);
   const StateLock lock(engine);
   return engine.call(function, args);
@@ -173,6 +188,38 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
   return out;
 }
 
+// Inlined into `run_call`, its only caller: every call runs it.
+[[clang::always_inline]] inline Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
+  // Pool memory is handed out only through leases; an input in pool memory that no live lease
+  // holds is an escaped copy of a value whose memory was reclaimed (its lease dropped, or a new
+  // generation began): reading it would read whatever the pool put there since.
+  for (std::size_t i = 0; i < frame.descs.size(); ++i) {
+    const backend::ArgDesc& desc = frame.descs[i];
+    // `owns` first: most inputs that are not pool memory are the caller's, and it is the cheap test.
+    if (desc.kind != backend::ArgKind::value || !device_->owns(desc.storage)) continue;
+    // Live memory is not enough: it may live again for another output since this value escaped
+    // (where the backend stamps values, their life number must be the memory's current one).
+    if (const Cell* cell = path_.live_cell(desc.storage)) {
+      if (!stamps_values_ || desc.life == cell->life()) continue;
+    }
+    if (path_.is_output_of_ended(desc.storage)) {
+      return fail(Errc::output_overwritten,
+                  "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
+                      " is an output of the last step, whose memory the new step this call begins reclaims; the "
+                      "call is refused and the lease stays valid: take() the value before the step begins, or set "
+                      "Options::copy_out_on_new_step",
+                  frame.function->name, -1, static_cast<std::int32_t>(i));
+    }
+    return fail(Errc::output_overwritten,
+                "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
+                    " views pool memory that no live lease holds: it is a copy of an output whose lease was dropped "
+                    "or whose step ended, and the pool may have reused the memory; keep the lease while you use "
+                    "the value, or take() it",
+                frame.function->name, -1, static_cast<std::int32_t>(i));
+  }
+  return {};
+}
+
 // Inlined into `call_locked`, its only caller: a call of its own costs a replay about 40 instructions.
 [[clang::always_inline]] inline Result<CallOutputs> Engine::run_call(FunctionRecord& function, const ArgSource& source,
                                                                      std::span<backend::ArgSlot> slots,
@@ -195,7 +242,12 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
                   .generation = generation,
                   .same_shapes_as_last = same_shapes};
   if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
-  return function.options.buckets.sizes.empty() ? run_selected(frame) : run_bucketed(frame);
+  if (!function.options.buckets.sizes.empty()) return run_bucketed(frame);
+  if (same_shapes) {  // what run_selected does with the last variant's key (see select_variant)
+    frame.variant = variants_[function.last_variant].get();
+    return run_tree(frame);
+  }
+  return run_selected(frame);
 }
 
 void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept {
@@ -360,37 +412,6 @@ bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant
   const bool shape_needs_it =
       !variant.warmed_up && !options_.skip_warmup && (function.options.warm_up_each_shape || !function.warmed_up_once);
   return shape_needs_it || path_.state() == PathState::warmup || options_.force_warmup;
-}
-
-Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
-  // Pool memory is handed out only through leases; an input in pool memory that no live lease
-  // holds is an escaped copy of a value whose memory was reclaimed (its lease dropped, or a new
-  // generation began): reading it would read whatever the pool put there since.
-  for (std::size_t i = 0; i < frame.descs.size(); ++i) {
-    const backend::ArgDesc& desc = frame.descs[i];
-    // `owns` first: most inputs that are not pool memory are the caller's, and it is the cheap test.
-    if (desc.kind != backend::ArgKind::value || !device_->owns(desc.storage)) continue;
-    // Live memory is not enough: it may live again for another output since this value escaped
-    // (where the backend stamps values, their life number must be the memory's current one).
-    if (const Cell* cell = path_.live_cell(desc.storage)) {
-      if (!stamps_values_ || desc.life == cell->life()) continue;
-    }
-    if (path_.is_output_of_ended(desc.storage)) {
-      return fail(Errc::output_overwritten,
-                  "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
-                      " is an output of the last step, whose memory the new step this call begins reclaims; the "
-                      "call is refused and the lease stays valid: take() the value before the step begins, or set "
-                      "Options::copy_out_on_new_step",
-                  frame.function->name, -1, static_cast<std::int32_t>(i));
-    }
-    return fail(Errc::output_overwritten,
-                "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
-                    " views pool memory that no live lease holds: it is a copy of an output whose lease was dropped "
-                    "or whose step ended, and the pool may have reused the memory; keep the lease while you use "
-                    "the value, or take() it",
-                frame.function->name, -1, static_cast<std::int32_t>(i));
-  }
-  return {};
 }
 
 bool Engine::mutates_unmanaged_input(CallFrame& frame) {

@@ -15,12 +15,10 @@ import :engine;
 
 namespace cgt::detail {
 
-CallGeneration Engine::begin_generation(FunctionRecord& function) {
-  const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
+void Engine::note_generation(FunctionRecord& function, const CallGeneration& call) {
   if (call.begun_by_forward) ++stats_.steps_begun_by_forward;
   // The outputs a backward will read stay live: the forward goes on down the path.
   if (call.held_by_pending_backward) warn_if_pending_backward_repeats(function);
-  return call;
 }
 
 void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {

@@ -39,17 +39,6 @@ std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& b
   return indices;
 }
 
-void Engine::end_path_if_over(std::uint64_t generation, PathCheck when) {
-  if (path_.node() == nullptr) return;
-  if (GenerationRule::is_new_generation(path_.generation(), generation)) {
-    end_path_for_new_generation();
-    return;
-  }
-  // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
-  if (when == PathCheck::call_start && path_.state() == PathState::execution) return;
-  if (path_.all_outputs_dead()) path_.end();
-}
-
 void Engine::reclaim_path() {
   end_path_for_new_generation();
   release_ended_path();

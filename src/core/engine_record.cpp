@@ -17,18 +17,6 @@ import :engine;
 namespace cgt::detail {
 namespace {
 
-// What this thread records: set by a RecordingScope, read by calls of other pools.
-struct RecordingOnThread {
-  const Engine* engine = nullptr;
-  const FunctionRecord* function = nullptr;
-  bool refused = false;  ///< a call of another pool was refused meanwhile
-};
-
-RecordingOnThread& recording_on_this_thread() noexcept {
-  thread_local RecordingOnThread recording;
-  return recording;
-}
-
 std::string moved_message(NodeReason reason, const FunctionRecord& function) {
   const std::string what =
       reason == NodeReason::static_input_moved ? "a static input" : "an input from an earlier graph";
@@ -38,26 +26,18 @@ std::string moved_message(NodeReason reason, const FunctionRecord& function) {
 }  // namespace
 
 RecordingScope::RecordingScope(const Engine& engine, const FunctionRecord& function) noexcept
-    : previous_engine_(recording_on_this_thread().engine),
-      previous_function_(recording_on_this_thread().function),
-      previous_refused_(recording_on_this_thread().refused) {
-  recording_on_this_thread() = {.engine = &engine, .function = &function, .refused = false};
+    : previous_engine_(recording_on_this_thread.engine),
+      previous_function_(recording_on_this_thread.function),
+      previous_refused_(recording_on_this_thread.refused) {
+  recording_on_this_thread = {.engine = &engine, .function = &function, .refused = false};
 }
 
 RecordingScope::~RecordingScope() {
-  recording_on_this_thread() = {
-      .engine = previous_engine_, .function = previous_function_, .refused = previous_refused_};
+  recording_on_this_thread = {.engine = previous_engine_, .function = previous_function_, .refused = previous_refused_};
 }
 
 bool RecordingScope::refused_a_call() const noexcept {
-  return recording_on_this_thread().refused;
-}
-
-const FunctionRecord* RecordingScope::other_recording(const Engine& engine) noexcept {
-  RecordingOnThread& recording = recording_on_this_thread();
-  if (recording.engine == nullptr || recording.engine == &engine) return nullptr;
-  recording.refused = true;
-  return recording.function;
+  return recording_on_this_thread.refused;
 }
 
 Result<CallOutputs> Engine::run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason) {

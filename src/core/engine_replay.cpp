@@ -13,29 +13,8 @@ module cgt.core;
 import :engine;
 
 namespace cgt::detail {
-Match Engine::find_replayable_child(const CallFrame& frame) const {
-  const auto candidates = path_.children(tree_.roots()).of(frame.variant->id);
-  // The common replay (a root with copied inputs): what Tree::match would answer, without the call.
-  if (!candidates.empty() && candidates.front()->fits_every_call())
-    return Match{.replayable = candidates.front().get()};
-  return Tree::match(candidates, frame.descs, frame.args, options_.on_static_input_moved);
-}
 
-// True when every output has a storage of its own whose cell (dead since the last execution of the
-// node, so not owned by the allocator) can be handed out again as it is: the common replay.
-bool TreeNode::is_bound_as_is() const noexcept {
-  if (!outputs_own_storage_ || bound_.size() != output_count_) return false;
-  for (std::size_t i = 0; i < output_count_; ++i) {
-    const Cell* cell = cells_[i].get();
-    if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0 || cell->storage.native != bound_native_[i]) {
-      return false;
-    }
-  }
-  return true;
-}
-
-void TreeNode::bind_outputs_for_replay(Engine& engine) {
-  if (is_bound_as_is()) return;
+void TreeNode::rebind_outputs(Engine& engine) {
   bool changed = bound_.size() != output_count_;
   bound_.resize(output_count_, nullptr);
   bound_native_.resize(output_count_, nullptr);
@@ -83,7 +62,7 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   out.node = node.id();
   const std::size_t count = node.output_count();
   out.leases = LeaseArray(count);
-  retain(*this, static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
+  add_references(static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
   const std::uint64_t generation = generation_rule_.current();
   for (std::size_t i = 0; i < count; ++i) {
     ledger_.lease_to(out.leases[i], node.cells()[i].get(), recording.output(i), function.id,

@@ -74,7 +74,7 @@ void leases_drop(std::span<LeaseCore> leases) noexcept {
 
 namespace {
 
-// The lease blocks this thread freed (`LeaseAllocator`), freed at its exit. A lease array freed
+// The lease blocks this thread freed (`LeaseArray`), freed at its exit. A lease array freed
 // after that (a static holding outputs, destroyed after the thread's locals) is freed at once.
 class LeaseBlocks {
  public:
@@ -114,6 +114,17 @@ void* take_lease_block() noexcept {
 
 bool keep_lease_block(void* block) noexcept {
   return lease_blocks().keep(block);
+}
+
+void LeaseArray::free_leases() noexcept {
+  leases_drop(span());
+  if (size_ > kLeaseBlock) {
+    std::allocator<LeaseCore>().deallocate(data_, size_);
+  } else if (!keep_lease_block(data_)) {
+    std::allocator<LeaseCore>().deallocate(data_, kLeaseBlock);
+  }
+  data_ = nullptr;
+  size_ = 0;
 }
 
 bool lease_is_valid(const LeaseCore& lease) noexcept {

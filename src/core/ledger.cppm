@@ -25,15 +25,15 @@ namespace cgt::detail {
 /// way on the replay path. A thread that must wait sleeps on the flag (C++20 atomic wait).
 class StateMutex {
  public:
-  [[nodiscard]] bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
-  void lock() noexcept {
+  [[nodiscard]] inline bool try_lock() noexcept { return !locked_.exchange(true, std::memory_order_acquire); }
+  inline void lock() noexcept {
     while (locked_.exchange(true, std::memory_order_acquire)) {
       waiters_.fetch_add(1);
       locked_.wait(true);  // returns at once if the holder let go meanwhile
       waiters_.fetch_sub(1);
     }
   }
-  void unlock() noexcept {
+  inline void unlock() noexcept {
     locked_.store(false);  // seq_cst, ordered before the read of waiters_ (see lock)
     if (waiters_.load() > 0) locked_.notify_all();
   }

@@ -64,12 +64,6 @@ std::span<const CellRef> Path::ended_cells() const noexcept {
   return ended_->cells;
 }
 
-void Path::enter(TreeNode& node, PathState state, std::uint64_t generation) noexcept {
-  current_ = &node;
-  state_ = state;
-  generation_ = generation;
-}
-
 std::unique_ptr<TreeNode> Path::make_warmup_node(NodeReason reason, std::uint32_t variant) {
   return std::make_unique<TreeNode>(NodeKind::warmup, next_warmup_id_--, reason, variant, current_);
 }
@@ -78,12 +72,6 @@ TreeNode& Path::enter_warmup(std::unique_ptr<TreeNode> node, std::uint64_t gener
   warmup_chain_.push_back(std::move(node));
   enter(*warmup_chain_.back(), PathState::warmup, generation);
   return *warmup_chain_.back();
-}
-
-void Path::end() noexcept {
-  current_ = nullptr;
-  state_ = PathState::none;
-  warmup_chain_.clear();
 }
 
 std::optional<EndedPath> Path::take_ended() noexcept {

@@ -96,7 +96,7 @@ class Path {
   /// Whether no output of the path is live (true with no path). Inline for a graph node (a replay
   /// asks on every call): everything live after its recording is listed, and what was dead then
   /// cannot revive.
-  [[nodiscard]] inline bool all_outputs_dead() const {
+  [[nodiscard]] [[clang::always_inline]] inline bool all_outputs_dead() const {
     if (current_ == nullptr) return true;
     if (current_->kind() != NodeKind::graph) return live_cells().empty();
     return std::ranges::none_of(current_->live_after(), [this](const PathIndex& index) {
@@ -114,7 +114,11 @@ class Path {
   /// The call in `generation` goes on at `node`. REQUIRES: `node` is a child of the current node
   /// (a root with no path) that the tree or the path owns, and `state` is not `none`. ENSURES:
   /// `node()`, `state()` and `generation()` are those given.
-  void enter(TreeNode& node, PathState state, std::uint64_t generation) noexcept;
+  inline void enter(TreeNode& node, PathState state, std::uint64_t generation) noexcept {
+    current_ = &node;
+    state_ = state;
+    generation_ = generation;
+  }
   /// A warm-up node for a call of `variant` after the current node, numbered next (-1, -2, ...).
   /// ENSURES: not on the path until `enter_warmup`.
   [[nodiscard]] std::unique_ptr<TreeNode> make_warmup_node(NodeReason reason, std::uint32_t variant);
@@ -123,7 +127,11 @@ class Path {
   TreeNode& enter_warmup(std::unique_ptr<TreeNode> node, std::uint64_t generation);
   /// ENSURES: no path (`node()` null, state `none`) and its warm-up nodes are gone. An ended
   /// record stays.
-  void end() noexcept;
+  [[clang::always_inline]] inline void end() noexcept {
+    current_ = nullptr;
+    state_ = PathState::none;
+    warmup_chain_.clear();
+  }
   /// Ends the path for a new generation. REQUIRES: no ended record.
   /// ENSURES: with no live output, as `end()`. Otherwise every live cell of the path reads as
   /// reclaimed, or as the copy `copy_out(Cell&)` returns where that is not null; the path, those

@@ -102,7 +102,7 @@ class CellRef {
   }
   inline ~CellRef() { unref(cell_); }
   [[nodiscard]] inline Cell* get() const noexcept { return cell_; }
-  Cell* operator->() const noexcept { return cell_; }
+  inline Cell* operator->() const noexcept { return cell_; }
   inline explicit operator bool() const noexcept { return cell_ != nullptr; }
   friend bool operator==(const CellRef& a, const CellRef& b) noexcept { return a.cell_ == b.cell_; }
 
@@ -276,10 +276,24 @@ class TreeNode {
   // --- replay (engine_replay.cpp: the hot path) ---
   /// Points each output at the storage this replay writes (a new cell where the last one is
   /// still held or was reclaimed), and tells the recording if that changed.
-  void bind_outputs_for_replay(Engine& engine);
+  inline void bind_outputs_for_replay(Engine& engine) {
+    if (!is_bound_as_is()) rebind_outputs(engine);
+  }
 
  private:
-  [[nodiscard]] bool is_bound_as_is() const noexcept;
+  /// True when every output has a storage of its own whose cell (dead since the last execution
+  /// of the node, so not owned by the allocator) can be handed out again as it is: the common replay.
+  [[nodiscard]] inline bool is_bound_as_is() const noexcept {
+    if (!outputs_own_storage_ || bound_.size() != output_count_) return false;
+    for (std::size_t i = 0; i < output_count_; ++i) {
+      const Cell* cell = cells_[i].get();
+      if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0 || cell->storage.native != bound_native_[i]) {
+        return false;
+      }
+    }
+    return true;
+  }
+  void rebind_outputs(Engine& engine);
   /// Sets `fits_every_call_` from the inputs, aliases and liveness taken so far.
   void decide_fits_every_call() noexcept;
 
