@@ -98,11 +98,35 @@ struct LeaseCore {
 
 inline constexpr std::size_t kLeaseBlock = 8;
 
-/// A block for up to `kLeaseBlock` leases that this thread freed before, or null (lease.cpp).
-[[nodiscard]] void* take_lease_block() noexcept;
+/// The lease blocks this thread freed (`LeaseArray`), kept for its next calls: a program calling
+/// in a loop takes one and gives it back per call. Trivially destructible, so that a call reaches
+/// it inline; the blocks are freed at the thread's exit by an object that the thread's first kept
+/// block registers (`watch_lease_blocks`, lease.cpp), which closes it: a lease array freed after
+/// that (a static holding outputs, destroyed after the thread's locals) is freed at once.
+struct LeaseBlocks {
+  std::array<void*, 4> kept{};  // a program holding a few calls' outputs at a time
+  std::uint8_t count = 0;
+  bool watched = false;  ///< `watch_lease_blocks` ran on this thread
+  bool closed = false;   ///< the thread is exiting: keep nothing more
+};
+inline thread_local constinit LeaseBlocks lease_blocks{};
+/// Registers the freeing of this thread's kept blocks at its exit (once per thread; lease.cpp).
+void watch_lease_blocks() noexcept;
+/// A block for up to `kLeaseBlock` leases that this thread freed before, or null.
+[[nodiscard]] inline void* take_lease_block() noexcept {
+  LeaseBlocks& blocks = lease_blocks;
+  return blocks.count > 0 ? blocks.kept[--blocks.count]
+                          : nullptr;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count <= 4
+}
 /// Keeps a block of `kLeaseBlock` leases for the thread's next call; false when the thread keeps
-/// enough already (the caller frees it).
-[[nodiscard]] bool keep_lease_block(void* block) noexcept;
+/// enough already, or is exiting (the caller frees it).
+[[nodiscard]] inline bool keep_lease_block(void* block) noexcept {
+  LeaseBlocks& blocks = lease_blocks;
+  if (blocks.closed || blocks.count == blocks.kept.size()) return false;
+  if (!blocks.watched) watch_lease_blocks();
+  blocks.kept[blocks.count++] = block;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < 4
+  return true;
+}
 
 /// The leases of one call's outputs: as many as the call has outputs, fixed when made. A program
 /// calling in a loop makes and frees one array per call: arrays of up to `kLeaseBlock` leases are

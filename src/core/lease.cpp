@@ -74,46 +74,29 @@ void leases_drop(std::span<LeaseCore> leases) noexcept {
 
 namespace {
 
-// The lease blocks this thread freed (`LeaseArray`), freed at its exit. A lease array freed
-// after that (a static holding outputs, destroyed after the thread's locals) is freed at once.
-class LeaseBlocks {
+// Frees this thread's kept lease blocks when the thread exits, and closes the list.
+class LeaseBlocksAtExit {
  public:
-  LeaseBlocks() = default;
-  LeaseBlocks(const LeaseBlocks&) = delete;
-  LeaseBlocks& operator=(const LeaseBlocks&) = delete;
-  ~LeaseBlocks() {
-    for (std::size_t i = 0; i < count_; ++i) {
-      std::allocator<LeaseCore>().deallocate(static_cast<LeaseCore*>(kept_.at(i)), kLeaseBlock);
+  LeaseBlocksAtExit() = default;
+  LeaseBlocksAtExit(const LeaseBlocksAtExit&) = delete;
+  LeaseBlocksAtExit& operator=(const LeaseBlocksAtExit&) = delete;
+  ~LeaseBlocksAtExit() {
+    LeaseBlocks& blocks = lease_blocks;
+    for (std::size_t i = 0; i < blocks.count; ++i) {
+      std::allocator<LeaseCore>().deallocate(static_cast<LeaseCore*>(blocks.kept.at(i)), kLeaseBlock);
     }
-    count_ = 0;
-    closed_ = true;
+    blocks.count = 0;
+    blocks.closed = true;
   }
-  [[nodiscard]] void* take() noexcept { return count_ > 0 ? kept_.at(--count_) : nullptr; }
-  [[nodiscard]] bool keep(void* block) noexcept {
-    if (closed_ || count_ == kept_.size()) return false;
-    kept_.at(count_++) = block;
-    return true;
-  }
-
- private:
-  std::array<void*, 4> kept_{};  // a program holding a few calls' outputs at a time
-  std::size_t count_ = 0;
-  bool closed_ = false;
+  void touch() noexcept {}
 };
-
-LeaseBlocks& lease_blocks() noexcept {
-  thread_local LeaseBlocks blocks;
-  return blocks;
-}
 
 }  // namespace
 
-void* take_lease_block() noexcept {
-  return lease_blocks().take();
-}
-
-bool keep_lease_block(void* block) noexcept {
-  return lease_blocks().keep(block);
+void watch_lease_blocks() noexcept {
+  thread_local LeaseBlocksAtExit at_exit;
+  at_exit.touch();  // constructs it (and registers its destructor) on the thread's first use
+  lease_blocks.watched = true;
 }
 
 void LeaseArray::free_leases() noexcept {
