@@ -65,7 +65,7 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   add_references(static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
   const std::uint64_t generation = generation_rule_.current();
   for (std::size_t i = 0; i < count; ++i) {
-    ledger_.lease_to(out.leases[i], node.cells()[i].get(), recording.output(i), function.id,
+    ledger_.lease_to(out.leases[i], node.cells()[i].get(), node.output_value(i), function.id,
                      static_cast<std::uint32_t>(i), generation);
   }
   // Leases the call consumed die now, after the outputs that may alias them took their leases.

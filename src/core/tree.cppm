@@ -253,6 +253,9 @@ class TreeNode {
   void mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
                      const std::vector<std::vector<bool>>& liveness_before);
   [[nodiscard]] inline backend::Recording* recording() const noexcept { return recording_.get(); }
+  /// The native value of output `i` that a replay hands out (`Recording::output`, whose address is
+  /// stable while the recording lives), asked once when the node is marked recorded.
+  [[nodiscard]] inline const void* output_value(std::size_t i) const noexcept { return output_values_[i]; }
   [[nodiscard]] inline const backend::Checkpoint& checkpoint() const noexcept { return *checkpoint_; }
   /// Path liveness right after recording (with this node).
   [[nodiscard]] inline const std::vector<std::vector<bool>>& liveness_after() const noexcept { return liveness_after_; }
@@ -306,6 +309,7 @@ class TreeNode {
   Children children_;
 
   std::unique_ptr<backend::Recording> recording_;
+  std::vector<const void*> output_values_;  ///< `Recording::output(i)`, by `mark_recorded`
   std::unique_ptr<backend::Checkpoint> checkpoint_;
   std::vector<std::uint32_t> managed_inputs_;
   std::vector<std::uint32_t> static_inputs_;

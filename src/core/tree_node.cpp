@@ -151,6 +151,8 @@ void TreeNode::mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
   }
   bound_.clear();
   bound_native_.clear();
+  output_values_.assign(output_count_, nullptr);
+  for (std::size_t i = 0; recording_ != nullptr && i < output_count_; ++i) output_values_[i] = recording_->output(i);
   decide_fits_every_call();
 }
 
