@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The engine's bookkeeping cost per replay on the host backend (a 4-input, 4-output function):
 # instructions counted by callgrind (stable on a noisy machine) and nanoseconds, for a call through
-# a pool against the same work done directly. Prints a table.
+# a pool against the same work done directly. Prints a table, then the functions a replay and the
+# drop of its outputs run (calls, not inlined code: scripts/replay-hops.py) and their files.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$root"
@@ -9,12 +10,12 @@ build="${1:-build}"
 [ -x "$build/bench/host_overhead" ] || { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null; cmake --build "$build" --target host_overhead -j "$jobs"; }
 bin="$build/bench/host_overhead"
 iterations=20000
-count() {  # instructions collected for one loop
-  local out
-  out=$(mktemp -d)
-  valgrind --tool=callgrind --collect-atstart=no --callgrind-out-file="$out/cg" "$bin" --callgrind "$1" "$iterations" >/dev/null 2>"$out/log"
-  awk '/^summary:/ {print $2}' "$out/cg"
-  rm -rf "$out"
+profile=$(mktemp -d)
+trap 'rm -rf "$profile"' EXIT
+count() {  # instructions collected for one loop; the profile stays in $profile/$1
+  valgrind --tool=callgrind --collect-atstart=no --compress-strings=no --compress-pos=no \
+    --callgrind-out-file="$profile/$1" "$bin" --callgrind "$1" "$iterations" >/dev/null 2>"$profile/$1.log"
+  awk '/^summary:/ {print $2}' "$profile/$1"
 }
 cgt_ir=$(count cgt)
 raw_ir=$(count raw)
@@ -25,3 +26,4 @@ awk -v c="$cgt_ir" -v r="$raw_ir" -v n="$iterations" -v cn="$cgt_ns" -v rn="$raw
   printf "%-44s %14.0f %12.1f\n", "direct: 4 input copies + raw graph replay", r / n, rn
   printf "%-44s %14.0f %12.1f\n", "cgt bookkeeping (difference)", (c - r) / n, cn - rn
 }'
+python3 scripts/replay-hops.py "$profile/cgt" "$root/"
