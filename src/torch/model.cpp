@@ -13,6 +13,7 @@ module;
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -314,6 +315,19 @@ std::string message_of(const std::exception& error) {
 Result<void> Model::Runner::flatten_inputs(const std::vector<c10::IValue>& inputs, ModelCall& call,
                                            std::vector<Arg>& args) const {
   call.runner = this;
+  // The usual call, tensors only: the same arguments and structure hash as the flattener's (each
+  // tensor mixes 11), without building the structure (a node, a path string per input): a replay
+  // never reads it, and the runner rebuilds such a call from the pool function's inputs.
+  if (std::ranges::all_of(inputs, [](const c10::IValue& input) { return input.isTensor(); })) {
+    std::uint64_t hash = 0;
+    for (const c10::IValue& input : inputs) {
+      mix(hash, 11);
+      args.emplace_back(input.toTensor());
+    }
+    call.structure_hash = hash;
+    call.tensors_only = true;
+    return {};
+  }
   InputFlattener flattener{.args = args};
   call.inputs.reserve(inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
@@ -337,11 +351,11 @@ Values Model::Runner::operator()(Inputs in) {
   const c10::AutoGradMode no_grad(false);  // serving: no autograd history
   const ModelCall* call = current_call != nullptr && current_call->runner == this ? current_call : nullptr;
   std::vector<c10::IValue> arguments;
-  if (call != nullptr) {
+  if (call != nullptr && !call->tensors_only) {
     std::size_t next = 0;
     for (const InputNode& node : call->inputs) arguments.push_back(rebuild_input(node, in, next));
   } else {
-    // Called through function() directly: every input is one argument.
+    // Called through function() directly, or with tensors only: every input is one argument.
     const std::size_t count = structured_inputs && in.size() > 0 ? in.size() - 1 : in.size();
     for (std::size_t i = 0; i < count; ++i) {
       arguments.emplace_back(in[i].defined() ? c10::IValue(in[i]) : c10::IValue(in.scalar(i)));

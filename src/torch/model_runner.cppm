@@ -50,8 +50,11 @@ struct InputNode {
 /// The inputs of one call of a model, as the runner rebuilds them inside the pool function.
 struct ModelCall {
   const Model::Runner* runner = nullptr;
-  std::vector<InputNode> inputs;  ///< the top-level arguments
+  std::vector<InputNode> inputs;  ///< the top-level arguments (empty when `tensors_only`)
   std::uint64_t structure_hash = 0;
+  /// Every top-level argument is a tensor (the usual call): each is one input of the pool
+  /// function, in order, and `inputs` is not built (the runner passes the tensors as they come).
+  bool tensors_only = false;
 };
 
 /// The body of a model's pool function: rebuilds the model's inputs from the pool function's,
