@@ -36,12 +36,17 @@ void lease_drop(LeaseCore& lease) noexcept {
   lease.engine = EngineRef();
 }
 
-void leases_drop(std::span<LeaseCore> leases) noexcept {
+namespace {
+
+// `leases_drop`; with `Discard` the leases are about to be freed without their destructors
+// (`LeaseArray::free_leases`), and are not emptied one by one.
+template <bool Discard>
+void drop_leases(std::span<LeaseCore> leases) noexcept {
   // A call's leases share one engine: their cells go under one hold of its state (eight at a time),
   // and their references to it in one count, in one pass over the leases. A lease of another
   // engine (none of a call's) is dropped on its own.
   Engine* engine = nullptr;
-  std::array<Cell*, 8> cells{};
+  std::array<Cell*, 8> cells;  // NOLINT(cppcoreguidelines-pro-type-member-init): only [0, count) is read
   std::size_t count = 0;
   std::uint32_t references = 0;
   bool owners = false;
@@ -53,23 +58,34 @@ void leases_drop(std::span<LeaseCore> leases) noexcept {
       lease_drop(lease);
       continue;
     }
-    if (Cell* cell = std::exchange(lease.cell, nullptr)) {
+    if (Cell* cell = Discard ? lease.cell : std::exchange(lease.cell, nullptr)) {
       cells[count++] = cell;  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index): count < 8 here
       if (count == cells.size()) {
         engine->ledger().drop(cells);
         count = 0;
       }
     }
-    lease.value = nullptr;
     owners = owners || lease.owner != nullptr;
-    (void)lease.engine.forget();
+    if (!Discard) {
+      lease.value = nullptr;
+      (void)lease.engine.forget();
+    }
     ++references;
   }
   if (count > 0) engine->ledger().drop({cells.data(), count});
   if (owners) {  // the values the engine does not own go after the cells' drops, as a lease's do
     for (LeaseCore& lease : leases) lease.owner.reset();
   }
-  if (references > 0) release(*engine, references);  // last: they may be the engine's last references
+  // Last: they may be the engine's last references.
+  if (references > 0 && engine->drop_references(references)) {
+    delete engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership (detail::release)
+  }
+}
+
+}  // namespace
+
+void leases_drop(std::span<LeaseCore> leases) noexcept {
+  drop_leases<false>(leases);
 }
 
 namespace {
@@ -100,7 +116,7 @@ void watch_lease_blocks() noexcept {
 }
 
 void LeaseArray::free_leases() noexcept {
-  leases_drop(span());
+  drop_leases<true>(span());
   if (size_ > kLeaseBlock) {
     std::allocator<LeaseCore>().deallocate(data_, size_);
   } else if (!keep_lease_block(data_)) {

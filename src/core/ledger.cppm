@@ -48,7 +48,10 @@ class LedgerEffects {
  public:
   virtual ~LedgerEffects() = default;
   /// The last lease on `cell` went and no new generation had reclaimed it: its memory is dead from
-  /// now on, and the next replay or allocation may reuse it. Called under the state.
+  /// now on, and the next replay or allocation may reuse it. Called under the state, for deaths
+  /// the device hears of: a storage the allocator owns or the device keeps a record of, or any
+  /// storage where the device releases unowned ones (`Device::releases_unowned_storage`). The
+  /// others (a replay's output on the host) change nothing outside the cell.
   virtual void cell_died(Cell& cell) noexcept = 0;
 
  protected:
@@ -72,8 +75,9 @@ class Ledger {
  public:
   /// The ledger of `engine`, whose leases it hands out; `effects` (the engine) outlives it.
   /// `stamper`: the device where it stamps the values handed out (`Device::stamps_values`), or null.
-  inline Ledger(Engine& engine, LedgerEffects& effects, backend::Device* stamper) noexcept
-      : engine_(&engine), effects_(&effects), stamper_(stamper) {}
+  /// `releases_unowned`: the device's `releases_unowned_storage()` (see `LedgerEffects::cell_died`).
+  inline Ledger(Engine& engine, LedgerEffects& effects, backend::Device* stamper, bool releases_unowned) noexcept
+      : engine_(&engine), effects_(&effects), stamper_(stamper), releases_unowned_(releases_unowned) {}
   Ledger(const Ledger&) = delete;
   Ledger& operator=(const Ledger&) = delete;
 
@@ -155,14 +159,18 @@ class Ledger {
  private:
   // One lease on `cell` goes, under the state.
   inline void apply_drop(Cell* cell) noexcept {
-    if (cell->drop_lease() && !cell->is_reclaimed()) effects_->cell_died(*cell);
+    if (cell->drop_lease() && !cell->is_reclaimed() && device_hears_of_death(*cell)) effects_->cell_died(*cell);
     CellRef::unref(cell);
+  }
+  [[nodiscard]] inline bool device_hears_of_death(const Cell& cell) const noexcept {
+    return releases_unowned_ || cell.storage.owned_by_allocator || cell.storage.native != nullptr;
   }
   void apply_deferred_drops() noexcept;
 
   Engine* engine_;            ///< the engine each lease refers to
   LedgerEffects* effects_;    ///< the engine's device effects
   backend::Device* stamper_;  ///< stamps the values handed out, or null
+  bool releases_unowned_;     ///< the device's `releases_unowned_storage()`, read once
   std::uint64_t lives_ = 0;   ///< the last `Cell::life` given out; by `lease_to` only
 
   StateMutex state_mutex_;                 ///< by `hold`/`let_go`, `drop`, `apply_deferred`

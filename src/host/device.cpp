@@ -97,7 +97,11 @@ class HostRecording final : public backend::Recording {
     for (std::size_t i = 0; i < copied.size(); ++i) {
       if (!copied[i]) continue;
       const Buffer& slot = slots[i];
-      copies_.push_back({i, slot, slot.layout().is_dense(), slot.numel() * element_size(slot.type())});
+      copies_.push_back({.input = i,
+                         .slot = slot,
+                         .slot_data = slot.data(),
+                         .dense = slot.layout().is_dense(),
+                         .bytes = slot.numel() * element_size(slot.type())});
     }
   }
 
@@ -107,11 +111,15 @@ class HostRecording final : public backend::Recording {
       // The source fits its storage (Backend::describe checked it). Same sizes and strides (the shape key says so: a
       // graph replays only for calls of its key) and type (the engine checks every call's element types against the
       // first call's): whether one memcpy will do is the same for every replay, decided at the first.
+      if (copy.by_memcpy == Copy::Way::memcpy) [[likely]] {
+        std::memcpy(copy.slot_data, source.data(), copy.bytes);
+        continue;
+      }
       if (copy.by_memcpy == Copy::Way::unknown) {
         copy.by_memcpy = copy.dense && same_strides(source, copy.slot) ? Copy::Way::memcpy : Copy::Way::elementwise;
       }
       if (copy.by_memcpy == Copy::Way::memcpy) {
-        std::memcpy(copy.slot.data(), source.data(), copy.bytes);
+        std::memcpy(copy.slot_data, source.data(), copy.bytes);
       } else {
         host::copy(source, copy.slot);
       }
@@ -134,7 +142,8 @@ class HostRecording final : public backend::Recording {
     enum class Way : std::uint8_t { unknown, memcpy, elementwise };
     std::size_t input;
     Buffer slot;
-    bool dense;  // no gaps, overlap or broadcast: a copy with equal strides is one memcpy
+    std::byte* slot_data;  // slot.data(), fixed with the slot
+    bool dense;            // no gaps, overlap or broadcast: a copy with equal strides is one memcpy
     std::size_t bytes;
     Way by_memcpy = Way::unknown;
   };
