@@ -109,6 +109,7 @@ struct LeaseBlocks {
   bool watched = false;  ///< `watch_lease_blocks` ran on this thread
   bool closed = false;   ///< the thread is exiting: keep nothing more
 };
+// NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): each thread's own, written by it only
 inline thread_local constinit LeaseBlocks lease_blocks{};
 /// Registers the freeing of this thread's kept blocks at its exit (once per thread; lease.cpp).
 void watch_lease_blocks() noexcept;

@@ -444,6 +444,7 @@ struct RecordingOnThread {
   const FunctionRecord* function = nullptr;
   bool refused = false;  ///< a call of another pool was refused meanwhile
 };
+// NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): each thread's own, written by it only
 inline thread_local constinit RecordingOnThread recording_on_this_thread{};
 
 class RecordingScope {
