@@ -46,9 +46,10 @@ cgt::host::Function scaling(cgt::host::Pool& pool, double factor, cgt::FunctionO
 
 }  // namespace
 
-TEST_CASE("a replay's outputs dropped on another thread, or held by a thread_local past its thread's exit, "
-          "keep their values and free their memory once",
-          "[replay-path][host]") {
+TEST_CASE(
+    "a replay's outputs dropped on another thread, or held by a thread_local past its thread's exit, "
+    "keep their values and free their memory once",
+    "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
   auto f = scaling(pool, 2);
   const Buffer x = filled({4}, 1.5);
@@ -80,9 +81,10 @@ TEST_CASE("a replay's outputs dropped on another thread, or held by a thread_loc
   CHECK(pool.check_memory().has_value());
 }
 
-TEST_CASE("the child search's shortcut leaves a node with a static input to the full check: a moved static "
-          "input is still refused",
-          "[replay-path][host]") {
+TEST_CASE(
+    "the child search's shortcut leaves a node with a static input to the full check: a moved static "
+    "input is still refused",
+    "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true, .on_static_input_moved = cgt::OnStaticInputMoved::error});
   auto f = scaling(pool, 2, {.static_inputs = {0}});
   const Buffer x = filled({4}, 1.5);
@@ -95,9 +97,10 @@ TEST_CASE("the child search's shortcut leaves a node with a static input to the 
   CHECK(must(f({x})).kind() == CallKind::replay);  // the pool is as it was
 }
 
-TEST_CASE("the child search's shortcut leaves a node that reads an earlier graph's output to the full check: "
-          "that output at a new address records a new node",
-          "[replay-path][host]") {
+TEST_CASE(
+    "the child search's shortcut leaves a node that reads an earlier graph's output to the full check: "
+    "that output at a new address records a new node",
+    "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true});
   auto f = scaling(pool, 2);
   auto g = scaling(pool, 3);
