@@ -27,31 +27,17 @@ using cgt::host::Values;
 using host_test::output_values;
 using host_test::poisoned_pool;
 using host_test::repeat;
+using host_test::scaling;
 using scenario::must;
 
-namespace {
-
-/// y = factor * x.
-cgt::host::Function scaling(cgt::host::Pool& pool, double factor, cgt::FunctionOptions options = {}) {
-  return must(pool.add_function(
-      [factor](Context& ctx, Inputs in) {
-        const Buffer y = ctx.allocate_like(in[0]);
-        ctx.launch([x = in[0], y, factor] {
-          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, factor * x.get(i));
-        });
-        return Values{y};
-      },
-      std::move(options)));
-}
-
-}  // namespace
+namespace {}  // namespace
 
 TEST_CASE(
     "a replay's outputs dropped on another thread, or held by a thread_local past its thread's exit, "
     "keep their values and free their memory once",
     "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
-  auto f = scaling(pool, 2);
+  auto f = scaling(pool, "f", 2);
   const Buffer x = filled({4}, 1.5);
   for (int i = 0; i < 3; ++i) (void)must(f({x}));  // warmed up and recorded: every later call replays
 
@@ -86,7 +72,7 @@ TEST_CASE(
     "input is still refused",
     "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true, .on_static_input_moved = cgt::OnStaticInputMoved::error});
-  auto f = scaling(pool, 2, {.static_inputs = {0}});
+  auto f = scaling(pool, "f", 2, {.static_inputs = {0}});
   const Buffer x = filled({4}, 1.5);
   const Buffer moved = filled({4}, 1.5);
   CHECK(must(f({x})).kind() == CallKind::recording);
@@ -102,8 +88,8 @@ TEST_CASE(
     "that output at a new address records a new node",
     "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true});
-  auto f = scaling(pool, 2);
-  auto g = scaling(pool, 3);
+  auto f = scaling(pool, "f", 2);
+  auto g = scaling(pool, "g", 3);
   const Buffer x = filled({4}, 1);
   {
     auto a = must(f({x}));

@@ -36,23 +36,11 @@ using cgt::host::Values;
 using host_test::output_values;
 using host_test::poisoned_pool;
 using host_test::repeat;
+using host_test::scaling;
 using host_test::values_of;
 using scenario::must;
 
 namespace {
-
-/// y = factor * x.
-cgt::host::Function scaled(cgt::host::Pool& pool, double factor, std::string name = "scaled") {
-  return must(pool.add_function(
-      [factor](Context& ctx, Inputs in) {
-        const Buffer y = ctx.allocate_like(in[0]);
-        ctx.launch([x = in[0], y, factor] {
-          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, factor * x.get(i));
-        });
-        return Values{y};
-      },
-      {.name = std::move(name)}));
-}
 
 /// `count` outputs: output k = x + k.
 cgt::host::Function fan_out(cgt::host::Pool& pool, std::size_t count) {
@@ -102,7 +90,7 @@ bool all_nan(const std::vector<double>& values) {
 TEST_CASE("hostile: an Outputs moved between threads, reset, reused and dropped on a third thread",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
-  auto f = scaled(pool, 2);
+  auto f = scaling(pool, "scaled", 2);
   const Buffer x = filled({4}, 1.5);
   for (int i = 0; i < 3; ++i) (void)must(f({x}));
 
@@ -213,7 +201,7 @@ TEST_CASE(
     "and one that keeps more than four blocks",
     "[replay-path][host]") {
   auto pool = poisoned_pool();
-  auto f = scaled(pool, 2);
+  auto f = scaling(pool, "scaled", 2);
   auto g = fan_out(pool, 3);
   const Buffer x = filled({4}, 1.5);
   for (int i = 0; i < 3; ++i) (void)must(f({x}));
@@ -295,7 +283,7 @@ TEST_CASE(
     "value object",
     "[replay-path][host]") {
   auto pool = poisoned_pool();
-  auto f = scaled(pool, 2, "f");
+  auto f = scaling(pool, "f", 2);
   cgt::host::OutputLease* victim = nullptr;
   auto g = must(pool.add_function(
       [&victim](Context& ctx, Inputs in) {
@@ -325,7 +313,7 @@ TEST_CASE(
 TEST_CASE("hostile: a lease moved twice into one call is consumed once: a view of it stays live",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
-  auto f = scaled(pool, 2);
+  auto f = scaling(pool, "scaled", 2);
   auto view = identity(pool);
   auto add = added(pool);
   const Buffer x = filled({4}, 1);
@@ -351,7 +339,7 @@ TEST_CASE(
     "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true, .debug_checks = true});
   auto two = fan_out(pool, 2);  // x, x + 1
-  auto g = scaled(pool, 5, "g");
+  auto g = scaling(pool, "g", 5);
   const Buffer x = filled({256}, 1);
   for (int i = 0; i < 3; ++i) {  // the parent's output 0 dies before g: g's graph may reuse its memory
     auto parent = must(two({x}));
@@ -377,9 +365,9 @@ TEST_CASE(
 TEST_CASE("hostile: a child recorded consuming its input's lease is not replayed for a borrowed one",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true, .debug_checks = true});
-  auto f = scaled(pool, 2, "f");
-  auto g = scaled(pool, 3, "g");
-  auto h = scaled(pool, 7, "h");
+  auto f = scaling(pool, "f", 2);
+  auto g = scaling(pool, "g", 3);
+  auto h = scaling(pool, "h", 7);
   const Buffer x = filled({256}, 1);
   for (int i = 0; i < 3; ++i) {
     auto a = must(f({x}));
@@ -407,8 +395,8 @@ TEST_CASE("hostile: a child recorded consuming its input's lease is not replayed
 TEST_CASE("hostile: poison_dead_memory: a dead replay output's stale copy reads poison, a live one never does",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true});
-  auto f = scaled(pool, 2, "f");
-  auto g = scaled(pool, 3, "g");
+  auto f = scaling(pool, "f", 2);
+  auto g = scaling(pool, "g", 3);
   const Buffer x = filled({8}, 1);
   (void)must(f({x}));  // recording
   {

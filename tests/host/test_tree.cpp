@@ -28,24 +28,11 @@ using cgt::host::Values;
 using host_test::output_values;
 using host_test::poisoned_pool;
 using host_test::repeat;
+using host_test::scaling;
 using host_test::values_of;
 using scenario::must;
 
 namespace {
-
-/// y = factor * x.
-cgt::host::Function scaling(cgt::host::Pool& pool, std::string name, double factor, cgt::FunctionOptions options = {}) {
-  options.name = std::move(name);
-  return must(pool.add_function(
-      [factor](Context& ctx, Inputs in) {
-        const Buffer y = ctx.allocate_like(in[0]);
-        ctx.launch([x = in[0], y, factor] {
-          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, factor * x.get(i));
-        });
-        return Values{y};
-      },
-      std::move(options)));
-}
 
 /// (2x, 3x), each in a storage of its own.
 cgt::host::Function two_storages(cgt::host::Pool& pool, std::string name) {

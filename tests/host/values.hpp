@@ -1,8 +1,9 @@
 // What the host tests share to read values and make pools: a buffer's elements as doubles, an
-// output's, a vector of one value, and a pool that poisons dead memory.
+// output's, a vector of one value, a pool that poisons dead memory, and a function that scales.
 #pragma once
 
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -52,6 +53,21 @@ inline cgt::host::Pool poisoned_pool(cgt::Options options = {}) {
   pool_options.tree = std::move(options);
   pool_options.poison_dead_memory = true;
   return scenario::must(cgt::host::make_pool(std::move(pool_options)));
+}
+
+/// A pool function named `name`: y = factor * x, in a storage of its own.
+inline cgt::host::Function scaling(cgt::host::Pool& pool, std::string name, double factor,
+                                   cgt::FunctionOptions options = {}) {
+  options.name = std::move(name);
+  return scenario::must(pool.add_function(
+      [factor](cgt::host::Context& ctx, cgt::host::Inputs in) {
+        const cgt::host::Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y, factor] {
+          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, factor * x.get(i));
+        });
+        return cgt::host::Values{y};
+      },
+      std::move(options)));
 }
 
 }  // namespace host_test
