@@ -159,10 +159,13 @@ class Engine final : public LedgerEffects {
 
   // --- the handles sharing the engine (`retain`, `release`): any thread ---
   inline void add_references(std::uint32_t count) noexcept { refs_.fetch_add(count, std::memory_order_relaxed); }
-  /// True when these were the last references: the caller deletes the engine.
-  [[nodiscard]] inline bool drop_references(std::uint32_t count) noexcept {
+  /// Drops `count` references; the last one deletes the engine. The one place that rule is
+  /// written (`detail::release`, a call's hold and a call's leases all come here).
+  inline void drop_references(std::uint32_t count) noexcept {
     // The last handle may go on any thread; acq_rel orders every use before the delete.
-    return refs_.fetch_sub(count, std::memory_order_acq_rel) == count;
+    if (refs_.fetch_sub(count, std::memory_order_acq_rel) == count) {
+      delete this;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
+    }
   }
 
   // --- one caller at a time (`detail::call`, `PoolBase::shutdown`): any thread ---
@@ -252,7 +255,15 @@ class Engine final : public LedgerEffects {
   void warn_if_pending_backward_repeats(FunctionRecord& function);
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   /// The call after its arguments are checked: picks its shape variant, then falls back or runs the tree.
-  Result<CallOutputs> run_selected(CallFrame& frame);
+  /// (Inline: a call with its function's last shape key, the common one, goes straight to the tree.)
+  inline Result<CallOutputs> run_selected(CallFrame& frame) {
+    // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
+    if (!frame.same_shapes_as_last) return run_other_key(frame);
+    frame.variant = variants_[frame.function->last_variant].get();
+    return run_tree(frame);
+  }
+  /// `run_selected` for a key other than the function's last one.
+  Result<CallOutputs> run_other_key(CallFrame& frame);
   Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
   Result<CallOutputs> run_tree(CallFrame& frame);
   /// The `static_input_moved` error of a call whose only misfit is static inputs at new addresses.
@@ -299,13 +310,9 @@ class Engine final : public LedgerEffects {
 
   // --- replay (engine_replay.cpp) ---
   /// The child of the current node (or root) of the call's variant that it replays (`Tree::match`).
-  /// (Inline: the first candidate that fits every call is the common replay, a root most often.)
   [[nodiscard]] inline Match find_replayable_child(const CallFrame& frame) const {
-    const auto candidates = path_.children(tree_.roots()).of(frame.variant->id);
-    if (!candidates.empty() && candidates.front()->fits_every_call()) {
-      return Match{.replayable = candidates.front().get()};
-    }
-    return Tree::match(candidates, frame.descs, frame.args, options_.on_static_input_moved);
+    return Tree::match(path_.children(tree_.roots()).of(frame.variant->id), frame.descs, frame.args,
+                       options_.on_static_input_moved);
   }
   Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
 

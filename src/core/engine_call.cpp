@@ -38,9 +38,7 @@ class CallKeepsEngine {
   explicit CallKeepsEngine(Engine& engine) noexcept : engine_(engine) { engine_.add_references(1); }
   CallKeepsEngine(const CallKeepsEngine&) = delete;
   CallKeepsEngine& operator=(const CallKeepsEngine&) = delete;
-  ~CallKeepsEngine() {
-    if (engine_.drop_references(1)) delete &engine_;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
-  }
+  ~CallKeepsEngine() { engine_.drop_references(1); }
 
  private:
   Engine& engine_;
@@ -243,10 +241,6 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
                   .same_shapes_as_last = same_shapes};
   if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
   if (!function.options.buckets.sizes.empty()) return run_bucketed(frame);
-  if (same_shapes) {  // what run_selected does with the last variant's key (see select_variant)
-    frame.variant = variants_[function.last_variant].get();
-    return run_tree(frame);
-  }
   return run_selected(frame);
 }
 
@@ -258,7 +252,7 @@ void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclai
   if (path_.reclaims() == reclaims_before && generation_rule_.take_back(generation)) --stats_.steps_begun_by_forward;
 }
 
-Result<CallOutputs> Engine::run_selected(CallFrame& frame) {
+Result<CallOutputs> Engine::run_other_key(CallFrame& frame) {
   std::optional<Reason> fallback;
   frame.variant = select_variant(frame, fallback);
   if (fallback) return run_eager(frame, *fallback);
@@ -360,8 +354,6 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
 
 Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
   FunctionRecord& function = *frame.function;
-  // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
-  if (frame.same_shapes_as_last) return variants_[function.last_variant].get();
   for (const auto& desc : frame.descs) {
     if (desc.kind == backend::ArgKind::value && desc.device != device_index_) {
       fallback = Reason::input_on_other_device;

@@ -77,9 +77,7 @@ void drop_leases(std::span<LeaseCore> leases) noexcept {
     for (LeaseCore& lease : leases) lease.owner.reset();
   }
   // Last: they may be the engine's last references.
-  if (references > 0 && engine->drop_references(references)) {
-    delete engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership (detail::release)
-  }
+  if (references > 0) engine->drop_references(references);
 }
 
 }  // namespace

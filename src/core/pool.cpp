@@ -37,9 +37,7 @@ void retain(Engine& engine, std::uint32_t count) noexcept {
 }
 
 void release(Engine& engine, std::uint32_t count) noexcept {
-  if (engine.drop_references(count)) {
-    delete &engine;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
-  }
+  engine.drop_references(count);
 }
 
 Result<EngineRef> make_engine(std::unique_ptr<backend::Device> device, Options options) {

@@ -64,46 +64,37 @@ void Tree::clear() noexcept {
   roots_.clear();
 }
 
-Match Tree::match(std::span<const std::unique_ptr<TreeNode>> candidates, std::span<const backend::ArgDesc> descs,
-                  std::span<const backend::ArgSlot> args, OnStaticInputMoved on_moved) noexcept {
-  Match match;
-  for (const auto& owned : candidates) {
-    TreeNode& child = *owned;
-    if (child.fits_every_call()) {  // every check below would pass
-      match.replayable = &child;
-      return match;
-    }
-    // Outputs of earlier graphs are baked into this graph at their recorded addresses.
-    if (const std::int32_t moved = first_moved_input(child.managed_inputs(), child, descs); moved >= 0) {
-      match.moved_managed_input = moved;
-      continue;
-    }
-    // Memory this graph reuses must be dead now, as it was when the graph was recorded.
-    if (!all_dead(child, child.expected_dead_before())) {
-      match.liveness_differs = true;
-      continue;
-    }
-    const std::int32_t moved_static = first_moved_input(child.static_inputs(), child, descs);
-    if (moved_static >= 0 && on_moved == OnStaticInputMoved::rerecord) {
-      if (match.static_moved_child == nullptr) {
-        match.static_moved_child = &child;
-        match.moved_static_input = moved_static;
-      }
-      continue;
-    }
-    if (!liveness_allows(child, args)) {
-      match.liveness_differs = true;
-      continue;
-    }
-    if (moved_static >= 0) {  // OnStaticInputMoved::error: the call fails on this child
+bool Tree::search_ends_at(TreeNode& child, std::span<const backend::ArgDesc> descs,
+                          std::span<const backend::ArgSlot> args, OnStaticInputMoved on_moved, Match& match) noexcept {
+  // Outputs of earlier graphs are baked into this graph at their recorded addresses.
+  if (const std::int32_t moved = first_moved_input(child.managed_inputs(), child, descs); moved >= 0) {
+    match.moved_managed_input = moved;
+    return false;
+  }
+  // Memory this graph reuses must be dead now, as it was when the graph was recorded.
+  if (!all_dead(child, child.expected_dead_before())) {
+    match.liveness_differs = true;
+    return false;
+  }
+  const std::int32_t moved_static = first_moved_input(child.static_inputs(), child, descs);
+  if (moved_static >= 0 && on_moved == OnStaticInputMoved::rerecord) {
+    if (match.static_moved_child == nullptr) {
       match.static_moved_child = &child;
       match.moved_static_input = moved_static;
-    } else {
-      match.replayable = &child;
     }
-    return match;
+    return false;
   }
-  return match;
+  if (!liveness_allows(child, args)) {
+    match.liveness_differs = true;
+    return false;
+  }
+  if (moved_static >= 0) {  // OnStaticInputMoved::error: the call fails on this child
+    match.static_moved_child = &child;
+    match.moved_static_input = moved_static;
+  } else {
+    match.replayable = &child;
+  }
+  return true;
 }
 
 }  // namespace cgt::detail

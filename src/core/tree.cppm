@@ -387,11 +387,30 @@ class Tree {
   /// are the only ones left). Under `on_moved == error` a child that fits but for a moved static
   /// input ends the search as `static_moved_child`; under `rerecord` the first such child is
   /// noted and the search goes on. The other fields say why the rest did not fit.
-  [[nodiscard]] static Match match(std::span<const std::unique_ptr<TreeNode>> candidates,
-                                   std::span<const backend::ArgDesc> descs, std::span<const backend::ArgSlot> args,
-                                   OnStaticInputMoved on_moved) noexcept;
+  /// (Inline: the first candidate that fits every call is the common replay, a root most often.)
+  [[nodiscard]] static inline Match match(std::span<const std::unique_ptr<TreeNode>> candidates,
+                                          std::span<const backend::ArgDesc> descs,
+                                          std::span<const backend::ArgSlot> args,
+                                          OnStaticInputMoved on_moved) noexcept {
+    Match match;
+    for (const auto& child : candidates) {
+      if (child->fits_every_call()) {  // every check of `search_ends_at` would pass
+        match.replayable = child.get();
+        return match;
+      }
+      if (search_ends_at(*child, descs, args, on_moved, match)) return match;
+    }
+    return match;
+  }
 
  private:
+  /// `match`'s checks of one child that does not fit every call: true when the search ends at it
+  /// (`match.replayable`, or `static_moved_child` under `error`); false when it goes on, with the
+  /// reason the child did not fit noted in `match`.
+  [[nodiscard]] static bool search_ends_at(TreeNode& child, std::span<const backend::ArgDesc> descs,
+                                           std::span<const backend::ArgSlot> args, OnStaticInputMoved on_moved,
+                                           Match& match) noexcept;
+
   Children roots_;
   std::vector<gsl::not_null<TreeNode*>> nodes_;  ///< by id: every graph node, owned by roots_ and below
 };
