@@ -9,6 +9,7 @@ module;
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,6 +77,10 @@ struct LeaseCore {
   std::uint32_t output = 0;
 
   inline LeaseCore() = default;
+  /// A lease on `cell` (or on no cell) handing out `value`, holding `engine`'s reference.
+  inline LeaseCore(EngineRef engine, Cell* cell, const void* value, std::uint32_t function,
+                   std::uint32_t output) noexcept
+      : engine(std::move(engine)), cell(cell), value(value), function(function), output(output) {}
   LeaseCore(const LeaseCore&) = delete;
   LeaseCore& operator=(const LeaseCore&) = delete;
   inline LeaseCore(LeaseCore&& other) noexcept
@@ -141,6 +146,16 @@ class LeaseArray {
     if (count == 0) return;
     data_ = count > kLeaseBlock ? std::allocator<LeaseCore>().allocate(count) : small_block();
     std::uninitialized_default_construct_n(data_, count);
+  }
+  /// `count` leases, each made in place by `make(at, i)`, which constructs lease `i` at `at` and
+  /// cannot fail (a replay's: no empty lease is written first).
+  template <class Make>
+    requires std::is_nothrow_invocable_v<Make&, LeaseCore*, std::size_t>
+  inline LeaseArray(std::size_t count, Make&& make) : size_(count) {
+    if (count == 0) return;
+    data_ = count > kLeaseBlock ? std::allocator<LeaseCore>().allocate(count) : small_block();
+    for (std::size_t i = 0; i < count; ++i)
+      make(data_ + i, i);  // NOLINT(cppcoreguidelines-pro-bounds-pointer-arithmetic)
   }
   LeaseArray(const LeaseArray&) = delete;
   LeaseArray& operator=(const LeaseArray&) = delete;

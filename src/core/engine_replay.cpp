@@ -61,13 +61,12 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   out.kind = CallKind::replay;
   out.node = node.id();
   const std::size_t count = node.output_count();
-  out.leases = LeaseArray(count);
   add_references(static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
   const std::uint64_t generation = generation_rule_.current();
-  for (std::size_t i = 0; i < count; ++i) {
-    ledger_.lease_to(out.leases[i], node.cells()[i].get(), node.output_value(i), function.id,
-                     static_cast<std::uint32_t>(i), generation);
-  }
+  out.leases = LeaseArray(count, [&](LeaseCore* at, std::size_t i) noexcept {
+    ledger_.lease_at(at, node.cells()[i].get(), node.output_value(i), function.id, static_cast<std::uint32_t>(i),
+                     generation);
+  });
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   Ledger::consume(frame.args);
   path_.enter(node, PathState::execution, frame.generation);

@@ -17,9 +17,9 @@ namespace cgt::detail {
 
 LeaseCore Ledger::make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner, std::uint32_t function,
                              std::uint32_t output, std::uint64_t generation) {
-  LeaseCore lease;
   retain(*engine_);
-  lease_to(lease, cell, value, function, output, generation);
+  take_lease(cell, value, generation);
+  LeaseCore lease(EngineRef::adopt(engine_), cell, value, function, output);
   lease.owner = std::move(owner);
   return lease;
 }

@@ -108,26 +108,19 @@ class Ledger {
 
   // --- leases ---
 
-  /// Makes the empty `lease` a lease on `cell` (null: a value that is not pool memory) handing out
-  /// `value`, output `output` of `function`, in `generation`: the replay's hot path, filling leases
-  /// in place. REQUIRES: the state is held; the caller counted the lease's reference to the engine
-  /// already (`retain(engine, n)` for a call's n leases): the lease adopts it. ENSURES: the cell
-  /// has one lease more; the first lease after none gives it the next life, which is stamped on
-  /// `value` where the device stamps values.
-  /// (Inline: a replay fills one lease per output.)
-  inline void lease_to(LeaseCore& lease, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
+  /// Makes a lease at `at` (memory for one, not constructed) on `cell` (null: a value that is not
+  /// pool memory) handing out `value`, output `output` of `function`, in `generation`: the
+  /// replay's hot path, filling a call's lease array in place. REQUIRES: the state is held; the
+  /// caller counted the lease's reference to the engine already (`retain(engine, n)` for a call's
+  /// n leases): the lease adopts it. ENSURES: the cell has one lease more; the first lease after
+  /// none gives it the next life, which is stamped on `value` where the device stamps values.
+  /// (Inline: a replay makes one lease per output.)
+  inline void lease_at(LeaseCore* at, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
                        std::uint64_t generation) noexcept {
-    lease.engine = EngineRef::adopt(engine_);
-    if (cell != nullptr) {
-      cell->add_lease(lives_, generation);
-      if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
-      lease.cell = cell;
-    }
-    lease.value = value;
-    lease.function = function;
-    lease.output = output;
+    take_lease(cell, value, generation);
+    ::new (at) LeaseCore(EngineRef::adopt(engine_), cell, value, function, output);
   }
-  /// As `lease_to`, on a new lease that counts its own reference to the engine and keeps `owner`
+  /// As `lease_at`, on a new lease that counts its own reference to the engine and keeps `owner`
   /// (what owns `value` where the engine does not).
   [[nodiscard]] LeaseCore make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner,
                                      std::uint32_t function, std::uint32_t output, std::uint64_t generation);
@@ -158,6 +151,12 @@ class Ledger {
 
  private:
   // One lease on `cell` goes, under the state.
+  /// The cell's side of a new lease on it (`lease_at`, `make_lease`).
+  inline void take_lease(Cell* cell, const void* value, std::uint64_t generation) noexcept {
+    if (cell == nullptr) return;
+    cell->add_lease(lives_, generation);
+    if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
+  }
   inline void apply_drop(Cell* cell) noexcept {
     if (cell->drop_lease() && !cell->is_reclaimed() && device_hears_of_death(*cell)) effects_->cell_died(*cell);
     CellRef::unref(cell);
@@ -171,7 +170,7 @@ class Ledger {
   LedgerEffects* effects_;    ///< the engine's device effects
   backend::Device* stamper_;  ///< stamps the values handed out, or null
   bool releases_unowned_;     ///< the device's `releases_unowned_storage()`, read once
-  std::uint64_t lives_ = 0;   ///< the last `Cell::life` given out; by `lease_to` only
+  std::uint64_t lives_ = 0;   ///< the last `Cell::life` given out; by `take_lease` only
 
   StateMutex state_mutex_;                 ///< by `hold`/`let_go`, `drop`, `apply_deferred`
   std::atomic<std::thread::id> holder_{};  ///< the thread holding state_mutex_, if any; set with it

@@ -99,10 +99,11 @@ class Path {
   [[nodiscard]] [[clang::always_inline]] inline bool all_outputs_dead() const {
     if (current_ == nullptr) return true;
     if (current_->kind() != NodeKind::graph) return live_cells().empty();
-    return std::ranges::none_of(current_->live_after(), [this](const PathIndex& index) {
+    for (const PathIndex& index : current_->live_after()) {  // a loop: ranges::none_of is a call here
       const CellRef& cell = current_->cell_at(index);
-      return cell && cell->is_live();
-    });
+      if (cell && cell->is_live()) return false;
+    }
+    return true;
   }
   /// Whether `storage` is the memory of an output of the ended path.
   [[nodiscard]] bool is_output_of_ended(std::uintptr_t storage) const noexcept;

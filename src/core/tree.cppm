@@ -51,7 +51,7 @@ struct Cell {  // a struct: declared so in :detail
   [[nodiscard]] inline const std::shared_ptr<void>& copied_out() const noexcept { return copied_out_; }
 
   /// A lease on it is handed out in `generation`; the first after none brings the memory to life,
-  /// with the next of the ledger's lives (`Ledger::lease_to`).
+  /// with the next of the ledger's lives (`Ledger::take_lease`).
   inline void add_lease(std::uint64_t& lives, std::uint64_t generation) noexcept {
     ++refs_;
     if (leases_++ == 0) life_ = ++lives;
