@@ -19,7 +19,7 @@
 //   * launch: the model captured by libtorch's CUDAGraph (as captured: no node rewrite), its node
 //     types, and the CPU of a raw cudaGraphLaunch of it and of cgt's call in turn, with the GPU
 //     idle (right after a synchronisation, and 1 ms after one), then each alone, call after call,
-//     and each right after a small kernel;
+//     and each right after a small kernel; then cgt's call against a kernel-only graph of its size;
 //   * pool: the cgt pool's reserved bytes after serving every size.
 // Prints the CSV lines bench/models/report.py reads (the same as models.py's), plus
 //   launch,MODEL,BATCH,METHOD,nodes,memsets,raw_us,cgt_us,raw_us_after_1ms,cgt_us_after_1ms,
@@ -34,8 +34,15 @@
 //          after a small kernel: see split_cgt_call>
 //   cudacalls,MODEL,BATCH,FORMAT,<CUDA runtime calls per cgt call, by name>
 //   cgtgraph,flags F,MODEL,BATCH,FORMAT,<the graph cgt launches: its instantiate flags, node types and shape>
+//   kernelonly,MODEL,BATCH,FORMAT,N,reference nodes,model call us,reference call us,ratio,raw reference exec us,
+//          raw model exec us,model call spun us,reference call spun us,ratio spun
+//     <cgt's call of the model against a pool function whose graph is N kernel nodes in one chain (N: the
+//     nodes of the graph cgt's call launches), each right after a small kernel; spun: the thread kept on the
+//     CPU 50 us before the call; see kernel_only_reference>
 //   graphcounts,MODEL,FORMAT,<the pool's GraphCounts after serving>
-// With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass, against drift).
+// and, at the end, the kernelonly lines as a table (model call within 1.5x of the reference's: issue
+// 27, item 6's target). With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass,
+// against drift).
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
@@ -267,6 +274,21 @@ double thread_cpu_micros() {
 
 void synchronize() {
   check(cudaDeviceSynchronize(), "synchronising");
+}
+
+// What each timed launch of the launch diagnosis follows (issue 27, item 6): a small kernel that
+// ran alone on the GPU, synchronised before and after, so the GPU is idle after short work.
+void after_small_kernel(const at::Tensor& small) {
+  synchronize();
+  small.add_(1);
+  synchronize();
+}
+
+// Keeps the calling thread on the CPU for `duration`, reading the clock (no sleep, no yield).
+void spin(Clock::duration duration) {
+  const auto until = Clock::now() + duration;
+  while (Clock::now() < until) {
+  }
 }
 
 double median(std::vector<double> values) {
@@ -554,9 +576,7 @@ void rewritten_launch(const std::string& model, std::int64_t batch, const std::s
     if (i >= 10) alone.push_back(micros(Clock::now() - start));
   }
   for (int i = 0; i < calls + 10; ++i) {
-    synchronize();
-    small.add_(1);
-    synchronize();
+    after_small_kernel(small);
     const auto start = Clock::now();
     check(cudaGraphLaunch(exec, side.stream()), "launch");
     if (i >= 10) after_small.push_back(micros(Clock::now() - start));
@@ -579,9 +599,7 @@ void rewritten_launch(const std::string& model, std::int64_t batch, const std::s
     check(cudaGraphUpload(flagged, side.stream()), "upload");
     std::vector<double> times;
     for (int i = 0; i < calls + 10; ++i) {
-      synchronize();
-      small.add_(1);
-      synchronize();
+      after_small_kernel(small);
       const auto start = Clock::now();
       check(cudaGraphLaunch(flagged, side.stream()), "launch");
       if (i >= 10) times.push_back(micros(Clock::now() - start));
@@ -593,6 +611,22 @@ void rewritten_launch(const std::string& model, std::int64_t batch, const std::s
   std::printf("rewrittenflags,%s,%lld,%s,%.2f,%.2f,%.2f,%.2f\n", model.c_str(), static_cast<long long>(batch),
               label.c_str(), by_flags[0], by_flags[1], by_flags[2], by_flags[3]);
   check(cudaGraphDestroy(copy), "destroying");
+}
+
+// How the probe saw `exec` instantiated: its graph and flags (graph null where it did not).
+probe::Instantiated instantiation_of(cudaGraphExec_t exec) {
+  const std::lock_guard<std::mutex> lock(probe::instantiated_mutex());
+  const auto entry = probe::instantiated().find(exec);
+  return entry == probe::instantiated().end() ? probe::Instantiated{} : entry->second;
+}
+
+// The executable `call` launched, through the probe (null where it launched none).
+cudaGraphExec_t launched_by(const std::function<void()>& call) {
+  probe::launched = nullptr;
+  probe::armed = true;
+  call();
+  probe::armed = false;
+  return probe::launched;
 }
 
 // Issue 27, item 6, taken apart: in one loop, each right after a small kernel ran alone on the GPU
@@ -614,12 +648,7 @@ void rewritten_launch(const std::string& model, std::int64_t batch, const std::s
 void split_cgt_call(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x, int calls,
                     cgt::torch::Pool& pool, const cgt::torch::Model& fn, cudaGraphExec_t exec,
                     const c10::cuda::CUDAStream& side) {
-  at::Tensor small = at::zeros({256}, x.options().dtype(at::kFloat));
-  const auto after_small_kernel = [&] {
-    synchronize();
-    small.add_(1);
-    synchronize();
-  };
+  const at::Tensor small = at::zeros({256}, x.options().dtype(at::kFloat));
   const bool function_only = format.label.rfind("AOTI", 0) == 0;  // its pool function takes {x}
   std::vector<double> raw, raw_cgt_exec, total, step, until_launch, launch, to_return, drop, function_call, cpu;
   std::array<std::uint64_t, probe::Api::count> api_calls{};
@@ -632,12 +661,12 @@ void split_cgt_call(const std::string& model, std::int64_t batch, const Format& 
   };
   for (int i = 0; i < calls + 10; ++i) {
     const bool keep = i >= 10;
-    after_small_kernel();
+    after_small_kernel(small);
     auto start = Clock::now();
     check(cudaGraphLaunch(exec, side.stream()), "launch");
     if (keep) raw.push_back(micros(Clock::now() - start));
 
-    after_small_kernel();
+    after_small_kernel(small);
     probe::calls = {};
     probe::launched = nullptr;
     probe::armed = true;
@@ -671,14 +700,14 @@ void split_cgt_call(const std::string& model, std::int64_t batch, const Format& 
     }
 
     if (cgt_exec != nullptr) {
-      after_small_kernel();
+      after_small_kernel(small);
       start = Clock::now();
       check(cudaGraphLaunch(cgt_exec, side.stream()), "launching cgt's executable");
       if (keep) raw_cgt_exec.push_back(micros(Clock::now() - start));
     }
 
     if (function_only) {
-      after_small_kernel();
+      after_small_kernel(small);
       start = Clock::now();
       pool.mark_step_begin();
       {
@@ -703,17 +732,190 @@ void split_cgt_call(const std::string& model, std::int64_t batch, const Format& 
   }
   std::printf("cudacalls,%s,%lld,%s,%s\n", model.c_str(), static_cast<long long>(batch), format.label.c_str(),
               counted.str().c_str());
-  probe::Instantiated found;
-  {
-    const std::lock_guard<std::mutex> lock(probe::instantiated_mutex());
-    if (auto entry = probe::instantiated().find(cgt_exec); entry != probe::instantiated().end()) found = entry->second;
-  }
+  const probe::Instantiated found = instantiation_of(cgt_exec);
   if (found.graph != nullptr) {
     print_node_types(("cgtgraph,flags " + std::to_string(found.flags)).c_str(), model, batch, format.label,
                      node_types(found.graph));
   } else {
     std::printf("cgtgraph,%s,%lld,%s,its instantiation was not seen\n", model.c_str(), static_cast<long long>(batch),
                 format.label.c_str());
+  }
+  std::fflush(stdout);
+}
+
+// A pool function whose recorded graph is kernel nodes only, in one chain, as the graph of cgt's
+// call of the model is: the copy node of its input (copied, not static, as the model's is), then
+// `y = x + 1` and `adds` times `y.add_(1)`; recorded on a fresh pool made as the serving one.
+struct Reference {
+  cgt::torch::Pool pool;
+  cgt::torch::Function fn;
+  cudaGraphExec_t exec = nullptr;  // what its replays launch (null where the probe saw none)
+  NodeTypes types;                 // that executable's graph
+};
+
+Reference record_reference(std::size_t adds, const at::Tensor& input) {
+  cgt::torch::Pool pool =
+      must(cgt::torch::make_pool({.device = 0, .rewrite_memset_nodes = true}), "making the reference's pool");
+  cgt::torch::Function fn = must(pool.add_function(
+                                     [adds](cgt::torch::Inputs in) {
+                                       at::Tensor y = in[0] + 1;
+                                       for (std::size_t i = 0; i < adds; ++i) y.add_(1);
+                                       return cgt::torch::Values{y};
+                                     },
+                                     {.name = "kernel-only reference"}),
+                                 "adding the reference");
+  // Warm-up and recording, then the first replay: the executable every later replay launches.
+  cudaGraphExec_t exec = nullptr;
+  for (int call = 0; call < 6 && exec == nullptr; ++call) {
+    cgt::CallKind kind = cgt::CallKind::warmup;
+    const cudaGraphExec_t launched = launched_by([&] {
+      pool.mark_step_begin();
+      kind = must(fn({input}), "reference call").kind();
+    });
+    if (kind == cgt::CallKind::replay) exec = launched;
+  }
+  const probe::Instantiated found = instantiation_of(exec);
+  NodeTypes types = found.graph != nullptr ? node_types(found.graph) : NodeTypes{};
+  return {.pool = std::move(pool), .fn = std::move(fn), .exec = exec, .types = types};
+}
+
+// One kernelonly line, kept for the summary at the end of the run.
+struct KernelOnlyRow {
+  std::string model, format;
+  std::int64_t batch = 0;
+  std::size_t nodes = 0;
+  double model_call = 0, reference_call = 0;
+};
+std::vector<KernelOnlyRow>& kernel_only_rows() {
+  static std::vector<KernelOnlyRow> rows;
+  return rows;
+}
+
+// Issue 27, item 6's target, measured directly: cgt's call of the model against the call of a
+// kernel-only graph of the same node count (Reference), on a pool of its own. In one loop, each
+// right after a small kernel ran alone on the GPU: cgt's call of the model (the step, the call, the
+// drop of its outputs, as split_cgt_call's total), the reference's call alike, and the raw
+// launches of the reference's executable and of the model's (whether what is left is in the call
+// or in the graph). In a second loop the two calls again, the thread kept on the CPU for 50 us
+// (reading the clock) between the small kernel and the call: whether a call costs more after the
+// thread slept in the synchronisation (launch-diagnosis.md's cold-CPU reading). Prints, medians in us,
+//   kernelonly,MODEL,BATCH,FORMAT,N,reference nodes,model call us,reference call us,ratio,
+//              raw reference exec us,raw model exec us,model call spun us,reference call spun us,ratio spun
+// (ratio: model call / reference call), and "note,..." where the reference is not N kernel nodes in
+// one chain or a timed call was not a replay.
+void kernel_only_reference(const std::string& model, std::int64_t batch, const Format& format, const at::Tensor& x,
+                           int calls, cgt::torch::Pool& pool, const cgt::torch::Model& fn,
+                           const c10::cuda::CUDAStream& side) {
+  const auto note = [&](const std::string& what) {
+    std::printf("note,%s,%lld,%s,kernel-only reference: %s\n", model.c_str(), static_cast<long long>(batch),
+                format.label.c_str(), what.c_str());
+  };
+  const cudaGraphExec_t model_exec = launched_by([&] {
+    pool.mark_step_begin();
+    (void)fn({x});
+  });
+  const probe::Instantiated model_graph = instantiation_of(model_exec);
+  if (model_graph.graph == nullptr) {
+    note("the graph of cgt's call was not seen");
+    return;
+  }
+  const std::size_t nodes = node_types(model_graph.graph).total;
+  // N nodes: the input's copy node, `y = x + 1`, N - 2 adds. Where the copy node is not there
+  // (the count comes out otherwise), recorded once more with the difference made up.
+  const at::Tensor input = at::zeros({256}, x.options().dtype(at::kFloat));
+  const std::size_t adds = nodes > 2 ? nodes - 2 : 0;
+  Reference reference = record_reference(adds, input);
+  if (reference.types.total != 0 && reference.types.total != nodes && adds + nodes >= reference.types.total) {
+    note("its first recording had " + std::to_string(reference.types.total) + " nodes; recorded again");
+    reference = record_reference(adds + nodes - reference.types.total, input);
+  }
+  const NodeTypes& types = reference.types;
+  if (reference.exec == nullptr) {
+    note("its replay launched no graph");
+    return;
+  }
+  if (types.total != nodes || types.memsets != 0 || types.other_nodes != 0 || types.roots != 1 || types.joins != 0 ||
+      types.forks != 0) {
+    note(std::to_string(types.total) + " nodes for " + std::to_string(nodes) + "; " + std::to_string(types.memsets) +
+         " memsets; " + std::to_string(types.other_nodes) + " other nodes; " + std::to_string(types.roots) +
+         " roots; " + std::to_string(types.joins) + " joins; " + std::to_string(types.forks) + " forks");
+  }
+
+  bool replays = true;
+  // A call as a server makes it: the step, the call, its outputs dropped.
+  const auto timed_call = [&](cgt::torch::Pool& on, const auto& call) {
+    const auto start = Clock::now();
+    on.mark_step_begin();
+    {
+      auto out = call();
+      if (!out || out->kind() != cgt::CallKind::replay) replays = false;
+    }
+    return micros(Clock::now() - start);
+  };
+  const auto call_model = [&] { return fn({x}); };
+  const auto call_reference = [&] { return reference.fn({input}); };
+  const auto timed_launch = [&](cudaGraphExec_t exec) {
+    const auto start = Clock::now();
+    check(cudaGraphLaunch(exec, side.stream()), "launching raw");
+    return micros(Clock::now() - start);
+  };
+  const at::Tensor small = at::zeros({256}, x.options().dtype(at::kFloat));
+  std::vector<double> model_call, reference_call, raw_reference, raw_model, model_spun, reference_spun;
+  for (int i = 0; i < calls + 10; ++i) {
+    after_small_kernel(small);
+    const double model_us = timed_call(pool, call_model);
+    after_small_kernel(small);
+    const double reference_us = timed_call(reference.pool, call_reference);
+    after_small_kernel(small);
+    const double raw_reference_us = timed_launch(reference.exec);
+    after_small_kernel(small);
+    const double raw_model_us = timed_launch(model_exec);
+    if (i < 10) continue;
+    model_call.push_back(model_us);
+    reference_call.push_back(reference_us);
+    raw_reference.push_back(raw_reference_us);
+    raw_model.push_back(raw_model_us);
+  }
+  constexpr auto hot = std::chrono::microseconds(50);
+  for (int i = 0; i < calls + 10; ++i) {
+    after_small_kernel(small);
+    spin(hot);
+    const double model_us = timed_call(pool, call_model);
+    after_small_kernel(small);
+    spin(hot);
+    const double reference_us = timed_call(reference.pool, call_reference);
+    if (i < 10) continue;
+    model_spun.push_back(model_us);
+    reference_spun.push_back(reference_us);
+  }
+  synchronize();
+  if (!replays) note("a timed call was not a replay");
+  const double model_us = median(model_call), reference_us = median(reference_call);
+  const double model_spun_us = median(model_spun), reference_spun_us = median(reference_spun);
+  std::printf("kernelonly,%s,%lld,%s,%zu,%zu,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f,%.2f\n", model.c_str(),
+              static_cast<long long>(batch), format.label.c_str(), nodes, types.total, model_us, reference_us,
+              model_us / reference_us, median(raw_reference), median(raw_model), model_spun_us, reference_spun_us,
+              model_spun_us / reference_spun_us);
+  std::fflush(stdout);
+  kernel_only_rows().push_back({.model = model,
+                                .format = format.label,
+                                .batch = batch,
+                                .nodes = nodes,
+                                .model_call = model_us,
+                                .reference_call = reference_us});
+}
+
+// The kernelonly lines as a table, at the end of the run: whether each graph met the target.
+void print_kernel_only_summary() {
+  if (kernel_only_rows().empty()) return;
+  std::printf("\nkernel-only reference after a small kernel (us; medians; met: model call <= 1.5x reference call)\n");
+  std::printf("%-8s %5s  %-22s %5s %10s %10s %6s  %s\n", "model", "batch", "format", "N", "model", "reference", "ratio",
+              "met");
+  for (const KernelOnlyRow& row : kernel_only_rows()) {
+    const double ratio = row.model_call / row.reference_call;
+    std::printf("%-8s %5lld  %-22s %5zu %10.2f %10.2f %6.2f  %s\n", row.model.c_str(),
+                static_cast<long long>(row.batch), row.format.c_str(), row.nodes, row.model_call, row.reference_call,
+                ratio, ratio <= 1.5 ? "yes" : "no");
   }
   std::fflush(stdout);
 }
@@ -761,11 +963,7 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
   std::map<const std::vector<double>*, std::vector<double>> thread_cpu;
   const auto one = [&](const std::function<void()>& call, bool pause, std::vector<double>& into, bool keep) {
     synchronize();
-    if (pause) {
-      const auto until = Clock::now() + std::chrono::milliseconds(1);
-      while (Clock::now() < until) {
-      }
-    }
+    if (pause) spin(std::chrono::milliseconds(1));
     const double cpu_start = thread_cpu_micros();
     const auto start = Clock::now();
     call();
@@ -811,6 +1009,7 @@ void raw_launch(const std::string& model, std::int64_t batch, const Format& form
   print_node_types("nodes", model, batch, format.label, types);
   rewritten_launch(model, batch, format.label, graph.raw_cuda_graph(), side, calls);
   split_cgt_call(model, batch, format, x, calls, pool, fn, exec, side);
+  kernel_only_reference(model, batch, format, x, calls, pool, fn, side);
   std::fflush(stdout);
 }
 
@@ -1004,5 +1203,6 @@ int main(int argc, char* argv[]) {
       std::printf("error,%s,%s,%s\n", model.c_str(), label.c_str(), std::string(error.what()).substr(0, 300).c_str());
     }
   }
+  print_kernel_only_summary();
   return 0;
 }

@@ -43,7 +43,7 @@ def read(path):
                 elif kind == "calls":
                     calls[(fields[1], fields[2])] = (int(fields[3]), int(fields[4]))
                 elif kind in ("error", "export", "measure", "nodes", "launchcpu", "rewritten", "rewrittenlaunch",
-                              "rewrittenflags", "cgtsplit", "cudacalls", "cgtgraph", "graphcounts") or (kind == "capture" and "failed" in line):
+                              "rewrittenflags", "cgtsplit", "cudacalls", "cgtgraph", "kernelonly", "graphcounts") or (kind == "capture" and "failed" in line):
                     notes.append(line.strip())
             except (ValueError, IndexError):
                 notes.append("unparsed: " + line.strip())
