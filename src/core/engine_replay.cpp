@@ -61,12 +61,14 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   out.kind = CallKind::replay;
   out.node = node.id();
   const std::size_t count = node.output_count();
-  add_references(static_cast<std::uint32_t>(count));  // every lease's reference, counted at once
   const std::uint64_t generation = generation_rule_.current();
   out.leases = LeaseArray(count, [&](LeaseCore* at, std::size_t i) noexcept {
     ledger_.lease_at(at, node.cells()[i].get(), node.output_value(i), function.id, static_cast<std::uint32_t>(i),
                      generation);
   });
+  // Every lease's reference, counted at once, once the array exists (its allocation may throw; the
+  // call's own reference keeps the engine meanwhile).
+  add_references(static_cast<std::uint32_t>(count));
   // Leases the call consumed die now, after the outputs that may alias them took their leases.
   Ledger::consume(frame.args);
   path_.enter(node, PathState::execution, frame.generation);

@@ -111,10 +111,10 @@ class Ledger {
   /// Makes a lease at `at` (memory for one, not constructed) on `cell` (null: a value that is not
   /// pool memory) handing out `value`, output `output` of `function`, in `generation`: the
   /// replay's hot path, filling a call's lease array in place. REQUIRES: the state is held; the
-  /// caller counted the lease's reference to the engine already (`retain(engine, n)` for a call's
-  /// n leases): the lease adopts it. ENSURES: the cell has one lease more; the first lease after
-  /// none gives it the next life, which is stamped on `value` where the device stamps values.
-  /// (Inline: a replay makes one lease per output.)
+  /// caller counts the lease's reference to the engine (`retain(engine, n)` for a call's n leases,
+  /// once its array is made), and keeps the engine alive until then: the lease adopts it. ENSURES: the cell has one
+  /// lease more; the first lease after none gives it the next life, which is stamped on `value` where the device stamps
+  /// values. (Inline: a replay makes one lease per output.)
   inline void lease_at(LeaseCore* at, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
                        std::uint64_t generation) noexcept {
     take_lease(cell, value, generation);
