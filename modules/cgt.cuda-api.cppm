@@ -51,7 +51,7 @@ class Buffer {
   [[nodiscard]] inline bool empty() const noexcept { return storage_ == nullptr; }
   /// Whether the view is usable: its layout is valid (see `Layout`) and every element lies inside
   /// its storage. A view made with arguments out of range is not; the pools refuse it.
-  [[nodiscard]] inline bool fits() const noexcept { return layout_.fits(storage_bytes_); }
+  [[nodiscard]] inline bool fits() const noexcept { return fits_; }
   [[nodiscard]] inline const Layout& layout() const noexcept { return layout_; }
   [[nodiscard]] inline ElementType type() const noexcept { return layout_.type(); }
   [[nodiscard]] inline std::size_t rank() const noexcept { return layout_.rank(); }
@@ -74,6 +74,7 @@ class Buffer {
   [[nodiscard]] inline Buffer with_layout(const Layout& layout) const {
     Buffer view = *this;
     view.layout_ = layout;
+    view.fits_ = layout.fits(storage_bytes_);
     return view;
   }
   /// The same view over another storage.
@@ -96,6 +97,9 @@ class Buffer {
   std::byte* storage_ = nullptr;
   std::size_t storage_bytes_ = 0;
   Layout layout_;
+  // Decided whenever the view or its storage changes (a pool checks every input on every call:
+  // `Layout::fits` divides by the element size).
+  bool fits_ = layout_.fits(0);
   std::uint64_t life_ = 0;
   int device_ = 0;
 };

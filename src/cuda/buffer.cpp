@@ -39,6 +39,7 @@ Buffer Buffer::view_of(std::byte* storage, std::size_t bytes, ElementType type, 
   buffer.storage_ = storage;
   buffer.storage_bytes_ = bytes;
   buffer.layout_ = Layout::contiguous(type, sizes);
+  buffer.fits_ = buffer.layout_.fits(bytes);
   buffer.device_ = device;
   return buffer;
 }
@@ -47,6 +48,7 @@ Buffer Buffer::on_storage(std::byte* storage, std::size_t bytes, std::shared_ptr
   Buffer view = *this;
   view.storage_ = storage;
   view.storage_bytes_ = bytes;
+  view.fits_ = view.layout_.fits(bytes);
   view.owner_ = std::move(owner);
   return view;
 }
