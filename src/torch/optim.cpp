@@ -750,6 +750,8 @@ Result<void> OptimizerStep::operator()() const {
   // at another address is one it cannot read: both are refused rather than updated from stale
   // values.
   if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "OptimizerStep: the step was moved from");
+  const StepInUse in_use(optimizer_.state_->step_in_use_);
+  if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("OptimizerStep"));
   const auto& params = optimizer_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& grad = params[i].grad();

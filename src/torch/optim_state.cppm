@@ -3,10 +3,12 @@
 module;
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -129,6 +131,8 @@ class Optimizer::State {
   // Dynamic loss scaling; null without. `step` unscales before the clip and updates the scale
   // after the update; the updates skip where its flag is set.
   std::unique_ptr<LossScale> loss_scale_;
+  // A graphed step of this optimizer is running (`StepInUse`).
+  std::atomic<bool> step_in_use_{false};
 
  protected:
   // Scales `grads` by min(1, max_norm / (norm + 1e-6)) on the device, keeping the norm; nothing
@@ -141,6 +145,35 @@ class Optimizer::State {
   [[nodiscard]] static std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
                                                     const std::vector<std::size_t>& index);
 };
+
+// One graphed step of an optimizer at a time (`TrainingStep`, `OptimizerStep`), on any thread: a
+// call changes the optimizer's state (its gradients, its scheduled rate and step count, the
+// micro-batches taken) before its pool's own one-caller check, so a second caller is turned away
+// here, before it changes anything. Held for the call.
+class StepInUse {
+ public:
+  // `flag`: the optimizer state's `step_in_use_`.
+  explicit StepInUse(std::atomic<bool>& flag) noexcept
+      : flag_(flag), taken_(!flag.exchange(true, std::memory_order_acquire)) {}
+  StepInUse(const StepInUse&) = delete;
+  StepInUse& operator=(const StepInUse&) = delete;
+  ~StepInUse() {
+    if (taken_) flag_.store(false, std::memory_order_release);
+  }
+  // False: another step of the optimizer is running; the call fails with `concurrent_use`.
+  [[nodiscard]] bool taken() const noexcept { return taken_; }
+
+ private:
+  std::atomic<bool>& flag_;
+  bool taken_;
+};
+
+// The `concurrent_use` message of a step (`what`) turned away by `StepInUse`.
+[[nodiscard]] inline std::string step_in_use(std::string_view what) {
+  return std::string(what) +
+         ": another graphed step of this optimizer is running (on another thread, or this call is inside it); "
+         "one step of an optimizer at a time";
+}
 
 class Adam::State final : public Optimizer::State {
  public:

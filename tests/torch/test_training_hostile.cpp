@@ -1222,7 +1222,8 @@ TEST_CASE("training/hostile: set_lr from another thread while steps run takes ef
 // call is held inside the loss function (its warm-up, then its recording, of the first and of the
 // stepping call) while the other calls the step. The second call fails with concurrent_use and
 // changes nothing: the micro-batches taken and the schedule's count are the first call's alone,
-// the recording is not disturbed, and the training equals a single thread's.
+// the recording is not disturbed, and the training equals a single thread's. A graphed update of
+// the same optimizer (an OptimizerStep on another pool) is turned away too: one step at a time.
 TEST_CASE("training/hostile: a step called from two threads at once fails with concurrent_use and counts once",
           "[gpu][training][hostile]") {
   REQUIRE_GPU();
@@ -1252,6 +1253,8 @@ TEST_CASE("training/hostile: a step called from two threads at once fails with c
           return mse(model, in);
         },
         cgt::torch::TrainingStepOptions{.micro_batches = 2}));
+    auto update_pool = must(cgt::torch::make_pool({.device = 0}));
+    const auto update = must(cgt::torch::make_optimizer_step(update_pool, adam));
     std::vector<double> losses;
     for (int i = 0; i < 12; ++i) {
       INFO("call " << i);
@@ -1281,6 +1284,8 @@ TEST_CASE("training/hostile: a step called from two threads at once fails with c
       }
       CHECK(inside);
       auto second = step({x, y});
+      // A graphed update of the same optimizer, through a pool of its own, is turned away alike.
+      CHECK(error_of(update()) == cgt::Errc::concurrent_use);
       const std::int64_t taken_meanwhile = step.micro_batches_taken();
       const std::int64_t counted_meanwhile = adam.scheduled_steps();
       {
