@@ -14,6 +14,7 @@ METHODS = ["eager libtorch", RAW, RAW_TORCH, "raw CUDAGraph::replay", "cgt.cuda"
 # libtorch ops' graph for the libtorch methods (they differ with 4 inputs: 1 kernel against 4).
 BASELINE = {m: RAW for m in (RAW, "cgt.cuda", "cgt.cuda non-blocking")}
 TARGET_STATIC, TARGET_COPIED, TARGET_TREES = 1.5, 2.0, 10.0
+TARGET_STATIC_27 = 1.25  # issue 27, item 5: static inputs (copied inputs and trees as issue 4)
 PICTURES = {"overhead.png": "CPU time per call: raw cudaGraphLaunch, cgt.cuda, cgt.torch and PyTorch's trees",
             "scaling.png": "cgt.cuda's CPU time per call as the tree grows"}
 PLOTTED = [RAW, "cgt.cuda", "cgt.torch", "PyTorch trees (Python)"]  # the raw launch first: the reference
@@ -40,9 +41,10 @@ def overhead_tables(overhead):
     targets = ["\nThe targets of issue 4, cell by cell (CPU time): cgt at most "
                f"{TARGET_STATIC}x the raw launch of its graph with static inputs, at most {TARGET_COPIED}x with "
                f"copied inputs (the raw launch then includes its cudaMemcpyAsync), and at least {TARGET_TREES}x "
-               "less than PyTorch's trees. In brackets, cgt.torch against the raw kernels' graph.\n\n",
+               "less than PyTorch's trees. In brackets, cgt.torch against the raw kernels' graph. The last "
+               f"column: issue 27's, at most {TARGET_STATIC_27}x with static inputs.\n\n",
                "| work | cgt.cuda / raw | cgt.torch / raw (libtorch graph) | trees / cgt.cuda | trees / cgt.torch "
-               "| met |\n", "|---|---|---|---|---|---|\n"]
+               "| met | met (issue 27) |\n", "|---|---|---|---|---|---|---|\n"]
     for config, results in overhead.items():
         cpu = {m: results.get(m, nan)[0] for m in METHODS}
         cells = []
@@ -52,15 +54,19 @@ def overhead_tables(overhead):
         lines.append(f"| {config} | " + " | ".join(cells) + " |\n")
         wall.append(f"| {config} | " + " | ".join(f"{results[m][1]:.2f}" if m in results else "–" for m in METHODS)
                     + " |\n")
-        limit = TARGET_COPIED if "copied" in config else TARGET_STATIC
         cuda_ratio = cpu["cgt.cuda"] / cpu[RAW]
         torch_ratio = cpu["cgt.torch"] / cpu[RAW_TORCH]
         trees = cpu["PyTorch trees (Python)"]
-        met = (cuda_ratio <= limit and torch_ratio <= limit and trees / cpu["cgt.cuda"] >= TARGET_TREES
-               and trees / cpu["cgt.torch"] >= TARGET_TREES)
+
+        def meets(static_limit):
+            limit = TARGET_COPIED if "copied" in config else static_limit
+            return (cuda_ratio <= limit and torch_ratio <= limit and trees / cpu["cgt.cuda"] >= TARGET_TREES
+                    and trees / cpu["cgt.torch"] >= TARGET_TREES)
+
         targets.append(f"| {config} | {cuda_ratio:.2f}x | {torch_ratio:.2f}x ({cpu['cgt.torch'] / cpu[RAW]:.2f}x) "
                        f"| {trees / cpu['cgt.cuda']:.1f}x | {trees / cpu['cgt.torch']:.1f}x | "
-                       f"{'yes' if met else '**no**'} |\n")
+                       f"{'yes' if meets(TARGET_STATIC) else '**no**'} | "
+                       f"{'yes' if meets(TARGET_STATIC_27) else '**no**'} |\n")
     return "".join(lines + wall + targets)
 
 

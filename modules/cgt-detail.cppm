@@ -150,8 +150,8 @@ class LeaseArray {
   /// `count` leases, each made in place by `make(at, i)`, which constructs lease `i` at `at` and
   /// cannot fail (a replay's: no empty lease is written first).
   template <class Make>
-    requires std::is_nothrow_invocable_v<Make&, LeaseCore*, std::size_t>
-  inline LeaseArray(std::size_t count, Make&& make) : size_(count) {
+    requires std::is_nothrow_invocable_v<const Make&, LeaseCore*, std::size_t>
+  inline LeaseArray(std::size_t count, const Make& make) : size_(count) {
     if (count == 0) return;
     data_ = count > kLeaseBlock ? std::allocator<LeaseCore>().allocate(count) : small_block();
     for (std::size_t i = 0; i < count; ++i)

@@ -99,7 +99,8 @@ class Path {
   [[nodiscard]] [[clang::always_inline]] inline bool all_outputs_dead() const {
     if (current_ == nullptr) return true;
     if (current_->kind() != NodeKind::graph) return live_cells().empty();
-    for (const PathIndex& index : current_->live_after()) {  // a loop: ranges::none_of is a call here
+    // NOLINTNEXTLINE(readability-use-anyofallof): a loop; ranges::none_of is a call here, on every replay
+    for (const PathIndex& index : current_->live_after()) {
       const CellRef& cell = current_->cell_at(index);
       if (cell && cell->is_live()) return false;
     }
