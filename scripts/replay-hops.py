@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The functions a replay runs, from a callgrind profile of bench/host_overhead (scripts/bench-host.sh
 makes it with --compress-strings=no): every function of cgt's own sources that is reached, by calls
-that actually happened, from `Function::operator()` (the call) or from `leases_drop` (dropping the
-call's outputs), and the files they are in. Inlined functions are not calls: they are not counted.
+that actually happened, from `Function::operator()` (the call) or from `LeaseArray::free_leases` and
+`leases_drop` (dropping the call's outputs), and the files they are in. Inlined functions are not calls: they are not counted.
 
   replay-hops.py PROFILE     prints "call: N functions in M files" and "drop: ...", then the lists
 """
@@ -72,7 +72,7 @@ def main():
     root = sys.argv[2] if len(sys.argv) > 2 else "/work/main/"
     entries = {
         "call": [f for f in calls if re.search(r"cgt::Function(@[\w.]+)?<.*>::operator\(\)\(std::span", f)],
-        "drop": [f for f in calls if re.search(r"cgt::detail::leases_drop", f)],
+        "drop": [f for f in calls if re.search(r"cgt::detail::(leases_drop|LeaseArray(@[\w.]+)?::free_leases)", f)],
     }
     for what, roots in entries.items():
         functions = sorted(f for f in reached(calls, roots) if ours(f, where.get(f), root))
