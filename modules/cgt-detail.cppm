@@ -142,11 +142,8 @@ class LeaseArray {
  public:
   inline LeaseArray() = default;
   /// `count` empty leases.
-  inline explicit LeaseArray(std::size_t count) : size_(count) {
-    if (count == 0) return;
-    data_ = count > kLeaseBlock ? std::allocator<LeaseCore>().allocate(count) : small_block();
-    std::uninitialized_default_construct_n(data_, count);
-  }
+  inline explicit LeaseArray(std::size_t count)
+      : LeaseArray(count, [](LeaseCore* at, std::size_t /*i*/) noexcept { ::new (at) LeaseCore(); }) {}
   /// `count` leases, each made in place by `make(at, i)`, which constructs lease `i` at `at` and
   /// cannot fail (a replay's: no empty lease is written first).
   template <class Make>

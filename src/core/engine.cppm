@@ -405,7 +405,6 @@ class Engine final : public LedgerEffects {
   std::unique_ptr<backend::Device> device_;
   const Options options_;
   std::int32_t device_index_ = 0;  ///< the device's, read once
-  bool releases_unowned_ = true;   ///< the device's releases_unowned_storage(), read once
   bool stamps_values_ = false;     ///< the device's stamps_values(), read once
   /// Counted by the steps of a call (engine_*.cpp), each counter where its event happens; the
   /// handles read a copy (`stats()`).

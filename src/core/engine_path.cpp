@@ -100,8 +100,8 @@ Result<void> Engine::restore_checkpoint() {
 
 void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member-function-const): frees pool memory
   if (shut_down_) return;
-  // A replay's output on the host: nothing to free, nothing to poison (the ledger skips those).
-  if (!cell.storage.owned_by_allocator && cell.storage.native == nullptr && !releases_unowned_) return;
+  // A replay's output on the host: nothing to free, nothing to poison (the ledger's rule).
+  if (!ledger_.device_hears_of_death(cell)) return;
   device_->release(cell.storage, backend::Release::dead, functions_[cell.function]->name);
   cell.storage.owned_by_allocator = false;
 }

@@ -129,6 +129,12 @@ class Ledger {
   /// when it lets go. Applying a drop lets go of the lease's reference on the cell, and the last
   /// lease on a cell not reclaimed is its memory's death (`LedgerEffects::cell_died`).
   void drop(std::span<Cell* const> cells) noexcept;
+  /// Whether the device is told of `cell`'s death (`LedgerEffects::cell_died`): a storage the
+  /// allocator owns or the device keeps a record of, or any storage where the device releases
+  /// unowned ones. The others (a replay's output on the host) change nothing outside the cell.
+  [[nodiscard]] inline bool device_hears_of_death(const Cell& cell) const noexcept {
+    return releases_unowned_ || cell.storage.owned_by_allocator || cell.storage.native != nullptr;
+  }
   /// Drops one lease on `cell` now. REQUIRES: this thread holds the state. ENSURES: as `drop`.
   inline void drop_locked(Cell* cell) noexcept { apply_drop(cell); }
   /// Drops the leases moved into a call (`ArgSlot::consumed`), each into its own engine's ledger.
@@ -150,19 +156,16 @@ class Ledger {
   void apply_deferred() noexcept;
 
  private:
-  // One lease on `cell` goes, under the state.
   /// The cell's side of a new lease on it (`lease_at`, `make_lease`).
   inline void take_lease(Cell* cell, const void* value, std::uint64_t generation) noexcept {
     if (cell == nullptr) return;
     cell->add_lease(lives_, generation);
     if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
   }
+  // One lease on `cell` goes, under the state.
   inline void apply_drop(Cell* cell) noexcept {
     if (cell->drop_lease() && !cell->is_reclaimed() && device_hears_of_death(*cell)) effects_->cell_died(*cell);
     CellRef::unref(cell);
-  }
-  [[nodiscard]] inline bool device_hears_of_death(const Cell& cell) const noexcept {
-    return releases_unowned_ || cell.storage.owned_by_allocator || cell.storage.native != nullptr;
   }
   void apply_deferred_drops() noexcept;
 

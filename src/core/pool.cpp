@@ -20,9 +20,8 @@ Engine::Engine(std::unique_ptr<backend::Device> device, Options options)
     : device_(std::move(device)),
       options_(std::move(options)),
       device_index_(device_->device_index()),
-      releases_unowned_(device_->releases_unowned_storage()),
       stamps_values_(device_->stamps_values()),
-      ledger_(*this, *this, stamps_values_ ? device_.get() : nullptr, releases_unowned_) {}
+      ledger_(*this, *this, stamps_values_ ? device_.get() : nullptr, device_->releases_unowned_storage()) {}
 
 Engine::~Engine() {
   // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are

@@ -30,8 +30,6 @@ using host_test::repeat;
 using host_test::scaling;
 using scenario::must;
 
-namespace {}  // namespace
-
 TEST_CASE(
     "a replay's outputs dropped on another thread, or held by a thread_local past its thread's exit, "
     "keep their values and free their memory once",
