@@ -35,6 +35,7 @@
 
 import cgt;
 import cgt.cuda;
+import cgt.host;
 import cgt.torch;
 
 namespace {
@@ -306,6 +307,82 @@ void overhead(int calls) {
   }
 }
 
+// Where a replay's CPU time over a raw launch goes, on this machine (`gpu_bench diagnose`): the
+// static cells' work, launched raw (also with the current device read, as a replay reads it, and on
+// a blocking stream, as cgt.cuda's default pool stream is), through cgt.cuda, and the engine's
+// bookkeeping alone: the same call shape through a host pool whose graph does nothing.
+void diagnose_of(std::size_t count, int calls) {
+  const auto options = at::TensorOptions().device(at::kCUDA, 0);
+  const std::string config = "K=1 inputs=" + std::to_string(count) + " static";
+  std::vector<at::Tensor> inputs;
+  for (std::size_t i = 0; i < count; ++i) inputs.push_back(at::rand({elements}, options));
+  std::vector<std::size_t> statics;
+  for (std::size_t i = 0; i < count; ++i) statics.push_back(i);
+  const c10::cuda::CUDAStreamGuard side_stream(c10::cuda::getStreamFromPool(false, 0));
+  c10::cuda::device_synchronize();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
+  cudaStream_t blocking = nullptr;
+  check(cudaStreamCreateWithFlags(&blocking, cudaStreamDefault), "stream");
+  std::vector<const float*> reads;
+  for (const auto& input : inputs) reads.push_back(input.data_ptr<float>());
+  const at::Tensor raw_out = at::empty({elements}, options);
+  const RawGraph raw(stream, [&] { raw_work(reads, raw_out.data_ptr<float>(), 1, stream); });
+  const RawGraph raw_blocking(blocking, [&] { raw_work(reads, raw_out.data_ptr<float>(), 1, blocking); });
+  std::vector<Method> methods;
+  methods.push_back({"raw cudaGraphLaunch", [&] { check(cudaGraphLaunch(raw.exec(), stream), "launch"); }});
+  methods.push_back({"raw cudaGraphLaunch + cudaGetDevice", [&] {
+                       int device = 0;
+                       check(cudaGetDevice(&device), "device");
+                       check(cudaGraphLaunch(raw.exec(), stream), "launch");
+                     }});
+  methods.push_back({"raw cudaGraphLaunch, blocking stream",
+                     [&] { check(cudaGraphLaunch(raw_blocking.exec(), blocking), "launch"); }});
+
+  std::vector<cgt::cuda::Buffer> buffers;
+  for (const auto& input : inputs) {
+    buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()), elements * sizeof(float),
+                                                 cgt::ElementType::f32, {&elements, 1}, 0));
+  }
+  const std::vector<cgt::cuda::Arg> cuda_args(buffers.begin(), buffers.end());
+  auto cuda_pool = must(cgt::cuda::make_pool({.device = 0, .blocking_stream = false}));
+  auto cuda_function = must(cuda_pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        std::vector<const float*> from;
+        for (std::size_t i = 0; i < in.size(); ++i) from.push_back(in[i].as<float>());
+        cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
+        raw_work(from, out.as<float>(), 1, ctx.stream());
+        return cgt::cuda::Values{out};
+      },
+      {.name = "work", .static_inputs = statics}));
+  methods.push_back(
+      {"cgt.cuda non-blocking", [&] { (void)cuda_function(std::span<const cgt::cuda::Arg>(cuda_args)); }});
+
+  // The engine alone: the same shape (static inputs, one output) through a host pool whose graph
+  // launches nothing.
+  std::vector<cgt::host::Buffer> host_inputs;
+  for (std::size_t i = 0; i < count; ++i)
+    host_inputs.push_back(must(cgt::host::Buffer::make(cgt::ElementType::f32, {elements})));
+  const std::vector<cgt::host::Arg> host_args(host_inputs.begin(), host_inputs.end());
+  auto host_pool = must(cgt::host::make_pool());
+  auto host_function = must(host_pool.add_function(
+      [](cgt::host::Context& ctx, cgt::host::Inputs in) { return cgt::host::Values{ctx.allocate_like(in[0])}; },
+      {.name = "nothing", .static_inputs = statics}));
+  methods.push_back({"cgt.host, no work (the engine alone)",
+                     [&] { (void)host_function(std::span<const cgt::host::Arg>(host_args)); }});
+
+  const std::vector<Timing> timings = measure_interleaved(methods, calls);
+  for (std::size_t m = 0; m < methods.size(); ++m) print("diagnose", config, methods[m].name, timings[m]);
+  if (cuda_pool.stats().replays < static_cast<std::uint64_t>(calls)) std::fprintf(stderr, "cgt.cuda did not replay\n");
+  if (host_pool.stats().replays < static_cast<std::uint64_t>(calls)) std::fprintf(stderr, "cgt.host did not replay\n");
+  check(cudaStreamDestroy(blocking), "stream");
+}
+
+void diagnose(int calls) {
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{4}}) diagnose_of(count, calls);
+  }
+}
+
 std::size_t pool_reserved(c10::MempoolId_t pool) {
   std::size_t bytes = 0;
   for (const auto& segment : c10::cuda::CUDACachingAllocator::snapshot(pool, false).segments) {
@@ -547,6 +624,7 @@ int main(int argc, char** argv) {
   const int calls = argc > 2 ? std::atoi(argv[2]) : 3000;
   warm_up(5.0);
   if (what == "overhead" || what == "all") overhead(calls);
+  if (what == "diagnose") diagnose(calls);
   if (what == "memory" || what == "all") memory();
   if (what == "scaling" || what == "all") scaling();
   if (what == "capture" || what == "all") capture();

@@ -65,6 +65,39 @@ Setup make_setup() {
   return setup;  // warmed up and recorded: every further call replays
 }
 
+// The static cells of the GPU overhead table: one static input, one output, one kernel.
+cgt::host::Values one_static(cgt::host::Context& ctx, cgt::host::Inputs in) {
+  Buffer y = ctx.allocate_like(in[0]);
+  ctx.launch([x = in[0], y] {
+    const float* from = x.as<float>();
+    float* to = y.as<float>();
+    for (std::int64_t e = 0; e < elements; ++e) to[e] = 2 * from[e];
+  });
+  return {y};
+}
+
+struct StaticSetup {
+  cgt::host::Pool pool;
+  cgt::host::Function function;
+  Buffer input;
+};
+
+StaticSetup make_static_setup() {
+  auto pool = cgt::host::make_pool();
+  auto function = pool->add_function(one_static, {.name = "one_static", .static_inputs = {0}});
+  StaticSetup setup{std::move(*pool), std::move(*function), Buffer::make(ElementType::f32, {elements}).value()};
+  setup.input.fill(1.5);
+  for (int i = 0; i < 3; ++i) (void)setup.function({setup.input});
+  return setup;
+}
+
+void static_loop(StaticSetup& setup, int iterations) {
+  for (int i = 0; i < iterations; ++i) {
+    auto out = setup.function({setup.input});
+    if (!out || out->kind() != cgt::CallKind::replay) std::abort();
+  }
+}
+
 // One call as a program makes it: call, read nothing, drop the outputs.
 void cgt_loop(Setup& setup, int iterations) {
   for (int i = 0; i < iterations; ++i) {
@@ -122,11 +155,15 @@ double median_ns_per_call(Loop&& loop, int iterations) {
 int main(int argc, char** argv) {
   Setup setup = make_setup();
   Raw raw = make_raw();
+  StaticSetup one = make_static_setup();
   if (argc > 2 && std::string_view(argv[1]) == "--callgrind") {
     const int iterations = argc > 3 ? std::atoi(argv[3]) : 10000;
     const bool through_cgt = std::string_view(argv[2]) == "cgt";
+    const bool one_static_input = std::string_view(argv[2]) == "static";
     CALLGRIND_TOGGLE_COLLECT;
-    if (through_cgt) {
+    if (one_static_input) {
+      static_loop(one, iterations);
+    } else if (through_cgt) {
       cgt_loop(setup, iterations);
     } else {
       raw_loop(raw, setup.inputs, iterations);
