@@ -257,6 +257,7 @@ class Device final : public backend::Device {
 
   int device_;
   cudaStream_t stream_;
+  const void* context_;  // the driver context `stream_` was made in: a replay's test that the device is current
   std::unique_ptr<Arena> arena_;
   bool poison_;
   bool update_in_place_;

@@ -85,12 +85,13 @@ class CudaRecording final : public backend::Recording {
 
   // `own_graph` is null when the recording's graph is `exec`'s origin (owned there).
   CudaRecording(const std::shared_ptr<SharedExec>& exec, kernels::GraphHandle own_graph,
-                std::vector<kernels::CopyBatch> captured, cudaStream_t stream, int device, std::vector<Copy> copies,
-                Values outputs, GraphCounts& counts)
+                std::vector<kernels::CopyBatch> captured, cudaStream_t stream, int device, const void* context,
+                std::vector<Copy> copies, Values outputs, GraphCounts& counts)
       : own_graph_(std::move(own_graph)),
         graph_(exec, own_graph_ ? own_graph_.get() : exec->owner.origin.get(), std::move(captured)),
         stream_(stream),
         device_(device),
+        context_(context),
         copies_(std::move(copies)),
         outputs_(std::move(outputs)),
         counts_(counts) {}
@@ -103,7 +104,7 @@ class CudaRecording final : public backend::Recording {
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
     // The gathers and the node updates act on the current device: the pool's, for this replay.
     CurrentDevice current;
-    if (auto set = current.enter(device_); !set) return set;
+    if (auto set = current.enter(device_, context_); !set) return set;
     if (!graph_.is_loaded()) {
       if (auto loaded = checked(graph_.load(), "loading a graph into its shared executable"); !loaded) return loaded;
       ++counts_.switched;
@@ -147,6 +148,7 @@ class CudaRecording final : public backend::Recording {
   kernels::GraphInExec<Instantiated> graph_;  // this recording's graph in its (shared) executable
   cudaStream_t stream_;
   int device_;
+  const void* context_;  // the pool's (Device::context_)
   std::vector<Copy> copies_;
   Values outputs_;
   GraphCounts& counts_;
@@ -181,6 +183,7 @@ Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool 
                bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes)
     : device_(device),
       stream_(stream),
+      context_(current_context()),  // make_pool made the stream with the device current
       poison_(poison_dead_memory),
       update_in_place_(update_graphs_in_place),
       rewrite_memsets_(rewrite_memset_nodes),
@@ -393,7 +396,7 @@ class CudaCapture final : public backend::Capture {
     backend::Recorded recorded;
     recorded.recording =
         std::make_unique<CudaRecording>(shared_, std::move(graph_), std::move(captured_), stream(), device_.device_,
-                                        std::move(copies_), outputs_, device_.counts_);
+                                        device_.context_, std::move(copies_), outputs_, device_.counts_);
     recorded.first_outputs = backend::describe_outputs(arena(), context_.allocations_, std::move(outputs_));
     context_.allocations_.clear();
     return recorded;

@@ -1,6 +1,7 @@
-// cgt.cuda:internal — what the cuda backend's units share: CUDA statuses as cgt errors (the
-// helper cgt.torch shares, src/kernels/cuda_status.hpp), and device memory of its own.
+// cgt.cuda:internal — what the cuda backend's units share: CUDA statuses as cgt errors and the
+// current device (helpers cgt.torch shares, src/kernels), and device memory of its own.
 module;
+#include <cuda.h>  // the driver's types only (current_device.hpp)
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
@@ -12,36 +13,14 @@ module;
 module cgt.cuda:internal;
 import cgt.core;
 
-#include "cuda_status.hpp"  // in the purview: it names cgt types (see there)
+#include "cuda_status.hpp"     // in the purview: it names cgt types (see there)
+#include "current_device.hpp"  // likewise
 
 namespace cgt::cuda {
 
-using kernels::checked;  // NOLINT(misc-unused-using-decls): for the module's other units
-
-/// Makes a device current for one piece of work and puts the caller's current device back after:
-/// a pool on device 1 called from a thread whose current device is 0 launches on device 1 and
-/// leaves the thread on device 0. When the device already is current (the usual case) it costs
-/// one cudaGetDevice (the runtime answers from the thread's state, no driver call).
-class CurrentDevice {
- public:
-  CurrentDevice() = default;
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-  ~CurrentDevice() {
-    if (switched_) (void)cudaSetDevice(previous_);
-  }
-  [[nodiscard]] Result<void> enter(int device) {
-    if (auto got = checked(cudaGetDevice(&previous_), "reading the current device"); !got) return got;
-    if (previous_ == device) return {};
-    if (auto set = checked(cudaSetDevice(device), "selecting the device"); !set) return set;
-    switched_ = true;
-    return {};
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
+using kernels::checked;          // NOLINT(misc-unused-using-decls): for the module's other units
+using kernels::current_context;  // NOLINT(misc-unused-using-decls): likewise
+using kernels::CurrentDevice;    // NOLINT(misc-unused-using-decls): likewise
 
 /// `bytes` of new memory on the current device (callers make the right one current), freed (cudaFree) when its last
 /// owner lets go. Fails with out_of_memory when the device has no room, else backend_error, saying what was being done.

@@ -82,6 +82,7 @@ Device::Device(std::int16_t device, bool update_graphs_in_place, bool rewrite_me
   state_ =
       std::make_unique<State>(index, c10::cuda::getStreamFromExternal(stream, index), at::cuda::graph_pool_handle());
   state_->own_stream = stream;
+  state_->context = kernels::current_context();  // the device is current (device_guard)
   state_->update_graphs_in_place = update_graphs_in_place;
   state_->rewrite_memset_nodes = rewrite_memset_nodes;
   state_->rewrite_memcpy_nodes = rewrite_memcpy_nodes;

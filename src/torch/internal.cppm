@@ -11,6 +11,7 @@ module;
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda.h>  // the driver's types only (current_device.hpp)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -35,7 +36,8 @@ module cgt.torch:internal;
 import cgt.core;
 import :api;
 
-#include "cuda_status.hpp"  // in the purview: it names cgt types (see there)
+#include "cuda_status.hpp"     // in the purview: it names cgt types (see there)
+#include "current_device.hpp"  // likewise
 
 namespace cgt::torch {
 
@@ -91,6 +93,7 @@ struct Device::State {
   /// end_failed_capture): given back at shutdown, when no graph of the pool is left.
   std::size_t host_pool_uses_kept = 0;
   cudaStream_t own_stream = nullptr;  ///< `stream`, created for this pool; destroyed with it
+  const void* context = nullptr;      ///< the driver context `own_stream` was made in (kernels::CurrentDevice)
   bool update_graphs_in_place = true;
   bool rewrite_memset_nodes = true;   ///< `PoolOptions::rewrite_memset_nodes`
   bool rewrite_memcpy_nodes = false;  ///< `PoolOptions::rewrite_memcpy_nodes`

@@ -42,30 +42,6 @@ std::uint64_t philox_offset(c10::DeviceIndex index) {
   return generator.get<at::CUDAGeneratorImpl>()->philox_offset_per_thread();
 }
 
-// Makes a device current for a replay and puts the previous one back after. When it already is
-// current (the usual case) that costs one cudaGetDevice: c10's CUDAGuard also asks the driver, on
-// every destruction, whether the previous device has a primary context.
-class ReplayDevice {
- public:
-  ReplayDevice() = default;
-  ReplayDevice(const ReplayDevice&) = delete;
-  ReplayDevice& operator=(const ReplayDevice&) = delete;
-  ~ReplayDevice() {
-    if (switched_) (void)cudaSetDevice(previous_);
-  }
-  Result<void> enter(int device) {
-    if (auto got = checked(cudaGetDevice(&previous_), "reading the current device"); !got) return got;
-    if (previous_ == device) return {};
-    if (auto set = checked(cudaSetDevice(device), "selecting the pool's device"); !set) return set;
-    switched_ = true;
-    return {};
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
-
 // libtorch's CUDA generator is one per device, and CUDAGraph registers with it, unlocked, in
 // capture_begin and its destructor (an unordered_set of graphs) and switches its capture mode in
 // capture_begin and capture_end. Pools on several threads therefore take this lock around those
@@ -165,8 +141,10 @@ class TorchRecording final : public backend::Recording {
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
-      ReplayDevice device;
-      if (auto entered = device.enter(state_.index); !entered) return entered;
+      // Not c10's CUDAGuard: it also asks the driver, on every destruction, whether the previous
+      // device has a primary context.
+      kernels::CurrentDevice device;
+      if (auto entered = device.enter(state_.index, state_.context); !entered) return entered;
       const c10::cuda::CUDAStream current = follow_last_caller(state_);
       if (!graph_.is_loaded()) {
         if (auto loaded = checked(graph_.load(), "loading a graph into its shared executable"); !loaded) return loaded;

@@ -13,6 +13,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -316,4 +317,40 @@ TEST_CASE("cuda/a held empty output does not stop the next call from replaying",
   }
   CHECK(pool.stats().recordings == 1);
   CHECK(pool.stats().replays == 4);
+}
+
+// A replay asks the driver whether its pool's context is the thread's current one, and only when
+// it is not asks the runtime for the current device. A thread that has never used CUDA has no
+// current context: its first replay takes the runtime's way (which makes the device current), its
+// next ones the driver's; both launch the graph on the pool's device and read right.
+TEST_CASE("cuda/replays from threads that never used CUDA launch on the pool's device and read right", "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({}));
+  auto f = must(pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {4});
+        if (cgt_test::sum_inputs(in[0].as<float>(), nullptr, nullptr, nullptr, out.as<float>(), 4, ctx.stream()) !=
+                cudaSuccess ||
+            cgt_test::add_repeatedly(out.as<float>(), 4, 1.0F, 1, ctx.stream()) != cudaSuccess) {
+          throw std::runtime_error("a launch failed");
+        }
+        return cgt::cuda::Values{out};
+      },
+      {.name = "plus_one", .static_inputs = {0}}));
+  const auto x = H::make(scenario::HostTensor::full({4}, 2));
+  for (int call = 0; call < 2; ++call) (void)must(f({x}));  // warmed up and recorded on this thread
+  for (int thread = 0; thread < 3; ++thread) {
+    std::vector<std::vector<double>> seen;
+    std::vector<cgt::CallKind> kinds;
+    std::thread([&] {
+      for (int call = 0; call < 3; ++call) {
+        auto out = must(f({x}));
+        kinds.push_back(out.kind());
+        seen.push_back(must(must(out.take(0)).read()));
+      }
+    }).join();
+    CHECK(kinds == std::vector<cgt::CallKind>(3, cgt::CallKind::replay));
+    CHECK(seen == std::vector<std::vector<double>>(3, std::vector<double>(4, 3.0)));
+  }
+  CHECK(pool.stats().replays == 9);
 }

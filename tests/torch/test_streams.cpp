@@ -249,3 +249,31 @@ TEST_CASE("torch/streams: a call from another stream waits for the work the last
   INFO("replayed: from " << replayed.min().item<float>() << " to " << replayed.max().item<float>());
   CHECK(at::equal(replayed, at::full({32, 64}, 11.0F, H::cuda())));
 }
+
+// A replay asks the driver whether its pool's context is the thread's current one, and only when
+// it is not asks the runtime (see cgt.cuda's test of the same name). A thread that has never used
+// CUDA takes the runtime's way on its first replay and the driver's on its next ones; the graph runs
+// on the pool's device and the values are right either way.
+TEST_CASE("torch/streams: replays from threads that never used CUDA launch on the pool's device and read right",
+          "[gpu]") {
+  scenario::skip_unless_available<H>();
+  auto pool = must(H::make_pool());
+  auto f = must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] * 2 + 1}; },
+                                  {.name = "twice_plus_one", .static_inputs = {0}}));
+  const at::Tensor x = torch::full({4}, 3.0F, H::cuda());
+  for (int call = 0; call < 2; ++call) (void)must(f({x}));
+  for (int thread = 0; thread < 3; ++thread) {
+    std::vector<at::Tensor> seen;
+    std::vector<cgt::CallKind> kinds;
+    std::thread([&] {
+      for (int call = 0; call < 3; ++call) {
+        auto out = must(f({x}));
+        kinds.push_back(out.kind());
+        seen.push_back(must(out.take(0)).cpu());
+      }
+    }).join();
+    CHECK(kinds == std::vector<cgt::CallKind>(3, cgt::CallKind::replay));
+    for (const at::Tensor& values : seen) CHECK(torch::equal(values, torch::full({4}, 7.0F)));
+  }
+  CHECK(pool.stats().replays == 9);
+}
