@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda.h>  // the driver's types, for its entry points in `diagnose` (not linked)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -190,7 +191,8 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
   }
 
   // Everything but cgt.cuda runs on one non-blocking side stream, as the raw launch does (a
-  // blocking stream costs more per launch); cgt.cuda uses its pool's stream, of either kind.
+  // blocking stream costs more per launch); cgt.cuda uses its pool's stream, of either kind, and
+  // is measured against a raw launch on a stream of the same kind.
   const c10::cuda::CUDAStreamGuard side_stream(c10::cuda::getStreamFromPool(false, 0));
   c10::cuda::device_synchronize();  // the inputs were made on the default stream
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
@@ -202,11 +204,11 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
   // Copied inputs, done by hand: cudaMemcpyAsync into the slots the graph reads.
   std::vector<at::Tensor> slots;
   for (const auto& input : inputs) slots.push_back(copied ? input.clone() : input);
-  auto copy_inputs = [&] {
+  auto copy_inputs = [&](cudaStream_t on) {
     if (!copied) return;
     for (std::size_t i = 0; i < count; ++i) {
       check(cudaMemcpyAsync(slots[i].data_ptr(), inputs[i].data_ptr(), elements * sizeof(float),
-                            cudaMemcpyDeviceToDevice, stream),
+                            cudaMemcpyDeviceToDevice, on),
             "copy");
     }
   };
@@ -217,8 +219,17 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
   const at::Tensor raw_out = at::empty({elements}, options);
   const RawGraph raw(stream, [&] { raw_work(reads, raw_out.data_ptr<float>(), kernels, stream); });
   methods.push_back({"raw cudaGraphLaunch", [&] {
-                       copy_inputs();
+                       copy_inputs(stream);
                        check(cudaGraphLaunch(raw.exec(), stream), "launch");
+                     }});
+  // The same on a blocking stream, as cgt.cuda's default pool stream is: such a stream costs more
+  // per launch, and cgt.cuda's default is measured against it.
+  cudaStream_t blocking = nullptr;
+  check(cudaStreamCreateWithFlags(&blocking, cudaStreamDefault), "stream");
+  const RawGraph raw_blocking(blocking, [&] { raw_work(reads, raw_out.data_ptr<float>(), kernels, blocking); });
+  methods.push_back({"raw cudaGraphLaunch (blocking stream)", [&] {
+                       copy_inputs(blocking);
+                       check(cudaGraphLaunch(raw_blocking.exec(), blocking), "launch");
                      }});
 
   // libtorch's CUDAGraph of the libtorch ops: replayed by CUDAGraph::replay (copied inputs:
@@ -235,7 +246,7 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
                        torch_graph.replay();
                      }});
   methods.push_back({"raw cudaGraphLaunch (libtorch graph)", [&] {
-                       copy_inputs();
+                       copy_inputs(stream);
                        check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), stream), "launch");
                      }});
 
@@ -277,6 +288,8 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
   methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
 
   const std::vector<Timing> timings = measure_interleaved(methods, calls);
+  c10::cuda::device_synchronize();
+  check(cudaStreamDestroy(blocking), "stream");
   if (!report) return;
   for (std::size_t m = 0; m < methods.size(); ++m) print("overhead", config, methods[m].name, timings[m]);
   for (const auto& pool : cuda_pools) {
@@ -367,6 +380,25 @@ void diagnose_of(std::size_t count, int calls) {
   auto host_function = must(host_pool.add_function(
       [](cgt::host::Context& ctx, cgt::host::Inputs in) { return cgt::host::Values{ctx.allocate_like(in[0])}; },
       {.name = "nothing", .static_inputs = statics}));
+  // cgt.torch, against the raw launch of libtorch's graph of the same ops.
+  std::vector<at::Tensor> slots(inputs);
+  at::cuda::CUDAGraph torch_graph;
+  (void)torch_work(slots, 1);
+  torch_graph.capture_begin();
+  const at::Tensor torch_out = torch_work(slots, 1);
+  torch_graph.capture_end();
+  methods.push_back({"raw cudaGraphLaunch (libtorch graph)",
+                     [&] { check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), stream), "launch"); }});
+  auto torch_pool = must(cgt::torch::make_pool({.device = 0}));
+  auto torch_function = must(torch_pool.add_function(
+      [](cgt::torch::Inputs in) {
+        std::vector<at::Tensor> tensors = in;
+        return cgt::torch::Values{torch_work(tensors, 1)};
+      },
+      {.name = "work", .static_inputs = statics}));
+  const std::vector<cgt::torch::Arg> torch_args(inputs.begin(), inputs.end());
+  methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
+
   methods.push_back({"cgt.host, no work (the engine alone)",
                      [&] { (void)host_function(std::span<const cgt::host::Arg>(host_args)); }});
 

@@ -7,12 +7,14 @@ import sys
 
 
 RAW = "raw cudaGraphLaunch"
+RAW_BLOCKING = "raw cudaGraphLaunch (blocking stream)"
 RAW_TORCH = "raw cudaGraphLaunch (libtorch graph)"
-METHODS = ["eager libtorch", RAW, RAW_TORCH, "raw CUDAGraph::replay", "cgt.cuda", "cgt.cuda non-blocking", "cgt.torch",
+METHODS = ["eager libtorch", RAW, RAW_BLOCKING, RAW_TORCH, "raw CUDAGraph::replay", "cgt.cuda", "cgt.cuda non-blocking", "cgt.torch",
            "PyTorch trees (Python)"]
-# Each method against the raw launch of the same graph: the raw kernels' graph for cgt.cuda, the
-# libtorch ops' graph for the libtorch methods (they differ with 4 inputs: 1 kernel against 4).
-BASELINE = {m: RAW for m in (RAW, "cgt.cuda", "cgt.cuda non-blocking")}
+# Each method against the raw launch of the same graph on the same kind of stream: the raw kernels'
+# graph for cgt.cuda (its default pool stream is blocking, like RAW_BLOCKING's), the libtorch ops'
+# graph for the libtorch methods (they differ with 4 inputs: 1 kernel against 4).
+BASELINE = {RAW: RAW, RAW_BLOCKING: RAW_BLOCKING, "cgt.cuda": RAW_BLOCKING, "cgt.cuda non-blocking": RAW}
 TARGET_STATIC, TARGET_COPIED, TARGET_TREES = 1.5, 2.0, 10.0
 TARGET_STATIC_27 = 1.25  # issue 27, item 5: static inputs (copied inputs and trees as issue 4)
 PICTURES = {"overhead.png": "CPU time per call: raw cudaGraphLaunch, cgt.cuda, cgt.torch and PyTorch's trees",
@@ -29,22 +31,24 @@ def overhead_tables(overhead):
     """The CPU and wall tables, then the targets of issue 4 cell by cell."""
     nan = (float("nan"), float("nan"))
     lines = ["CPU time per call (median, us) and, in brackets, its ratio to the raw cudaGraphLaunch of the same "
-             "graph: the raw kernels' graph for raw launch and cgt.cuda, the libtorch ops' graph for the others "
-             "(with 4 inputs the libtorch ops are 4 kernels where the raw work sums in one). Methods are measured "
-             "interleaved, in 10 rounds, with the GPU's queue drained every 16 calls (not timed), after 5 s of "
-             "launches; the C++ and Python processes take turns 3 times, and each cell is the median of its 3 "
-             "values. Wall time per call (us) in the second table. All but cgt.cuda and PyTorch trees launch on one non-blocking side "
-             "stream; cgt.cuda uses its pool's stream, blocking (the default) or not; PyTorch trees run on "
-             "PyTorch's default stream, in their own process, as torch.compile users do.\n\n",
+             "graph on the same kind of stream: the raw kernels' graph for the raw launches and cgt.cuda, the "
+             "libtorch ops' graph for the others (with 4 inputs the libtorch ops are 4 kernels where the raw work "
+             "sums in one). Methods are measured interleaved, in 10 rounds, with the GPU's queue drained every 16 "
+             "calls (not timed), after 5 s of launches; the C++ and Python processes take turns 3 times, and each "
+             "cell is the median of its 3 values. Wall time per call (us) in the second table. All but cgt.cuda, "
+             "the blocking raw launch and PyTorch trees launch on one non-blocking side stream; cgt.cuda uses its "
+             "pool's stream, blocking (the default, against the raw launch on a blocking stream) or not (against "
+             "the raw launch on the side stream); PyTorch trees run on PyTorch's default stream, in their own "
+             "process, as torch.compile users do.\n\n",
              "| work | " + " | ".join(METHODS) + " |\n", "|---" * (len(METHODS) + 1) + "|\n"]
     wall = ["\n| work (wall us/call) | " + " | ".join(METHODS) + " |\n", "|---" * (len(METHODS) + 1) + "|\n"]
     targets = ["\nThe targets of issue 4, cell by cell (CPU time): cgt at most "
-               f"{TARGET_STATIC}x the raw launch of its graph with static inputs, at most {TARGET_COPIED}x with "
-               f"copied inputs (the raw launch then includes its cudaMemcpyAsync), and at least {TARGET_TREES}x "
-               "less than PyTorch's trees. In brackets, cgt.torch against the raw kernels' graph. The last "
-               f"column: issue 27's, at most {TARGET_STATIC_27}x with static inputs.\n\n",
-               "| work | cgt.cuda / raw | cgt.torch / raw (libtorch graph) | trees / cgt.cuda | trees / cgt.torch "
-               "| met | met (issue 27) |\n", "|---|---|---|---|---|---|---|\n"]
+               f"{TARGET_STATIC}x the raw launch of its graph (on the same kind of stream) with static inputs, at "
+               f"most {TARGET_COPIED}x with copied inputs (the raw launch then includes its cudaMemcpyAsync), and at "
+               f"least {TARGET_TREES}x less than PyTorch's trees. In brackets, cgt.torch against the raw kernels' "
+               f"graph. The last column: issue 27's, at most {TARGET_STATIC_27}x with static inputs.\n\n",
+               "| work | cgt.cuda / raw (blocking) | cgt.cuda non-blocking / raw | cgt.torch / raw (libtorch graph) "
+               "| trees / cgt.cuda | trees / cgt.torch | met | met (issue 27) |\n", "|---|---|---|---|---|---|---|---|\n"]
     for config, results in overhead.items():
         cpu = {m: results.get(m, nan)[0] for m in METHODS}
         cells = []
@@ -54,16 +58,18 @@ def overhead_tables(overhead):
         lines.append(f"| {config} | " + " | ".join(cells) + " |\n")
         wall.append(f"| {config} | " + " | ".join(f"{results[m][1]:.2f}" if m in results else "–" for m in METHODS)
                     + " |\n")
-        cuda_ratio = cpu["cgt.cuda"] / cpu[RAW]
+        cuda_ratio = cpu["cgt.cuda"] / cpu[RAW_BLOCKING]
+        non_blocking_ratio = cpu["cgt.cuda non-blocking"] / cpu[RAW]
         torch_ratio = cpu["cgt.torch"] / cpu[RAW_TORCH]
         trees = cpu["PyTorch trees (Python)"]
 
         def meets(static_limit):
             limit = TARGET_COPIED if "copied" in config else static_limit
-            return (cuda_ratio <= limit and torch_ratio <= limit and trees / cpu["cgt.cuda"] >= TARGET_TREES
-                    and trees / cpu["cgt.torch"] >= TARGET_TREES)
+            return (max(cuda_ratio, non_blocking_ratio, torch_ratio) <= limit
+                    and trees / cpu["cgt.cuda"] >= TARGET_TREES and trees / cpu["cgt.torch"] >= TARGET_TREES)
 
-        targets.append(f"| {config} | {cuda_ratio:.2f}x | {torch_ratio:.2f}x ({cpu['cgt.torch'] / cpu[RAW]:.2f}x) "
+        targets.append(f"| {config} | {cuda_ratio:.2f}x | {non_blocking_ratio:.2f}x | {torch_ratio:.2f}x "
+                       f"({cpu['cgt.torch'] / cpu[RAW]:.2f}x) "
                        f"| {trees / cpu['cgt.cuda']:.1f}x | {trees / cpu['cgt.torch']:.1f}x | "
                        f"{'yes' if meets(TARGET_STATIC) else '**no**'} | "
                        f"{'yes' if meets(TARGET_STATIC_27) else '**no**'} |\n")
