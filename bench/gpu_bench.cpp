@@ -348,7 +348,26 @@ void diagnose_of(std::size_t count, int calls) {
                        check(cudaGetDevice(&device), "device");
                        check(cudaGraphLaunch(raw.exec(), stream), "launch");
                      }});
-  methods.push_back({"raw cudaGraphLaunch, blocking stream",
+  // The driver's own entry points, looked up through the runtime (as current_device.hpp does).
+  using GetCurrent = CUresult (*)(CUcontext*);
+  using Launch = CUresult (*)(CUgraphExec, CUstream);
+  void* get_current_entry = nullptr;
+  void* launch_entry = nullptr;
+  check(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &get_current_entry, 12000, cudaEnableDefault, nullptr),
+        "entry point");
+  check(cudaGetDriverEntryPointByVersion("cuGraphLaunch", &launch_entry, 12000, cudaEnableDefault, nullptr),
+        "entry point");
+  const auto get_current = reinterpret_cast<GetCurrent>(get_current_entry);
+  const auto launch = reinterpret_cast<Launch>(launch_entry);
+  methods.push_back({"raw cudaGraphLaunch + cuCtxGetCurrent", [&] {
+                       CUcontext context = nullptr;
+                       if (get_current(&context) != CUDA_SUCCESS || context == nullptr) std::exit(1);
+                       check(cudaGraphLaunch(raw.exec(), stream), "launch");
+                     }});
+  methods.push_back({"raw cuGraphLaunch (the driver's)", [&] {
+                       if (launch(raw.exec(), stream) != CUDA_SUCCESS) std::exit(1);
+                     }});
+  methods.push_back({"raw cudaGraphLaunch (blocking stream)",
                      [&] { check(cudaGraphLaunch(raw_blocking.exec(), blocking), "launch"); }});
 
   std::vector<cgt::cuda::Buffer> buffers;

@@ -137,7 +137,7 @@ class CudaRecording final : public backend::Recording {
         return pointed;
       }
     }
-    return checked(cudaGraphLaunch(graph_.exec(), stream_), "launching a graph");
+    return launch_graph(graph_.exec(), stream_, current, "launching a graph");
   }
   // Outputs are plain device addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}

@@ -21,6 +21,7 @@ namespace cgt::cuda {
 using kernels::checked;          // NOLINT(misc-unused-using-decls): for the module's other units
 using kernels::current_context;  // NOLINT(misc-unused-using-decls): likewise
 using kernels::CurrentDevice;    // NOLINT(misc-unused-using-decls): likewise
+using kernels::launch_graph;     // NOLINT(misc-unused-using-decls): likewise
 
 /// `bytes` of new memory on the current device (callers make the right one current), freed (cudaFree) when its last
 /// owner lets go. Fails with out_of_memory when the device has no room, else backend_error, saying what was being done.

@@ -155,7 +155,7 @@ class TorchRecording final : public backend::Recording {
         // Draws random numbers: CUDAGraph advances the generator's offset (unlocked in libtorch).
         const std::lock_guard<std::mutex> lock(generator_registration());
         graph_.shared().owner->replay();
-      } else if (auto ran = checked(cudaGraphLaunch(graph_.exec(), current.stream()), "launching a graph"); !ran) {
+      } else if (auto ran = kernels::launch_graph(graph_.exec(), current.stream(), device, "launching a graph"); !ran) {
         return ran;
       }
       for (std::size_t i = 0; i < bound_.size(); ++i) {
