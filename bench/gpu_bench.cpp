@@ -408,6 +408,14 @@ void diagnose_of(std::size_t count, int calls) {
   torch_graph.capture_end();
   methods.push_back({"raw cudaGraphLaunch (libtorch graph)",
                      [&] { check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), stream), "launch"); }});
+  methods.push_back(
+      {"raw cudaGraphLaunch (libtorch graph) on getCurrentCUDAStream", [&] {
+         check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), c10::cuda::getCurrentCUDAStream(0).stream()),
+               "launch");
+       }});
+  methods.push_back({"raw cuGraphLaunch (libtorch graph)", [&] {
+                       if (launch(torch_graph.raw_cuda_graph_exec(), stream) != CUDA_SUCCESS) std::exit(1);
+                     }});
   auto torch_pool = must(cgt::torch::make_pool({.device = 0}));
   auto torch_function = must(torch_pool.add_function(
       [](cgt::torch::Inputs in) {
