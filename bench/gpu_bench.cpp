@@ -426,7 +426,7 @@ void diagnose_of(std::size_t count, int calls) {
   const std::vector<cgt::torch::Arg> torch_args(inputs.begin(), inputs.end());
   methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
 
-  methods.push_back({"cgt.host, no work (the engine alone)",
+  methods.push_back({"the engine alone (cgt.host with no work)",
                      [&] { (void)host_function(std::span<const cgt::host::Arg>(host_args)); }});
 
   const std::vector<Timing> timings = measure_interleaved(methods, calls);

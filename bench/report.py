@@ -76,6 +76,31 @@ def overhead_tables(overhead):
     return "".join(lines + wall + targets)
 
 
+def diagnose_table(rows):
+    """`gpu_bench diagnose`: each method's CPU time per call (median over its repeats) and what it
+    costs over the raw cudaGraphLaunch of the same work."""
+    repeats = collections.OrderedDict()
+    for row in rows:
+        if row[0] == "diagnose":
+            repeats.setdefault(row[1], collections.OrderedDict()).setdefault(row[2], []).append(float(row[3]))
+    lines = ["Where a replay's CPU time over a raw launch goes (`gpu_bench diagnose`, static inputs, one kernel): "
+             "each method's CPU time per call (us; the median over 3 repeats of 3000 interleaved calls) and, in "
+             "brackets, its difference from the raw cudaGraphLaunch of the same graph (the raw kernels', or libtorch's for the libtorch rows) on the same non-blocking stream. \"the engine "
+             "alone\" is the same call shape through a host pool whose graph launches nothing: the bookkeeping on "
+             "this CPU.\n\n"]
+    for config, methods in repeats.items():
+        raw = {name: statistics.median(methods.get(name, [float("nan")])) for name in (RAW, RAW_TORCH)}
+        lines += [f"\n| {config} | us per call |\n", "|---|---|\n"]
+        for method, values in methods.items():
+            us = statistics.median(values)
+            if method.startswith("the engine alone"):
+                lines.append(f"| {method} | {us:.3f} |\n")
+                continue
+            torch_graph = "libtorch graph" in method or method == "cgt.torch"
+            lines.append(f"| {method} | {us:.3f} ({us - raw[RAW_TORCH if torch_graph else RAW]:+.3f}) |\n")
+    return "".join(lines)
+
+
 def main(path, out_dir, commit, gpu):
     rows = [line.strip().split(",") for line in open(path) if line.count(",") >= 3]
     header = f"Measured on {gpu}, commit {commit}, by `scripts/gpu.sh bench`.\n\n"
@@ -88,6 +113,8 @@ def main(path, out_dir, commit, gpu):
     overhead = collections.OrderedDict(
         (config, {m: median_round(values) for m, values in methods.items()}) for config, methods in rounds.items())
     files["overhead.md"] = header + overhead_tables(overhead)
+    if any(row[0] == "diagnose" for row in rows):
+        files["diagnose.md"] = header + diagnose_table(rows)
 
     memory = [header, "| work | method | pool bytes reserved | peak allocated |\n|---|---|---|---|\n"]
     for row in rows:

@@ -37,7 +37,8 @@ usage: scripts/gpu.sh <subcommand> [arguments]
   bench-training [STEPS]  the training benchmark alone: fp32, TF32 and the modern loop against PyTorch
                           (STEPS, default 200; PY_TIMEOUT; TRAINING_CONFIGURATIONS), the loop's loss
                           curves; training.md and plots
-  overhead [CALLS]        bench's CPU-per-call table alone (gpu_bench overhead against PyTorch's trees)
+  overhead [CALLS]        bench's CPU-per-call table alone (gpu_bench overhead against PyTorch's trees),
+                          then where a replay's time over a raw launch goes (gpu_bench diagnose)
   bench-models [CALLS] [MODEL...]
                           BERT-base and ResNet-18 (bert resnet) served from C++ against PyTorch
                           (default 150 calls per cell; PHASES picks phases)

@@ -70,10 +70,11 @@ cmd_bench_training() {
 }
 
 # overhead [calls]: only the CPU cost per call of bench's overhead table (gpu_bench and PyTorch's
-# Python trees taking turns in rounds), for a change to the call path; writes overhead.md.
+# Python trees taking turns in rounds), for a change to the call path, then where a replay's time
+# over a raw launch goes (gpu_bench diagnose); writes overhead.md and diagnose.md.
 cmd_overhead() {
   local calls="${1:-3000}" rounds=3 round
-  keep+=(results.csv overhead.md overhead.png)
+  keep+=(results.csv overhead.md overhead.png diagnose.md)
   configure
   build gpu_bench
   : >"$logs/results.csv"
@@ -81,6 +82,7 @@ cmd_overhead() {
     measure "gpu_bench overhead, round $round" cpp.log 0 "$build/bench/gpu_bench" overhead $((calls / rounds)) || exit 1
     measure "pytorch_trees overhead, round $round" pytorch.log 0 python3 bench/pytorch_trees.py overhead $((calls / rounds)) || exit 1
   done
+  measure "gpu_bench diagnose" cpp.log 0 "$build/bench/gpu_bench" diagnose "$calls" || exit 1
   step "report" report.log 0 python3 bench/report.py "$logs/results.csv" "$logs" "$commit" "$gpu"
   sed -n '/^==> overhead.md/,/^==> memory.md/p' "$logs/report.log" | sed '$d'
 }

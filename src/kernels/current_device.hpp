@@ -37,12 +37,13 @@ namespace cgt::kernels {
 /// leaves the thread on device 0.
 class CurrentDevice {
  public:
-  CurrentDevice() = default;
+  // `inline` spelled out: in a module's purview a member defined in its class is not inline.
+  inline CurrentDevice() = default;
   CurrentDevice(const CurrentDevice&) = delete;
   CurrentDevice& operator=(const CurrentDevice&) = delete;
   CurrentDevice(CurrentDevice&&) = delete;
   CurrentDevice& operator=(CurrentDevice&&) = delete;
-  ~CurrentDevice() {
+  inline ~CurrentDevice() {
     if (switched_) (void)cudaSetDevice(previous_);
   }
 
@@ -50,7 +51,7 @@ class CurrentDevice {
   /// current_context() then (null: unknown). When it is the thread's current context, the
   /// device is current and nothing more is asked (the usual case, a few ns); otherwise the
   /// runtime is asked (cudaGetDevice, and cudaSetDevice when another device is current).
-  [[nodiscard]] Result<void> enter(int device, const void* context = nullptr) {
+  [[nodiscard]] inline Result<void> enter(int device, const void* context = nullptr) {
     if (context != nullptr && current_context() == context) {
       in_context_ = true;
       return {};
@@ -63,7 +64,7 @@ class CurrentDevice {
   }
 
   /// Whether enter() found the pool's context current: the driver may then be called directly.
-  [[nodiscard]] bool in_pools_context() const noexcept { return in_context_; }
+  [[nodiscard]] inline bool in_pools_context() const noexcept { return in_context_; }
 
  private:
   int previous_ = 0;
