@@ -175,6 +175,66 @@ class RawGraph {
   cudaGraphExec_t exec_ = nullptr;
 };
 
+// A stream of the benchmark's own (a blocking one: as cgt.cuda's default pool stream), destroyed
+// once its work is done.
+class OwnStream {
+ public:
+  explicit OwnStream(unsigned flags) { check(cudaStreamCreateWithFlags(&stream_, flags), "stream"); }
+  OwnStream(const OwnStream&) = delete;
+  OwnStream& operator=(const OwnStream&) = delete;
+  ~OwnStream() {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+  [[nodiscard]] cudaStream_t get() const noexcept { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
+// The inputs as cgt.cuda buffers over the tensors' memory.
+std::vector<cgt::cuda::Buffer> cuda_views(const std::vector<at::Tensor>& inputs) {
+  std::vector<cgt::cuda::Buffer> buffers;
+  for (const auto& input : inputs) {
+    buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()), elements * sizeof(float),
+                                                 cgt::ElementType::f32, {&elements, 1}, 0));
+  }
+  return buffers;
+}
+
+// The raw kernels of the work as a cgt.cuda pool function.
+cgt::cuda::Function add_cuda_work(cgt::cuda::Pool& pool, int kernels, const std::vector<std::size_t>& statics) {
+  return must(pool.add_function(
+      [kernels](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        std::vector<const float*> from;
+        for (std::size_t i = 0; i < in.size(); ++i) from.push_back(in[i].as<float>());
+        cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
+        raw_work(from, out.as<float>(), kernels, ctx.stream());
+        return cgt::cuda::Values{out};
+      },
+      {.name = "work", .static_inputs = statics}));
+}
+
+// The libtorch ops of the work as a cgt.torch pool function.
+cgt::torch::Function add_torch_work(cgt::torch::Pool& pool, int kernels, const std::vector<std::size_t>& statics) {
+  return must(pool.add_function(
+      [kernels](cgt::torch::Inputs in) {
+        std::vector<at::Tensor> tensors = in;
+        return cgt::torch::Values{torch_work(tensors, kernels)};
+      },
+      {.name = "work", .static_inputs = statics}));
+}
+
+// libtorch's CUDAGraph of the libtorch ops over `slots`, warmed up first on the current stream, as
+// PyTorch recommends. Returns the graph's output.
+at::Tensor capture_torch_work(at::cuda::CUDAGraph& graph, const std::vector<at::Tensor>& slots, int kernels) {
+  (void)torch_work(slots, kernels);
+  graph.capture_begin();
+  at::Tensor out = torch_work(slots, kernels);
+  graph.capture_end();
+  return out;
+}
+
 // The overhead table: every way of making the call, on the same work (K tiny kernels over 1 or 4
 // inputs, static or copied). The raw kernels (cgt.cuda's work) and the libtorch ops (eager,
 // CUDAGraph and cgt.torch's work) make different graphs when there are 4 inputs (one summing
@@ -224,21 +284,18 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
                      }});
   // The same on a blocking stream, as cgt.cuda's default pool stream is: such a stream costs more
   // per launch, and cgt.cuda's default is measured against it.
-  cudaStream_t blocking = nullptr;
-  check(cudaStreamCreateWithFlags(&blocking, cudaStreamDefault), "stream");
-  const RawGraph raw_blocking(blocking, [&] { raw_work(reads, raw_out.data_ptr<float>(), kernels, blocking); });
+  const OwnStream blocking(cudaStreamDefault);
+  const RawGraph raw_blocking(blocking.get(),
+                              [&] { raw_work(reads, raw_out.data_ptr<float>(), kernels, blocking.get()); });
   methods.push_back({"raw cudaGraphLaunch (blocking stream)", [&] {
-                       copy_inputs(blocking);
-                       check(cudaGraphLaunch(raw_blocking.exec(), blocking), "launch");
+                       copy_inputs(blocking.get());
+                       check(cudaGraphLaunch(raw_blocking.exec(), blocking.get()), "launch");
                      }});
 
   // libtorch's CUDAGraph of the libtorch ops: replayed by CUDAGraph::replay (copied inputs:
   // copy_ into the captured inputs), and its executable launched raw.
   at::cuda::CUDAGraph torch_graph;
-  (void)torch_work(slots, kernels);  // warm up on the side stream, as PyTorch recommends
-  torch_graph.capture_begin();
-  const at::Tensor torch_out = torch_work(slots, kernels);
-  torch_graph.capture_end();
+  const at::Tensor torch_out = capture_torch_work(torch_graph, slots, kernels);
   methods.push_back({"raw CUDAGraph::replay", [&] {
                        if (copied) {
                          for (std::size_t i = 0; i < count; ++i) slots[i].copy_(inputs[i], true);
@@ -251,25 +308,13 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
                      }});
 
   // cgt.cuda: the raw kernels through a pool, on its own blocking (default) or non-blocking stream.
-  std::vector<cgt::cuda::Buffer> buffers;
-  for (const auto& input : inputs) {
-    buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()), elements * sizeof(float),
-                                                 cgt::ElementType::f32, {&elements, 1}, 0));
-  }
+  const std::vector<cgt::cuda::Buffer> buffers = cuda_views(inputs);
   const std::vector<cgt::cuda::Arg> cuda_args(buffers.begin(), buffers.end());
   std::vector<cgt::cuda::Pool> cuda_pools;
   std::vector<cgt::cuda::Function> cuda_functions;
-  for (const bool blocking : {true, false}) {
-    cuda_pools.push_back(must(cgt::cuda::make_pool({.device = 0, .blocking_stream = blocking})));
-    cuda_functions.push_back(must(cuda_pools.back().add_function(
-        [kernels](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
-          std::vector<const float*> from;
-          for (std::size_t i = 0; i < in.size(); ++i) from.push_back(in[i].as<float>());
-          cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
-          raw_work(from, out.as<float>(), kernels, ctx.stream());
-          return cgt::cuda::Values{out};
-        },
-        {.name = "work", .static_inputs = statics})));
+  for (const bool blocking_stream : {true, false}) {
+    cuda_pools.push_back(must(cgt::cuda::make_pool({.device = 0, .blocking_stream = blocking_stream})));
+    cuda_functions.push_back(add_cuda_work(cuda_pools.back(), kernels, statics));
   }
   for (std::size_t b = 0; b < cuda_functions.size(); ++b) {
     methods.push_back({b == 0 ? "cgt.cuda" : "cgt.cuda non-blocking",
@@ -278,18 +323,11 @@ void overhead_of(int kernels, std::size_t count, bool copied, int calls, bool re
 
   // cgt.torch: the libtorch ops through a pool.
   auto torch_pool = must(cgt::torch::make_pool({.device = 0}));
-  auto torch_function = must(torch_pool.add_function(
-      [kernels](cgt::torch::Inputs in) {
-        std::vector<at::Tensor> tensors = in;
-        return cgt::torch::Values{torch_work(tensors, kernels)};
-      },
-      {.name = "work", .static_inputs = statics}));
+  auto torch_function = add_torch_work(torch_pool, kernels, statics);
   const std::vector<cgt::torch::Arg> torch_args(inputs.begin(), inputs.end());
   methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
 
   const std::vector<Timing> timings = measure_interleaved(methods, calls);
-  c10::cuda::device_synchronize();
-  check(cudaStreamDestroy(blocking), "stream");
   if (!report) return;
   for (std::size_t m = 0; m < methods.size(); ++m) print("overhead", config, methods[m].name, timings[m]);
   for (const auto& pool : cuda_pools) {
@@ -321,9 +359,11 @@ void overhead(int calls) {
 }
 
 // Where a replay's CPU time over a raw launch goes, on this machine (`gpu_bench diagnose`): the
-// static cells' work, launched raw (also with the current device read, as a replay reads it, and on
-// a blocking stream, as cgt.cuda's default pool stream is), through cgt.cuda, and the engine's
-// bookkeeping alone: the same call shape through a host pool whose graph does nothing.
+// static cells' work launched raw, also after each current-device read a replay could make (the
+// runtime's cudaGetDevice, the driver's cuCtxGetCurrent), through the driver's cuGraphLaunch and on
+// a blocking stream (as cgt.cuda's default pool stream is); through cgt.cuda and cgt.torch, each
+// beside the raw launch of its graph; and the engine's bookkeeping alone: the same call shape
+// through a host pool whose graph does nothing.
 void diagnose_of(std::size_t count, int calls) {
   const auto options = at::TensorOptions().device(at::kCUDA, 0);
   const std::string config = "K=1 inputs=" + std::to_string(count) + " static";
@@ -334,20 +374,12 @@ void diagnose_of(std::size_t count, int calls) {
   const c10::cuda::CUDAStreamGuard side_stream(c10::cuda::getStreamFromPool(false, 0));
   c10::cuda::device_synchronize();
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(0).stream();
-  cudaStream_t blocking = nullptr;
-  check(cudaStreamCreateWithFlags(&blocking, cudaStreamDefault), "stream");
+  const OwnStream blocking(cudaStreamDefault);
   std::vector<const float*> reads;
   for (const auto& input : inputs) reads.push_back(input.data_ptr<float>());
   const at::Tensor raw_out = at::empty({elements}, options);
   const RawGraph raw(stream, [&] { raw_work(reads, raw_out.data_ptr<float>(), 1, stream); });
-  const RawGraph raw_blocking(blocking, [&] { raw_work(reads, raw_out.data_ptr<float>(), 1, blocking); });
-  std::vector<Method> methods;
-  methods.push_back({"raw cudaGraphLaunch", [&] { check(cudaGraphLaunch(raw.exec(), stream), "launch"); }});
-  methods.push_back({"raw cudaGraphLaunch + cudaGetDevice", [&] {
-                       int device = 0;
-                       check(cudaGetDevice(&device), "device");
-                       check(cudaGraphLaunch(raw.exec(), stream), "launch");
-                     }});
+  const RawGraph raw_blocking(blocking.get(), [&] { raw_work(reads, raw_out.data_ptr<float>(), 1, blocking.get()); });
   // The driver's own entry points, looked up through the runtime (as current_device.hpp does).
   using GetCurrent = CUresult (*)(CUcontext*);
   using Launch = CUresult (*)(CUgraphExec, CUstream);
@@ -359,6 +391,14 @@ void diagnose_of(std::size_t count, int calls) {
         "entry point");
   const auto get_current = reinterpret_cast<GetCurrent>(get_current_entry);
   const auto launch = reinterpret_cast<Launch>(launch_entry);
+
+  std::vector<Method> methods;
+  methods.push_back({"raw cudaGraphLaunch", [&] { check(cudaGraphLaunch(raw.exec(), stream), "launch"); }});
+  methods.push_back({"raw cudaGraphLaunch + cudaGetDevice", [&] {
+                       int device = 0;
+                       check(cudaGetDevice(&device), "device");
+                       check(cudaGraphLaunch(raw.exec(), stream), "launch");
+                     }});
   methods.push_back({"raw cudaGraphLaunch + cuCtxGetCurrent", [&] {
                        CUcontext context = nullptr;
                        if (get_current(&context) != CUDA_SUCCESS || context == nullptr) std::exit(1);
@@ -368,44 +408,19 @@ void diagnose_of(std::size_t count, int calls) {
                        if (launch(raw.exec(), stream) != CUDA_SUCCESS) std::exit(1);
                      }});
   methods.push_back({"raw cudaGraphLaunch (blocking stream)",
-                     [&] { check(cudaGraphLaunch(raw_blocking.exec(), blocking), "launch"); }});
+                     [&] { check(cudaGraphLaunch(raw_blocking.exec(), blocking.get()), "launch"); }});
 
-  std::vector<cgt::cuda::Buffer> buffers;
-  for (const auto& input : inputs) {
-    buffers.push_back(cgt::cuda::Buffer::view_of(static_cast<std::byte*>(input.data_ptr()), elements * sizeof(float),
-                                                 cgt::ElementType::f32, {&elements, 1}, 0));
-  }
+  const std::vector<cgt::cuda::Buffer> buffers = cuda_views(inputs);
   const std::vector<cgt::cuda::Arg> cuda_args(buffers.begin(), buffers.end());
   auto cuda_pool = must(cgt::cuda::make_pool({.device = 0, .blocking_stream = false}));
-  auto cuda_function = must(cuda_pool.add_function(
-      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
-        std::vector<const float*> from;
-        for (std::size_t i = 0; i < in.size(); ++i) from.push_back(in[i].as<float>());
-        cgt::cuda::Buffer out = ctx.allocate(cgt::ElementType::f32, {elements});
-        raw_work(from, out.as<float>(), 1, ctx.stream());
-        return cgt::cuda::Values{out};
-      },
-      {.name = "work", .static_inputs = statics}));
+  auto cuda_function = add_cuda_work(cuda_pool, 1, statics);
   methods.push_back(
       {"cgt.cuda non-blocking", [&] { (void)cuda_function(std::span<const cgt::cuda::Arg>(cuda_args)); }});
 
-  // The engine alone: the same shape (static inputs, one output) through a host pool whose graph
-  // launches nothing.
-  std::vector<cgt::host::Buffer> host_inputs;
-  for (std::size_t i = 0; i < count; ++i)
-    host_inputs.push_back(must(cgt::host::Buffer::make(cgt::ElementType::f32, {elements})));
-  const std::vector<cgt::host::Arg> host_args(host_inputs.begin(), host_inputs.end());
-  auto host_pool = must(cgt::host::make_pool());
-  auto host_function = must(host_pool.add_function(
-      [](cgt::host::Context& ctx, cgt::host::Inputs in) { return cgt::host::Values{ctx.allocate_like(in[0])}; },
-      {.name = "nothing", .static_inputs = statics}));
   // cgt.torch, against the raw launch of libtorch's graph of the same ops.
-  std::vector<at::Tensor> slots(inputs);
+  const std::vector<at::Tensor> slots(inputs);
   at::cuda::CUDAGraph torch_graph;
-  (void)torch_work(slots, 1);
-  torch_graph.capture_begin();
-  const at::Tensor torch_out = torch_work(slots, 1);
-  torch_graph.capture_end();
+  const at::Tensor torch_out = capture_torch_work(torch_graph, slots, 1);
   methods.push_back({"raw cudaGraphLaunch (libtorch graph)",
                      [&] { check(cudaGraphLaunch(torch_graph.raw_cuda_graph_exec(), stream), "launch"); }});
   methods.push_back(
@@ -417,23 +432,29 @@ void diagnose_of(std::size_t count, int calls) {
                        if (launch(torch_graph.raw_cuda_graph_exec(), stream) != CUDA_SUCCESS) std::exit(1);
                      }});
   auto torch_pool = must(cgt::torch::make_pool({.device = 0}));
-  auto torch_function = must(torch_pool.add_function(
-      [](cgt::torch::Inputs in) {
-        std::vector<at::Tensor> tensors = in;
-        return cgt::torch::Values{torch_work(tensors, 1)};
-      },
-      {.name = "work", .static_inputs = statics}));
+  auto torch_function = add_torch_work(torch_pool, 1, statics);
   const std::vector<cgt::torch::Arg> torch_args(inputs.begin(), inputs.end());
   methods.push_back({"cgt.torch", [&] { (void)torch_function(std::span<const cgt::torch::Arg>(torch_args)); }});
 
+  // The engine alone: the same shape (static inputs, one output) through a host pool whose graph
+  // launches nothing.
+  std::vector<cgt::host::Buffer> host_inputs;
+  for (std::size_t i = 0; i < count; ++i)
+    host_inputs.push_back(must(cgt::host::Buffer::make(cgt::ElementType::f32, {elements})));
+  const std::vector<cgt::host::Arg> host_args(host_inputs.begin(), host_inputs.end());
+  auto host_pool = must(cgt::host::make_pool());
+  auto host_function = must(host_pool.add_function(
+      [](cgt::host::Context& ctx, cgt::host::Inputs in) { return cgt::host::Values{ctx.allocate_like(in[0])}; },
+      {.name = "nothing", .static_inputs = statics}));
   methods.push_back({"the engine alone (cgt.host with no work)",
                      [&] { (void)host_function(std::span<const cgt::host::Arg>(host_args)); }});
 
   const std::vector<Timing> timings = measure_interleaved(methods, calls);
   for (std::size_t m = 0; m < methods.size(); ++m) print("diagnose", config, methods[m].name, timings[m]);
-  if (cuda_pool.stats().replays < static_cast<std::uint64_t>(calls)) std::fprintf(stderr, "cgt.cuda did not replay\n");
-  if (host_pool.stats().replays < static_cast<std::uint64_t>(calls)) std::fprintf(stderr, "cgt.host did not replay\n");
-  check(cudaStreamDestroy(blocking), "stream");
+  const auto replayed = [calls](std::uint64_t replays) { return replays >= static_cast<std::uint64_t>(calls); };
+  if (!replayed(cuda_pool.stats().replays)) std::fprintf(stderr, "cgt.cuda did not replay\n");
+  if (!replayed(torch_pool.stats().replays)) std::fprintf(stderr, "cgt.torch did not replay\n");
+  if (!replayed(host_pool.stats().replays)) std::fprintf(stderr, "cgt.host did not replay\n");
 }
 
 void diagnose(int calls) {

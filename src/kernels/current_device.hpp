@@ -1,8 +1,9 @@
-// Making a pool's device current for a piece of work, for cgt.cuda and cgt.torch: one definition,
-// compiled into each. Like cuda_status.hpp it names cgt's types and includes nothing itself: a
-// backend includes it in its module's purview after cuda_status.hpp, and its global module
-// fragment includes <cuda.h> (types only: the driver is reached through the runtime, never
-// linked, so that a machine without a driver still loads the library) and <cuda_runtime_api.h>.
+// Making a pool's device current for a piece of work, and launching a replay's graph, for cgt.cuda
+// and cgt.torch: one definition, compiled into each. Like cuda_status.hpp it names cgt's types and
+// includes nothing itself: a backend includes it in its module's purview after cuda_status.hpp, and
+// its global module fragment includes <cuda.h> (types only: the driver is reached through the
+// runtime, never linked, so that a machine without a driver still loads the library) and
+// <cuda_runtime_api.h>.
 #pragma once
 
 namespace cgt::kernels {
@@ -22,7 +23,7 @@ namespace cgt::kernels {
 
 /// The calling thread's current driver context, or null when there is none or the driver cannot
 /// say. A replay asks on every call whether its pool's device is current, and cudaGetDevice costs
-/// 60-100 ns there (H100 hosts, `gpu_bench diagnose`), a twentieth of a raw cudaGraphLaunch.
+/// 40-100 ns there (H100 hosts, `gpu_bench diagnose`), a twentieth of a raw cudaGraphLaunch.
 [[nodiscard]] inline void* current_context() noexcept {
   using GetCurrent = CUresult (*)(CUcontext*);
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): the driver's type for the entry
