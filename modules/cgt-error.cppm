@@ -57,12 +57,16 @@ enum class Cause : std::uint8_t {
   /// it, work on a stream it did not join back): its recording broke, and would again at these
   /// shapes, so they run eagerly from then on (`Reason::capture_failed`).
   uncapturable,
-  /// The function wrote an input that its graph would read through a copy (`Error::input` says
-  /// which): the write would never reach the caller, so the call runs eagerly instead.
+  /// The function wrote an input that its graph reads through a copy (`Error::input` says which):
+  /// a replay's write would never reach the caller. The recording's one run is the call's (its
+  /// write copied back to the caller's input), the graph is not kept, and the input counts as
+  /// mutated from then on.
   wrote_copied_input,
   /// The function called a function of another pool while this pool recorded it: one pool's
-  /// graph cannot hold another pool's call with its leases. The inner call fails with this
-  /// cause, and the outer function runs eagerly at those shapes (`Reason::nested_pool`).
+  /// graph cannot hold another pool's call with its leases. On the recording's thread the inner
+  /// call fails (`Errc::nested_capture`) and the outer function runs eagerly at those shapes
+  /// (`Reason::nested_pool`); on another thread (a helper the function waits for) the inner call
+  /// runs, and the outer graph runs once for its call and is not kept.
   nested_pool,
   /// The function returned a value the pool cannot hand out from its memory (cgt.torch: a sparse,
   /// nested or mkldnn tensor): those shapes run eagerly from then on (`Reason::unsupported_output`),

@@ -13,7 +13,8 @@ export namespace cgt {
 
 /// What one call did.
 enum class CallKind : std::uint8_t {
-  warmup,     ///< ran eagerly, allocating in the pool (first call of a function, or path warming up)
+  warmup,     ///< ran eagerly, allocating in the pool (first call of a function, or path warming up), or
+              ///< recorded a graph that ran once and was not kept (`NodeReason::recording_not_kept`)
   recording,  ///< recorded a new graph (its outputs come from running that graph once)
   replay,     ///< replayed a recorded graph
   eager,      ///< fell back to plain execution outside the pool (see `Reason`)
@@ -36,6 +37,11 @@ enum class NodeReason : std::uint8_t {
   managed_input_moved,   ///< an input from an earlier graph is at a new address
   path_warming_up,       ///< warm-up because an earlier call of this path was warming up
   forced_warmup,         ///< warm-up because `Options::force_warmup` is set
+  /// A recording whose graph ran once, for its call, and was not kept (`Stats::recordings_not_kept`):
+  /// the function wrote an input the graph reads through a copy (the write was copied back to the
+  /// caller's input), or another pool ran on another thread during the capture. Its outputs are
+  /// those of a warm-up node.
+  recording_not_kept,
 };
 
 /// The name of a node reason, e.g. "new_liveness_pattern".
@@ -54,6 +60,9 @@ struct Stats {
   /// Calls that found no replayable child and so recorded (PyTorch's `debug_fail_counter`).
   std::uint64_t failed_matches = 0;
   std::uint64_t rerecords = 0;        ///< recordings caused by static or managed inputs that moved
+  /// Recordings whose graph ran once for its call and was not kept (`NodeReason::recording_not_kept`):
+  /// counted as warm-ups too, since their outputs are handed out as a warm-up's.
+  std::uint64_t recordings_not_kept = 0;
   std::uint64_t steps_reclaimed = 0;  ///< new steps that reclaimed outputs still leased
   /// Steps that a forward function began by itself (`FunctionMode::forward`), not `mark_step_begin()`.
   std::uint64_t steps_begun_by_forward = 0;

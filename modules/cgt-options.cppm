@@ -1,5 +1,6 @@
 // cgt.core:options — how a pool and its functions behave, and how the pool reports its decisions.
 module;
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -100,6 +101,15 @@ struct Options {
   std::uint32_t shape_key_warn_limit = 50;
   /// Run new shape keys past this many eagerly (`Reason::shape_key_limit`); 0 means no limit.
   std::uint32_t shape_key_limit = 0;
+  /// How long a call of this pool waits while another pool records a graph on another thread. A
+  /// capture sees only its own thread's work: a pool function that has a helper thread call
+  /// another pool would bake that call's one result into its graph. So a call of another pool
+  /// waits for captures in progress elsewhere (they last milliseconds, at a program's first
+  /// calls); one that waited this long (the capture is waiting for it: it is that function's own)
+  /// goes on, and the graph it overlapped runs once for its call and is not kept: that function
+  /// runs eagerly at those shapes from then on (`Reason::nested_pool`). Raise it if recordings of
+  /// a large model take longer, so that an independent thread's call is not mistaken for one.
+  std::chrono::milliseconds wait_for_other_captures{1000};
   /// Where decisions go. Empty: stderr, once per function and reason.
   LogSink log_sink;
 };

@@ -7,6 +7,7 @@ module;
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -100,6 +101,11 @@ struct RunResult {
   /// caller's inputs, padded copies); writes to pool memory it may leave out. Empty where the
   /// backend cannot tell (cgt.cuda).
   std::vector<std::uint32_t> written_inputs;
+  /// Set by a warm-up (`RunMode::warmup`) whose outputs a graph could not hand out
+  /// (`Cause::unsupported_output`: cgt.torch's sparse, nested or mkldnn tensors). The backend has
+  /// copied those outputs out of the pool, so `values` are the call's to hand out as they are; the
+  /// engine does, and runs these shapes eagerly from then on, without running the function again.
+  std::optional<Error> ungraphable;
 };
 
 /// The user's callable, type-erased by the backend; only the backend that made it calls it.
@@ -118,8 +124,13 @@ class Checkpoint {
 class Recording {
  public:
   virtual ~Recording() = default;
+  /// Whether `replay(args)` takes these arguments: what a replay would refuse for the caller's
+  /// reasons (an input layout its copies cannot read), checked before the engine releases the
+  /// memory the replay overwrites, so that a refused call changes nothing. ENSURES on success:
+  /// `replay(args)` fails only for the device's reasons. Default: nothing is refused.
+  [[nodiscard]] virtual Result<void> check(std::span<const ArgSlot> /*args*/) const { return {}; }
   /// Copies the copied inputs of `args` into the graph's input slots (an expanded dimension once)
-  /// and launches the graph.
+  /// and launches the graph. REQUIRES: `check(args)` succeeded.
   [[nodiscard]] virtual Result<void> replay(std::span<const ArgSlot> args) = 0;
   /// Makes output `i` view the storage `storages[i]` (null: an output that is not pool memory).
   /// Called before handing out outputs whenever a storage handle changed since the last call.
@@ -143,21 +154,25 @@ struct RecordPlan {
 ///  * `Cause::uncapturable`: the capture itself broke for a reason that will not change on another
 ///    call (an operation that cannot be captured, such as a synchronisation with the host); the
 ///    engine runs that function at those shapes eagerly from then on;
-///  * `Cause::wrote_copied_input`, with `Error::input` set: the function wrote to an input it was
-///    given as a copy (a pool slot, `RecordPlan::copy_input`), so the write would never reach the
-///    caller's input; the recording was given up before its graph ran (or what the run wrote was
-///    put back), and the engine treats the input as mutated and runs the call eagerly.
+///  * `Cause::wrote_copied_input`, with `Error::input` set, in `Recorded::not_kept`: the function
+///    wrote to an input it was given as a copy (a pool slot, `RecordPlan::copy_input`); its graph
+///    ran once and the write was copied back to the caller's input (`Capture::write_back`), but a
+///    replay would write the slot only: the graph is not kept, and the input counts as mutated.
 [[nodiscard]] inline bool is_capture_failure(const Error& error) noexcept {
   return error.cause == Cause::uncapturable;
-}
-[[nodiscard]] inline bool is_write_to_copy(const Error& error) noexcept {
-  return error.cause == Cause::wrote_copied_input && error.input >= 0;
 }
 
 /// A recording and the outputs of its first run.
 struct Recorded {
   std::unique_ptr<Recording> recording;
   RunResult first_outputs;
+  /// Set when the graph ran once, for this call, but must not be replayed (the capture pipeline's
+  /// verdict): `Cause::wrote_copied_input` (the function wrote an input it reads through a slot;
+  /// the write was copied back to the caller's input) or `Cause::nested_pool` (another pool ran on
+  /// another thread during the capture: the graph may hold what that call computed). The engine
+  /// hands `first_outputs` out as a warm-up's and drops the recording: the function's work ran
+  /// once, and runs no second time in this call.
+  std::optional<Error> not_kept;
 };
 
 /// How a capture went (`Capture::capture`). Two facts, because the pipeline decides on both: a
@@ -186,7 +201,7 @@ template <class T>
 enum class WritesKnown : std::uint8_t {
   never,            ///< it cannot tell (cgt.cuda): `written_inputs` is empty
   at_capture,       ///< once the capture ended, before anything ran (cgt.torch: version counters)
-  after_first_run,  ///< only once the graph ran (the host: bytes compared): a write to a copy is undone
+  after_first_run,  ///< only once the graph ran (the host: bytes compared)
 };
 
 /// Nodes of a captured graph replaced by kernel nodes before instantiation, and those kept
@@ -202,8 +217,8 @@ struct NodeRewrites {
 /// capture pipeline in src/core calls in this order, each at most once, stopping at the first
 /// failure: `make_slots`, `capture`, `written_inputs` (when `writes_known()` is `at_capture`),
 /// `settle_outputs`, `rewrite_nodes`, `load_into` (for a re-recording the device lets update in
-/// place) or else `instantiate`, `run_first`, `written_inputs` and `undo_writes` (when it is
-/// `after_first_run`), `finish`. The decisions between the steps (which failure is which `Cause`,
+/// place) or else `instantiate`, `run_first`, `written_inputs` (when it is `after_first_run`),
+/// `write_back` (when the function wrote a copied input), `finish`. The decisions between the steps (which failure is which `Cause`,
 /// update in place or instantiate, what is counted) are the pipeline's; a primitive does its one
 /// piece of device work and reports what happened.
 ///
@@ -250,9 +265,12 @@ class Capture {
   /// Runs the graph once (capture ran nothing): it copies the inputs and produces the first
   /// outputs. REQUIRES: `load_into` returned true or `instantiate` succeeded.
   [[nodiscard]] virtual Result<void> run_first() = 0;
-  /// Puts back what `run_first` wrote to the inputs (`WritesKnown::after_first_run` only), as if
-  /// nothing ran; the recording is then given up. Default: nothing to put back.
-  virtual void undo_writes() {}
+  /// Copies what the first run wrote to the slots of `inputs` (copied inputs the function wrote in
+  /// place) back into the caller's inputs, ordered after that run: the write reaches the caller's
+  /// input once, as an eager run's would. The pipeline then hands the run's outputs out without
+  /// keeping the graph (a replay would write the slot only). REQUIRES: `run_first` succeeded; each
+  /// of `inputs` is copied. Default: a device that sees no writes (it is never asked).
+  [[nodiscard]] virtual Result<void> write_back(std::span<const std::uint32_t> /*inputs*/) { return {}; }
   /// The recording and the outputs of its first run (`written_inputs` left empty: the pipeline
   /// fills it). REQUIRES: `run_first` succeeded. ENSURES: the capture holds nothing any more.
   [[nodiscard]] virtual Result<Recorded> finish() = 0;
@@ -394,6 +412,14 @@ class Device {
 
   /// Index of the device whose memory the pool manages; inputs elsewhere run eagerly.
   [[nodiscard]] virtual std::int32_t device_index() const noexcept = 0;
+
+  /// Whether `check_caller` does anything (read once; the engine skips the call otherwise).
+  [[nodiscard]] virtual bool checks_caller() const noexcept { return false; }
+  /// Refuses a call that the device cannot serve from where it is made, at its start, before
+  /// anything changes: cgt.torch refuses a call whose caller's current stream is capturing a graph
+  /// of the program's own (`Errc::nested_capture`), which would take the pool's work into that
+  /// graph. Default: none is refused.
+  [[nodiscard]] virtual Result<void> check_caller() const { return {}; }
 
   /// Runs the function once, eagerly or as a warm-up in the pool.
   [[nodiscard]] virtual Result<RunResult> run(Invoker& fn, std::span<const ArgSlot> args, RunMode mode) = 0;

@@ -126,6 +126,11 @@ class Device final : public backend::Device {
                                      std::span<const std::uintptr_t> dead) override;
   void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
   [[nodiscard]] std::int32_t device_index() const noexcept override { return index(); }
+  /// A call whose caller's current stream is capturing a graph of the program's own (an
+  /// `at::cuda::CUDAGraph` around it) is refused: the pool's work would be captured into that
+  /// graph, which replays it without the pool knowing.
+  [[nodiscard]] bool checks_caller() const noexcept override { return true; }
+  [[nodiscard]] Result<void> check_caller() const override;
   /// `release` acts on a storage's libtorch record only: one with none has nothing to release.
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return false; }
   void adopt(backend::StorageHandle& storage) override;

@@ -2,10 +2,16 @@
 // decision between the steps taken here, once for every backend. The backend's `Capture`
 // (modules/cgt-spi.cppm) does the device work of each step and reports what happened; a step that
 // fails returns its error, and destroying the capture discards whatever it made.
+//
+// Its rule: a failure before the graph's first run is an error, and nothing of the function's
+// work ran (its body ran under capture, which runs nothing); from the first run on, the call's
+// work is done, and the pipeline hands that run's outputs back even where the graph must not be
+// kept (`Recorded::not_kept`), so that the engine never runs the function a second time.
 module;
 #include <algorithm>
 #include <cstdint>
 #include <expected>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -25,24 +31,37 @@ Error broken_capture(const backend::CaptureOutcome& outcome) {
   return Error{.code = Errc::function_failed, .message = std::move(message), .cause = Cause::uncapturable};
 }
 
-// Captures the function. One that failed in an intact capture fails as it did: its error may be
-// passing (out of memory, say), so the shape keeps its graphs.
-Result<void> capture_function(backend::Capture& capture) {
-  backend::CaptureOutcome outcome = capture.capture();
-  if (outcome.broken) return std::unexpected(broken_capture(outcome));
-  return std::move(outcome.work);
+// A call of another pool on this thread was refused while the function ran under capture: the
+// graph lacks that call's work, whatever the function made of the refusal. Given up before it
+// ran; the engine runs these shapes eagerly from then on, where the inner call works.
+Error refused_inner_call() {
+  return Error{.code = Errc::function_failed,
+               .message = "it called a function of another pool while its own pool recorded it (that call failed "
+                          "with nested_capture); one pool's graph cannot hold another pool's call: give both "
+                          "functions one pool to graph them together",
+               .cause = Cause::nested_pool};
 }
 
-// A graph reads a copied input through its slot, so a write to it would go to the slot and never
-// reach the caller's input: the recording is given up, and the engine runs the call eagerly, where
-// the write reaches the input.
-Result<void> refuse_write_to_copy(std::span<const std::uint32_t> written, const backend::RecordPlan& plan) {
-  const auto to_copy = std::ranges::find_if(
-      written, [&plan](std::uint32_t input) { return input < plan.copy_input.size() && plan.copy_input[input]; });
-  if (to_copy == written.end()) return {};
-  return fail(Cause::wrote_copied_input, Errc::function_failed,
-              "input " + std::to_string(*to_copy) + " was written in place, but the graph reads it through a copy",
-              static_cast<std::int32_t>(*to_copy));
+// Captures the function, watched for calls of other pools. One that failed in an intact capture
+// fails as it did: its error may be passing (out of memory, say), so the shape keeps its graphs.
+Result<OtherPoolCalls> capture_function(backend::Capture& capture, const Engine& engine,
+                                        const FunctionRecord& function) {
+  WatchedCapture watched(engine, function);
+  backend::CaptureOutcome outcome = capture.capture();
+  const OtherPoolCalls others = watched.finish();
+  if (others == OtherPoolCalls::refused_here) return std::unexpected(refused_inner_call());
+  if (outcome.broken) return std::unexpected(broken_capture(outcome));
+  if (!outcome.work) return std::unexpected(std::move(outcome.work.error()));
+  return others;
+}
+
+// The copied inputs among `written`: the graph reads them through slots, so their writes went to
+// the slots, never to the caller's inputs.
+std::vector<std::uint32_t> copied_among(std::span<const std::uint32_t> written, const backend::RecordPlan& plan) {
+  std::vector<std::uint32_t> copied;
+  std::ranges::copy_if(written, std::back_inserter(copied),
+                       [&plan](std::uint32_t input) { return input < plan.copy_input.size() && plan.copy_input[input]; });
+  return copied;
 }
 
 // Nodes that cost launch time become kernels before anything compares or instantiates the graph.
@@ -76,36 +95,56 @@ Result<void> place_graph(backend::Capture& capture, const backend::RecordPlan& p
   return {};
 }
 
+// Why a graph that ran once must not be kept, if it must not: a copied input it wrote (whose
+// write `write_back` carried to the caller's input), or a call of another pool on another thread
+// that overlapped its capture (the graph may read what that call computed this once).
+std::optional<Error> not_kept_because(std::span<const std::uint32_t> copied_written, OtherPoolCalls others) {
+  if (!copied_written.empty()) {
+    return Error{.code = Errc::function_failed,
+                 .message = "input " + std::to_string(copied_written.front()) +
+                            " was written in place, but the graph reads it through a copy",
+                 .cause = Cause::wrote_copied_input,
+                 .input = static_cast<std::int32_t>(copied_written.front())};
+  }
+  if (others == OtherPoolCalls::overlapped) {
+    return Error{.code = Errc::function_failed,
+                 .message = "a call of another pool on another thread overlapped its capture (it waited its "
+                            "Options::wait_for_other_captures); the graph may read what that call computed once, so "
+                            "it ran for this call and is not kept",
+                 .cause = Cause::nested_pool};
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 Result<backend::Recorded> record_graph(backend::Device& device, backend::Invoker& fn,
-                                       std::span<const backend::ArgSlot> args, const backend::RecordPlan& plan) {
+                                       std::span<const backend::ArgSlot> args, const backend::RecordPlan& plan,
+                                       const Engine& engine, const FunctionRecord& function) {
   auto begun = device.begin_recording(fn, args, plan);
   if (!begun) return std::unexpected(std::move(begun.error()));
   backend::Capture& capture = **begun;
   if (auto slots = capture.make_slots(); !slots) return std::unexpected(std::move(slots.error()));
-  if (auto captured = capture_function(capture); !captured) return std::unexpected(std::move(captured.error()));
+  auto others = capture_function(capture, engine, function);
+  if (!others) return std::unexpected(std::move(others.error()));
   const backend::WritesKnown writes_known = capture.writes_known();
   std::vector<std::uint32_t> written;
-  if (writes_known == backend::WritesKnown::at_capture) {
-    written = capture.written_inputs();
-    if (auto refused = refuse_write_to_copy(written, plan); !refused) return std::unexpected(refused.error());
-  }
+  if (writes_known == backend::WritesKnown::at_capture) written = capture.written_inputs();
   if (auto settled = capture.settle_outputs(); !settled) return std::unexpected(std::move(settled.error()));
   if (auto rewritten = rewrite_nodes(capture); !rewritten) return std::unexpected(std::move(rewritten.error()));
   if (auto placed = place_graph(capture, plan); !placed) return std::unexpected(std::move(placed.error()));
+  // From here on the call's work has run: whatever follows hands this run's outputs back.
   if (auto ran = capture.run_first(); !ran) return std::unexpected(std::move(ran.error()));
-  if (writes_known == backend::WritesKnown::after_first_run) {
-    written = capture.written_inputs();
-    if (auto refused = refuse_write_to_copy(written, plan); !refused) {
-      capture.undo_writes();  // the run wrote the caller's inputs in place: as if nothing ran
-      return std::unexpected(refused.error());
-    }
+  if (writes_known == backend::WritesKnown::after_first_run) written = capture.written_inputs();
+  const std::vector<std::uint32_t> copied_written = copied_among(written, plan);
+  if (!copied_written.empty()) {
+    if (auto carried = capture.write_back(copied_written); !carried) return std::unexpected(carried.error());
   }
   auto recorded = capture.finish();
   if (!recorded) return recorded;
-  // Writes to inputs read in place: the engine counts those inputs as mutated from now on.
+  // Writes to inputs: the engine counts those inputs as mutated from now on.
   recorded->first_outputs.written_inputs = std::move(written);
+  recorded->not_kept = not_kept_because(copied_written, *others);
   return recorded;
 }
 

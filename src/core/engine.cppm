@@ -19,6 +19,7 @@ module;
 
 #include <gsl/pointers>
 
+#include "capture_gate.hpp"
 #include "generation_rule.hpp"
 
 export module cgt.core:engine;
@@ -42,11 +43,14 @@ struct Variant {
   std::uint32_t id = 0;
   std::uint32_t function = 0;
   std::vector<std::int64_t> key;
-  bool warmed_up = false;  ///< set by `warm_up`
-  /// Its capture failed for a reason that will not change (a synchronisation inside the function,
-  /// a call of another pool): it runs eagerly from then on, for `capture_failure_reason`
-  /// (`Reason::capture_failed` or `nested_pool`), with the backend's message kept here. Both set
-  /// by `run_eagerly_from_now_on`.
+  bool warmed_up = false;  ///< set by `warm_up` and `keep_as_warmup`
+  /// Its capture broke at shapes that had not warmed up of their own (`warm_up_each_shape =
+  /// false`): the next decision warms them up. Set by `after_failed_recording`, cleared by `warm_up`.
+  bool needs_own_warmup = false;
+  /// Its recording failed for a reason that will not change at these shapes (a synchronisation
+  /// inside the function, a call of another pool, an output a graph cannot hand out): it runs
+  /// eagerly from then on, for `capture_failure_reason` (`Reason::capture_failed`, `nested_pool`
+  /// or `unsupported_output`), with the message kept here. Both set by `run_eagerly_from_now_on`.
   std::optional<std::string> capture_failure;
   Reason capture_failure_reason = Reason::capture_failed;
   /// Re-recorded somewhere in the tree (`ChildFacts::rerecords`): only then does a call look its
@@ -145,6 +149,21 @@ struct CallFrame {
   /// Of a padded call: the caller's own arguments and how they were padded. A write the function
   /// makes to a padded copy is copied back into the caller's input (`take_writes`).
   const Padding* padding = nullptr;
+  /// Why no graph can serve the call's shape, where a stage that looks at it found that
+  /// (`select_variant`: another device, a size not in `graph_sizes`, a key past the limit;
+  /// `run_bucketed`: no bucket for its size, a mutated input it would pad). `eager_reason`, the one
+  /// place that decides, runs the call eagerly for it.
+  std::optional<Reason> unfit;
+};
+
+/// What `run_tree` did with a call: its outputs, or its error, or nothing at all (`decide_again`):
+/// a recording given up before its graph ran, or a re-record limit just passed, changed what
+/// `eager_reason` says of the variant, and the call is decided again. Nothing of the function's
+/// work ran then, so the next decision runs it once.
+struct TreeOutcome {
+  Result<CallOutputs> result;
+  bool decide_again = false;
+  [[nodiscard]] static TreeOutcome again() { return TreeOutcome{.result = CallOutputs{}, .decide_again = true}; }
 };
 
 /// The engine of one pool (PyTorch's `CUDAGraphTreeManager`). Its state and the steps of a call
@@ -254,21 +273,43 @@ class Engine final : public LedgerEffects {
   /// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`).
   void warn_if_pending_backward_repeats(FunctionRecord& function);
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
-  /// The call after its arguments are checked: picks its shape variant, then falls back or runs the tree.
-  /// (Inline: a call with its function's last shape key, the common one, goes straight to the tree.)
+  /// The call after its arguments are checked: picks its shape variant, then decides (`run_decided`).
+  /// (Inline: a call with its function's last shape key, the common one, goes straight on.)
   inline Result<CallOutputs> run_selected(CallFrame& frame) {
     // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
-    if (!frame.same_shapes_as_last) return run_other_key(frame);
-    frame.variant = variants_[frame.function->last_variant].get();
-    return run_tree(frame);
+    if (frame.same_shapes_as_last) {
+      frame.variant = variants_[frame.function->last_variant].get();
+    } else {
+      frame.variant = select_variant(frame);
+    }
+    return run_decided(frame);
   }
-  /// `run_selected` for a key other than the function's last one.
-  Result<CallOutputs> run_other_key(CallFrame& frame);
-  Variant* select_variant(CallFrame& frame, std::optional<Reason>& fallback);
-  Result<CallOutputs> run_tree(CallFrame& frame);
+  /// The one place that decides whether a call runs eagerly: asks `eager_reason`, then runs the
+  /// call eagerly or in the tree (`run_tree`); when the tree gave the call back undone
+  /// (`TreeOutcome::decide_again`), decides again. The function's work runs once: the tree gives
+  /// a call back only before any of it ran.
+  Result<CallOutputs> run_decided(CallFrame& frame);
+  /// Why the call must run eagerly, or none: the shape's facts (`CallFrame::unfit`), then the
+  /// variant's decisions kept (a capture that failed for good, a re-record limit passed), then
+  /// this call's inputs (a mutated input that a graph would copy). Logs what it decides per call.
+  /// (Inline: every call asks, and a variant of the steady loop has nothing to say.)
+  [[clang::always_inline]] inline std::optional<Reason> eager_reason(CallFrame& frame) {
+    if (frame.unfit) [[unlikely]] return frame.unfit;
+    const Variant& variant = *frame.variant;
+    // Checked on every call, from this call's inputs: whether an input is pool memory depends on
+    // the call, and a graph that copied a mutated input into a slot would lose the mutation.
+    if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
+    if (variant.capture_failure) [[unlikely]] return variant.capture_failure_reason;
+    if (variant.rerecorded && facts_for(variant.id).rerecords > options_.rerecord_limit) return Reason::rerecord_limit;
+    return std::nullopt;
+  }
+  /// The call's shape variant, made on its first call; null, with `CallFrame::unfit` set, where no
+  /// graph can serve the shape (an input on another device, a size not graphed, a key past the limit).
+  Variant* select_variant(CallFrame& frame);
+  /// The tree's part of a call: warm-up, replay or recording (PyTorch's `_run` after its fallbacks).
+  TreeOutcome run_tree(CallFrame& frame);
   /// The `static_input_moved` error of a call whose only misfit is static inputs at new addresses.
   [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
-  std::optional<Reason> fallback_reason(CallFrame& frame);
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
   bool mutates_unmanaged_input(CallFrame& frame);
   [[nodiscard]] bool needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept;
@@ -285,13 +326,19 @@ class Engine final : public LedgerEffects {
   void warn_if_padding_shows(FunctionRecord& function, std::size_t index, const void* value,
                              std::span<const std::size_t> sliced, std::int64_t bucket);
 
-  // --- eager fallback and warm-up (engine_warmup.cpp) ---
+  // --- eager runs (engine_eager.cpp) ---
+  /// Runs the call eagerly, outside the pool, for `reason`. Called by `run_decided` only.
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);
-  Result<CallOutputs> warm_up(CallFrame& frame);
-  [[nodiscard]] NodeReason warmup_reason(const Variant& variant) const noexcept;
   /// Fails for an output in pool memory that the call neither allocated nor received as an input
   /// (a buffer the function kept from an earlier call): the pool may have given it to another lease.
   Result<void> check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const;
+
+  // --- warm-ups (engine_warmup.cpp) ---
+  Result<CallOutputs> warm_up(CallFrame& frame);
+  [[nodiscard]] NodeReason warmup_reason(const Variant& variant) const noexcept;
+  /// The outputs of a run in the pool that is not a graph (a warm-up, or a recording whose graph
+  /// ran once and is not kept) handed out as a warm-up node's, which the path enters.
+  CallOutputs keep_as_warmup(CallFrame& frame, backend::RunResult& result, NodeReason reason);
 
   // --- shared by warm-ups and recordings (engine_warmup.cpp) ---
   /// Runs `run` (a warm-up or a recording, returning `Result<T>`, whose outputs `outputs_of`
@@ -301,12 +348,15 @@ class Engine final : public LedgerEffects {
   template <class T, class Run, class OutputsOf>
   Result<T> run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of);
   Result<PoolSnapshot> snapshot_pool(const FunctionRecord& function, const char* doing);
-  /// Puts the allocator back to `before` after a failed warm-up or recording whose outputs are
-  /// gone: `error`, with the restore's failure added if it failed too. Storages live in `before`
-  /// that died during the call (a lease dropped inside the function) are freed.
-  [[nodiscard]] Error roll_back(const PoolSnapshot& before, Error error);
-  /// Leases on `node`'s outputs handing out `result`'s values; then drops the leases the call consumed.
-  CallOutputs hand_out(const TreeNode& node, const backend::RunResult& result, const CallFrame& frame, CallKind kind);
+
+  // --- a call's leases (engine_leases: inline, below) ---
+  /// The one way a call's outputs become leases: `count` leases made in place, lease `i` on
+  /// `cell_of(i)` (null: not pool memory) handing out `value_of(i)`, kept alive by `owner` where
+  /// the engine does not own the values; then the leases the call consumed are dropped (after the
+  /// outputs that may alias them took theirs). Cannot fail once the array is allocated.
+  template <class CellOf, class ValueOf>
+  CallOutputs lease_outputs(const CallFrame& frame, CallKind kind, std::int64_t node, std::size_t count,
+                            const CellOf& cell_of, const ValueOf& value_of, const std::shared_ptr<const void>& owner);
 
   // --- replay (engine_replay.cpp) ---
   /// The child of the current node (or root) of the call's variant that it replays (`Tree::match`).
@@ -317,7 +367,7 @@ class Engine final : public LedgerEffects {
   Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
 
   // --- recording (engine_record.cpp) ---
-  Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
+  TreeOutcome record(CallFrame& frame, NodeReason reason);
   [[nodiscard]] std::vector<InputUse> classify_inputs(const CallFrame& frame) const;
   /// Captures the function into a graph in the pool (rolled back if it fails).
   Result<backend::Recorded> capture(const CallFrame& frame, std::span<const InputUse> uses);
@@ -326,13 +376,16 @@ class Engine final : public LedgerEffects {
   void count_recording(NodeReason reason, FunctionRecord& function);
   /// Adds a recorded node under the current node (or as a root); returns it.
   TreeNode& add_to_tree(std::unique_ptr<TreeNode> node);
-  /// After a failed capture: a shape that recorded without its own warm-up warms up (and records
-  /// at its next call); otherwise the failure will not go away and the shape runs eagerly from now on.
-  Result<CallOutputs> after_failed_capture(CallFrame& frame, const Error& error);
-  /// After a warm-up or capture that failed for a reason that will not change at these shapes
-  /// (another pool called, `RecordingScope`; an output a graph cannot hand out): the shape runs
-  /// eagerly from now on, for `reason`, said once.
-  Result<CallOutputs> run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason);
+  /// After a recording that failed before its graph ran: a failure that will not go away at these
+  /// shapes is kept in the variant (`run_eagerly_from_now_on`, or `needs_own_warmup` for a shape
+  /// that recorded without its own warm-up) and the call is decided again; others fail the call.
+  TreeOutcome after_failed_recording(CallFrame& frame, Error error);
+  /// Keeps in the variant that these shapes run eagerly from now on, for `reason` (the capture broke,
+  /// another pool was called, an output cannot be handed out), and says so once.
+  void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason);
+  /// A recording whose graph ran once but must not be kept (`Recorded::not_kept`): its outputs are
+  /// the call's, handed out as a warm-up's, and the variant learns why.
+  CallOutputs keep_first_run_only(CallFrame& frame, backend::Recorded& recorded);
 
   // --- writes to inputs that the options do not declare (engine_writes.cpp) ---
   /// Treats input `input` of `function` as mutated from now on, and says so once.
@@ -340,10 +393,6 @@ class Engine final : public LedgerEffects {
   /// After a run that wrote `written` (`RunResult::written_inputs`): notes them, and copies each
   /// write to a padded copy back into the caller's input.
   Result<void> take_writes(const CallFrame& frame, std::span<const std::uint32_t> written);
-  /// After a capture that the backend gave up because the function wrote a copied input: notes
-  /// the write and runs the call eagerly, where the write reaches the input.
-  Result<CallOutputs> after_write_to_copy(CallFrame& frame, const Error& error);
-
   // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
   /// When the engine asks whether the current path is over.
   enum class PathCheck : std::uint8_t {
@@ -382,8 +431,15 @@ class Engine final : public LedgerEffects {
   /// (`Path::hold_ended_memory`: a replayed path's outputs are restored at its node's checkpoint).
   Result<void> hold_ended_path_memory();
   /// REQUIRES: a current graph node. ENSURES: the allocator is at its checkpoint, with the path's
-  /// live storages allocated (and owned by the allocator) and the ones that died since freed.
+  /// live storages allocated (and owned by the allocator) and the ones that died since freed
+  /// (`restore_pool` at the node's checkpoint).
   Result<void> restore_checkpoint();
+  /// The one way the allocator goes back to an earlier state: ENSURES: the allocator is at
+  /// `checkpoint`, in which the path's storages `allocated_then` were allocated; every live cell
+  /// of the path is allocated (and owned by the allocator from now on), and each storage of
+  /// `allocated_then` that is not live now is freed once. Before a warm-up or a recording after a
+  /// replay (a node's checkpoint), and after a warm-up or a recording that failed (its snapshot).
+  Result<void> restore_pool(const backend::Checkpoint& checkpoint, std::span<const std::uintptr_t> allocated_then);
   /// The ledger's effect of a death (`LedgerEffects`): releases the memory to the device
   /// (`Release::dead`), unless the pool is shut down or nothing is there to free.
   void cell_died(Cell& cell) noexcept override;
@@ -406,6 +462,7 @@ class Engine final : public LedgerEffects {
   const Options options_;
   std::int32_t device_index_ = 0;  ///< the device's, read once
   bool stamps_values_ = false;     ///< the device's stamps_values(), read once
+  bool checks_caller_ = false;     ///< the device's checks_caller(), read once
   /// Counted by the steps of a call (engine_*.cpp), each counter where its event happens; the
   /// handles read a copy (`stats()`).
   Stats stats_;
@@ -425,8 +482,9 @@ class Engine final : public LedgerEffects {
   /// Guards the structure of `functions_` (not the records) for readers of a function's name that
   /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
   mutable std::mutex functions_mutex_;
-  /// Appended by `select_variant` only; a variant's fields are written by `warm_up`, `run_tree`
-  /// (`rerecorded`) and `run_eagerly_from_now_on` (`capture_failure`).
+  /// Appended by `select_variant` only; a variant's fields are written by `warm_up` and
+  /// `keep_as_warmup` (`warmed_up`), `run_tree` (`rerecorded`), `after_failed_recording`
+  /// (`needs_own_warmup`) and `run_eagerly_from_now_on` (`capture_failure`).
   std::vector<std::unique_ptr<Variant>> variants_;
   Tree tree_;  ///< the recordings, and which child a call replays: `add_to_tree` adds, `shutdown()` clears
   /// The node the program is at, its state and warm-up nodes, and the path a new generation ended
@@ -476,6 +534,41 @@ class RecordingScope {
   bool previous_refused_;
 };
 
+/// What a capture cannot see: calls of other pools while the function ran under it.
+enum class OtherPoolCalls : std::uint8_t {
+  none,
+  /// On the capture's thread: refused (`nested_capture`), so the graph lacks that call's work.
+  refused_here,
+  /// On another thread, after waiting its limit at the gate (`CaptureGate`): the call ran, and the
+  /// graph may read what it computed this once.
+  overlapped,
+};
+
+/// The function under capture, watched for calls of other pools from construction to `finish`:
+/// on this thread by a `RecordingScope`, on the others through the process's `CaptureGate`.
+class WatchedCapture {
+ public:
+  WatchedCapture(const Engine& engine, const FunctionRecord& function)
+      : scope_(engine, function), ticket_(CaptureGate::process().begin(&engine)) {}
+  ~WatchedCapture() {
+    if (!finished_) (void)finish();
+  }
+  WatchedCapture(const WatchedCapture&) = delete;
+  WatchedCapture& operator=(const WatchedCapture&) = delete;
+  /// The capture ended: what other pools' calls did meanwhile. Call once.
+  [[nodiscard]] OtherPoolCalls finish() noexcept {
+    finished_ = true;
+    const bool overlapped = CaptureGate::process().end(ticket_);
+    if (scope_.refused_a_call()) return OtherPoolCalls::refused_here;
+    return overlapped ? OtherPoolCalls::overlapped : OtherPoolCalls::none;
+  }
+
+ private:
+  RecordingScope scope_;
+  std::uint64_t ticket_;
+  bool finished_ = false;
+};
+
 /// Holds an engine's state for the current thread: a call, a handle drop, a read of a lease or
 /// of introspection (`Ledger::hold`, ledger.cpp). Nested use on the thread that holds it (a pool
 /// function dropping a lease, or reading stats) passes through. Letting go applies the drops other
@@ -514,15 +607,22 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 /// The capture pipeline (capture_pipeline.cpp): records `fn` over `args` into a graph on `device`,
 /// as `plan` says, and runs it once. Every backend's recording takes these decisions here, once:
 /// a broken capture fails with `Cause::uncapturable`; a function that failed in an intact capture
-/// fails with its own error; a write to an input the plan copies fails with
-/// `Cause::wrote_copied_input` (undone first where the device saw it only after the first run); a
+/// fails with its own error; a write to an input the plan copies is carried to the caller's input
+/// after the first run and the graph is not kept (`Cause::wrote_copied_input`); a
 /// re-recording updates the earlier executable in place when the device allows it and can, else
 /// the graph is instantiated; node rewrites, instantiations and updates are counted in the
 /// device's `GraphCounts`. The device supplies the primitives (`backend::Capture`).
 /// ENSURES on failure: the capture is discarded (the caller restores the allocator's checkpoint).
+/// `engine` and `function` are whose capture it is: while the function runs under capture, a
+/// call of another pool on this thread is refused (`Cause::nested_pool`, before the graph ran), and
+/// one on another thread that overlaps it makes the graph run once and not be kept
+/// (`Recorded::not_kept`, as a write to a copied input does, once `Capture::write_back` carried it
+/// to the caller's input). ENSURES: an error means nothing of the function's work ran, unless the
+/// graph's first run or what follows it failed (a device error).
 [[nodiscard]] Result<backend::Recorded> record_graph(backend::Device& device, backend::Invoker& fn,
                                                      std::span<const backend::ArgSlot> args,
-                                                     const backend::RecordPlan& plan);
+                                                     const backend::RecordPlan& plan, const Engine& engine,
+                                                     const FunctionRecord& function);
 
 template <class T, class Run, class OutputsOf>
 Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of) {
@@ -535,7 +635,35 @@ Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run
   if (ran && ours) return ran;
   Error error = !ran ? in_call(std::move(ran.error()), *frame.function, doing) : std::move(ours.error());
   ran = Result<T>();  // the outputs go before the pool is put back
-  return std::unexpected(roll_back(*before, std::move(error)));
+  // A lease dropped inside the function freed its block, which the snapshot still counts.
+  if (auto restored = restore_pool(*before->checkpoint, before->owned_live); !restored) {
+    error.message += "; restoring the pool also failed: " + restored.error().message;
+  }
+  return std::unexpected(std::move(error));
+}
+
+/// The owner of values the engine owns itself (a replay's: the recording's outputs).
+constinit inline const std::shared_ptr<const void> kNoOwner;
+
+template <class CellOf, class ValueOf>
+CallOutputs Engine::lease_outputs(const CallFrame& frame, CallKind kind, std::int64_t node, std::size_t count,
+                                  const CellOf& cell_of, const ValueOf& value_of,
+                                  const std::shared_ptr<const void>& owner) {
+  const std::uint32_t function = frame.function->id;
+  const std::uint64_t generation = generation_rule_.current();
+  CallOutputs out;
+  out.kind = kind;
+  out.node = node;
+  out.leases = LeaseArray(count, [&](LeaseCore* at, std::size_t i) noexcept {
+    ledger_.lease_at(at, cell_of(i), value_of(i), function, static_cast<std::uint32_t>(i), generation);
+    if (owner) at->owner = owner;
+  });
+  // Every lease's reference, counted at once, once the array exists (its allocation may throw; the
+  // call's own reference keeps the engine meanwhile).
+  add_references(static_cast<std::uint32_t>(count));
+  // Leases the call consumed die now, after the outputs that may alias them took their leases.
+  Ledger::consume(frame.args);
+  return out;
 }
 
 }  // namespace cgt::detail

@@ -22,8 +22,8 @@ bool listed(const std::vector<std::size_t>& list, std::size_t i) noexcept {
   return std::ranges::find(list, i) != list.end();
 }
 
-// The outputs `whole_outputs` and `output_dims` name must exist, and each in one list only: a
-// typo would otherwise leave an output sliced, or whole.
+// The outputs `whole_outputs` and `output_dims` name must exist: how many outputs the function
+// has is known only once it ran (their repeats and overlaps are refused by `add_function`).
 Result<CallOutputs> checked_whole_outputs(Result<CallOutputs> out, const FunctionRecord& function) {
   if (!out) return out;
   const Buckets& buckets = function.options.buckets;
@@ -38,12 +38,6 @@ Result<CallOutputs> checked_whole_outputs(Result<CallOutputs> out, const Functio
   }
   for (const auto& [index, dim] : buckets.output_dims) {
     if (index >= out->leases.size()) return out_of_range("output_dims", index);
-    if (listed(buckets.whole_outputs, index)) {
-      return fail(Errc::invalid_argument,
-                  "buckets.output_dims and buckets.whole_outputs both name output " + std::to_string(index) + " of '" +
-                      function.name + "': an output is sliced on its batch dimensions or handed out whole",
-                  function.name);
-    }
   }
   return out;
 }
@@ -65,9 +59,15 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
   const std::size_t dim = function.options.size_source.dim;
   const std::int64_t size = frame.descs[function.options.size_source.input].sizes[dim];
   // Size 0 has no row to pad from (or to replicate): it runs eagerly, where it computes nothing.
-  if (size == 0) return run_eager(frame, Reason::size_not_graphed);
+  if (size == 0) {
+    frame.unfit = Reason::size_not_graphed;
+    return run_decided(frame);
+  }
   const auto bucket = std::ranges::lower_bound(buckets, size);
-  if (bucket == buckets.end()) return run_eager(frame, Reason::size_above_buckets);
+  if (bucket == buckets.end()) {
+    frame.unfit = Reason::size_above_buckets;
+    return run_decided(frame);
+  }
   // Inputs that grow with the batch are copied into the graph's slots whatever memory they are in:
   // a padded copy never is pool memory, and a call at a bucket's own size must replay the same graph.
   // (Mutated ones are read in place at a bucket's size, or the mutation would go to the slot.)
@@ -87,7 +87,8 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
           "skipping graphs for '" + function.name + "' at size " + std::to_string(size) + ": it mutates input " +
               std::to_string(i) + ", which would be padded to bucket " + std::to_string(*bucket) +
               " (a copy); make that input static, or call at a bucket size");
-      return run_eager(frame, Reason::mutated_input);
+      frame.unfit = Reason::mutated_input;
+      return run_decided(frame);
     }
   }
 

@@ -11,6 +11,7 @@ module;
 #include <utility>
 #include <vector>
 
+#include "capture_gate.hpp"
 #include "generation_rule.hpp"
 
 module cgt.core;
@@ -136,6 +137,10 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
                     "' runs eagerly instead, where this call works (or give both functions one pool)",
                 name);
   }
+  // Another pool recording on another thread: wait for it (see capture_gate.hpp).
+  if (!CaptureGate::process().is_open()) [[unlikely]] {
+    CaptureGate::process().pass(&engine, engine.options().wait_for_other_captures);
+  }
   if (!engine.try_set_busy()) {
     const std::string name = function_name(engine, function);
     return fail(Errc::concurrent_use,
@@ -160,6 +165,14 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
   if (shut_down_) {
     return fail(Errc::pool_shut_down,
                 "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
+  }
+  if (checks_caller_) {
+    if (auto served = device_->check_caller(); !served) {
+      Error error = std::move(served.error());
+      error.message = "call of " + quoted(function.name) + ": " + error.message;
+      error.function = function.name;
+      return std::unexpected(std::move(error));
+    }
   }
   ++stats_.calls;
   const CallGeneration generation = begin_generation(function);
@@ -252,11 +265,19 @@ void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclai
   if (path_.reclaims() == reclaims_before && generation_rule_.take_back(generation)) --stats_.steps_begun_by_forward;
 }
 
-Result<CallOutputs> Engine::run_other_key(CallFrame& frame) {
-  std::optional<Reason> fallback;
-  frame.variant = select_variant(frame, fallback);
-  if (fallback) return run_eager(frame, *fallback);
-  return run_tree(frame);
+Result<CallOutputs> Engine::run_decided(CallFrame& frame) {
+  // A recording given up before its graph ran gives the call back once; the variant's state then
+  // says what to do (run eagerly, or warm up), and a second give-back would be a bug.
+  for (int decisions = 0;; ++decisions) {
+    if (decisions == 2) [[unlikely]] {
+      return fail(Errc::invariant_violation,
+                  "'" + frame.function->name + "' was given back undone twice by the tree; this is a bug in cgt",
+                  frame.function->name);
+    }
+    if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
+    TreeOutcome outcome = run_tree(frame);
+    if (!outcome.decide_again) [[likely]] return std::move(outcome.result);
+  }
 }
 
 Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const {
@@ -352,11 +373,11 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
   return {};
 }
 
-Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallback) {
+Variant* Engine::select_variant(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
   for (const auto& desc : frame.descs) {
     if (desc.kind == backend::ArgKind::value && desc.device != device_index_) {
-      fallback = Reason::input_on_other_device;
+      frame.unfit = Reason::input_on_other_device;
       return nullptr;
     }
   }
@@ -364,7 +385,7 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
     const SizeSource source = function.options.size_source;
     const std::int64_t size = frame.descs[source.input].sizes[source.dim];
     if (std::ranges::find(function.options.graph_sizes, size) == function.options.graph_sizes.end()) {
-      fallback = Reason::size_not_graphed;
+      frame.unfit = Reason::size_not_graphed;
       return nullptr;
     }
   }
@@ -375,7 +396,7 @@ Variant* Engine::select_variant(CallFrame& frame, std::optional<Reason>& fallbac
     return variants_[found->second].get();
   }
   if (options_.shape_key_limit != 0 && function.variants.size() >= options_.shape_key_limit) {
-    fallback = Reason::shape_key_limit;
+    frame.unfit = Reason::shape_key_limit;
     return nullptr;
   }
   auto variant = std::make_unique<Variant>();
@@ -402,7 +423,8 @@ bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant
   // A warm-up allocates at addresses the caching state of that moment decides, so a recording
   // cannot follow it on the same path: once warming up, the path warms up until it ends.
   const bool shape_needs_it =
-      !variant.warmed_up && !options_.skip_warmup && (function.options.warm_up_each_shape || !function.warmed_up_once);
+      !variant.warmed_up && !options_.skip_warmup &&
+      (function.options.warm_up_each_shape || !function.warmed_up_once || variant.needs_own_warmup);
   return shape_needs_it || path_.state() == PathState::warmup || options_.force_warmup;
 }
 
@@ -424,17 +446,6 @@ bool Engine::mutates_unmanaged_input(CallFrame& frame) {
   return mutates;
 }
 
-std::optional<Reason> Engine::fallback_reason(CallFrame& frame) {
-  // Checked on every call, from this call's inputs: whether an input is pool memory depends on
-  // the call, and a graph that copied a mutated input into a slot would lose the mutation.
-  if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
-  if (frame.variant->capture_failure) return frame.variant->capture_failure_reason;
-  if (frame.variant->rerecorded && facts_for(frame.variant->id).rerecords > options_.rerecord_limit) {
-    return Reason::rerecord_limit;
-  }
-  return std::nullopt;
-}
-
 Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match& match) const {
   // Every input that moved, so that one fix is enough.
   const TreeNode& child = *match.static_moved_child;
@@ -450,7 +461,7 @@ Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match
               frame.function->name, child.id(), match.moved_static_input);
 }
 
-Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
+TreeOutcome Engine::run_tree(CallFrame& frame) {
   // The steady loop of a program: the path replayed ends in a node without a child of this
   // function, which is a root. PyTorch tries the roots once no child fits (below); with no child
   // to try, and nothing that would keep the path (a warm-up goes on down it, a rerecord count is
@@ -460,23 +471,22 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
       !needs_warmup(*frame.function, *frame.variant)) {
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
   }
-  if (auto reason = fallback_reason(frame)) return run_eager(frame, *reason);
 
   if (needs_warmup(*frame.function, *frame.variant)) {
     if (path_.state() == PathState::execution) {
       if (auto restored = restore_checkpoint(); !restored) {
-        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
+        return {std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"))};
       }
     }
-    return warm_up(frame);
+    return {warm_up(frame)};
   }
 
   NodeReason reason = NodeReason::first_call;
   if (path_.state() != PathState::recording) {
     const Match match = find_replayable_child(frame);
-    if (match.replayable != nullptr) return replay(*match.replayable, frame);
+    if (match.replayable != nullptr) return {replay(*match.replayable, frame)};
     if (match.static_moved_child != nullptr && options_.on_static_input_moved == OnStaticInputMoved::error) {
-      return std::unexpected(fail_static_input_moved(frame, match).error());
+      return {std::unexpected(fail_static_input_moved(frame, match).error())};
     }
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
@@ -489,11 +499,12 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
       ++facts.rerecords;
       frame.variant->rerecorded = true;
       if (facts.rerecords > options_.rerecord_limit) {
+        // Said once, here, where the input that keeps moving is known; `eager_reason` decides.
         log(EventKind::eager_fallback, Reason::rerecord_limit, *frame.function,
             "skipping graphs for " + quoted(frame.function->name) + ": re-recorded more than " +
                 std::to_string(options_.rerecord_limit) + " times under one node because input " +
                 std::to_string(match.moved_managed_input) + " (an output of an earlier graph) keeps moving");
-        return run_eager(frame, Reason::rerecord_limit);
+        return TreeOutcome::again();
       }
     }
     ++stats_.failed_matches;
@@ -509,7 +520,7 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
     if (path_.node() != nullptr) {
       if (auto restored = restore_checkpoint(); !restored) {
-        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
+        return {std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"))};
       }
     }
   }

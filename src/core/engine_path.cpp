@@ -77,25 +77,40 @@ void Engine::restore_ended_path() noexcept {
 Result<void> Engine::restore_checkpoint() {
   const TreeNode& node = *path_.node();
   ++stats_.checkpoint_restores;
-  const std::vector<Cell*> live = path_.live_cells();
-  std::vector<backend::StorageHandle*> handles;
-  handles.reserve(live.size());
-  for (Cell* cell : live) handles.push_back(&cell->storage);
-
-  // What was live right after recording is allocated in the checkpoint; what died since must
-  // be freed again (aliases share a storage: free it once).
-  std::vector<std::uintptr_t> dead;
-  for (const PathIndex& index : differing_indices(node.liveness_after(), path_.liveness())) {
-    const std::uintptr_t address = node.path()[index.depth]->output_storage()[index.output];
-    if (address != 0 && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
+  // What was live right after the recording is allocated in the checkpoint.
+  std::vector<std::uintptr_t> allocated_then;
+  const std::vector<std::vector<bool>>& liveness = node.liveness_after();
+  for (std::size_t d = 0; d < liveness.size() && d < node.path().size(); ++d) {
+    const TreeNode& owner = *node.path()[d];
+    for (std::size_t i = 0; i < liveness[d].size(); ++i) {
+      const std::uintptr_t address = owner.output_storage()[i];
+      if (liveness[d][i] && address != 0) allocated_then.push_back(address);
+    }
   }
-  if (auto restored = device_->restore(node.checkpoint(), handles, dead); !restored) {
+  if (auto restored = restore_pool(node.checkpoint(), allocated_then); !restored) {
     Error error = std::move(restored.error());
     error.node = node.id();
     return std::unexpected(std::move(error));
   }
-  for (Cell* cell : live) cell->storage.owned_by_allocator = true;
   return debug_check("after restoring a checkpoint");
+}
+
+Result<void> Engine::restore_pool(  // NOLINT(readability-make-member-function-const): it changes the pool
+    const backend::Checkpoint& checkpoint, std::span<const std::uintptr_t> allocated_then) {
+  const std::vector<Cell*> live = path_.live_cells();
+  std::vector<backend::StorageHandle*> handles;
+  handles.reserve(live.size());
+  for (Cell* cell : live) handles.push_back(&cell->storage);
+  // Allocated then, not live now: it died since (a lease dropped, inside a function or between
+  // calls), and the checkpoint still counts it. Aliases share a storage: each is freed once.
+  std::vector<std::uintptr_t> dead;
+  for (const std::uintptr_t address : allocated_then) {
+    const bool lives = std::ranges::any_of(live, [address](const Cell* cell) { return cell->storage.address == address; });
+    if (!lives && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
+  }
+  if (auto restored = device_->restore(checkpoint, handles, dead); !restored) return restored;
+  for (Cell* cell : live) cell->storage.owned_by_allocator = true;
+  return {};
 }
 
 void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member-function-const): frees pool memory

@@ -40,31 +40,56 @@ bool RecordingScope::refused_a_call() const noexcept {
   return recording_on_this_thread.refused;
 }
 
-Result<CallOutputs> Engine::run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason) {
+void Engine::run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason) {
   frame.variant->capture_failure = error.message;
   frame.variant->capture_failure_reason = reason;
   log(EventKind::eager_fallback, reason, *frame.function,
       "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
-  return run_eager(frame, reason);
 }
 
-Result<CallOutputs> Engine::after_failed_capture(CallFrame& frame, const Error& error) {
-  FunctionRecord& function = *frame.function;
-  if (!frame.variant->warmed_up && !options_.skip_warmup) {
-    // The shape recorded without a warm-up of its own (warm_up_each_shape = false): the failure
-    // may be lazy set-up that this shape needs and the function's first shape did not (a new
-    // kernel loaded, a workspace grown). Warm it up now, as the default would have; it records
-    // at its next call, and a second failure is final.
-    log(EventKind::warning, Reason::capture_failed, function,
-        "the capture of '" + function.name +
-            "' failed at input shapes that had not warmed up (warm_up_each_shape "
-            "= false): warming them up, then recording again; " +
-            error.message);
-    return warm_up(frame);
+TreeOutcome Engine::after_failed_recording(CallFrame& frame, Error error) {
+  // The pipeline failed before the graph ran: nothing of the function's work ran, and the call
+  // is decided again once the variant knows what the failure means for these shapes.
+  switch (error.cause) {
+    case Cause::nested_pool:
+      // The function needs another pool's call, which cannot be part of this pool's graph; eagerly,
+      // the inner call runs (and graphs in its own pool).
+      run_eagerly_from_now_on(frame, error, Reason::nested_pool);
+      return TreeOutcome::again();
+    case Cause::unsupported_output:
+      run_eagerly_from_now_on(frame, error, Reason::unsupported_output);
+      return TreeOutcome::again();
+    case Cause::uncapturable:
+      if (!frame.variant->warmed_up && !options_.skip_warmup) {
+        // The shape recorded without a warm-up of its own (warm_up_each_shape = false): the
+        // failure may be lazy set-up that this shape needs and the function's first shape did not
+        // (a new kernel loaded, a workspace grown). It warms up now, as the default would have; it
+        // records at its next call, and a second failure is final.
+        log(EventKind::warning, Reason::capture_failed, *frame.function,
+            "the capture of '" + frame.function->name +
+                "' failed at input shapes that had not warmed up (warm_up_each_shape = false): warming them up, "
+                "then recording again; " +
+                error.message);
+        frame.variant->needs_own_warmup = true;
+        return TreeOutcome::again();
+      }
+      // A capture that fails for a reason that will not change (the function synchronises with
+      // the host, say) would fail on every call: these shapes run eagerly from now on.
+      run_eagerly_from_now_on(frame, error, Reason::capture_failed);
+      return TreeOutcome::again();
+    default: return {std::unexpected(std::move(error))};
   }
-  // A capture that fails for a reason that will not change (the function synchronises with the
-  // host, say) would fail on every call: run this shape eagerly from now on, and say why once.
-  return run_eagerly_from_now_on(frame, error, Reason::capture_failed);
+}
+
+CallOutputs Engine::keep_first_run_only(CallFrame& frame, backend::Recorded& recorded) {
+  const Error& why = *recorded.not_kept;
+  ++stats_.recordings_not_kept;
+  ++stats_.warmups;
+  // A write to a copied input was noted (`take_writes`): the input counts as mutated. Another pool
+  // ran on another thread during the capture: the graph may read its result, here and every time.
+  if (why.cause == Cause::nested_pool) run_eagerly_from_now_on(frame, why, Reason::nested_pool);
+  recorded.recording.reset();  // never replayed
+  return keep_as_warmup(frame, recorded.first_outputs, NodeReason::recording_not_kept);
 }
 
 std::vector<InputUse> Engine::classify_inputs(const CallFrame& frame) const {
@@ -95,16 +120,7 @@ Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<cons
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr};
   return run_in_pool<backend::Recorded>(
       frame, "recording",
-      [&]() -> Result<backend::Recorded> {
-        const RecordingScope scope(*this, *frame.function);
-        auto recorded = record_graph(*device_, *frame.function->invoker, frame.args, plan);
-        if (!scope.refused_a_call()) return recorded;
-        recorded = Result<backend::Recorded>();  // without the inner call's work: given up
-        return fail(Cause::nested_pool, Errc::function_failed,
-                    "it called a function of another pool while its own pool recorded it (that call failed with "
-                    "nested_capture); one pool's graph cannot hold another pool's call: give both functions one "
-                    "pool to graph them together");
-      },
+      [&] { return record_graph(*device_, *frame.function->invoker, frame.args, plan, *this, *frame.function); },
       [](const backend::Recorded& recorded) -> const backend::RunResult& { return recorded.first_outputs; });
 }
 
@@ -131,10 +147,10 @@ TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
   return tree_.add(std::move(node), path_.children(tree_.roots()));
 }
 
-Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
+TreeOutcome Engine::record(CallFrame& frame, NodeReason reason) {
   FunctionRecord& function = *frame.function;
   if (auto held = hold_ended_path_memory(); !held) {
-    return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
+    return {std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"))};
   }
   auto node = std::make_unique<TreeNode>(NodeKind::graph, tree_.next_id(), reason, frame.variant->id, path_.node());
   const std::vector<InputUse> uses = classify_inputs(frame);
@@ -142,30 +158,22 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   const std::vector<std::vector<bool>> liveness_before = path_.liveness();
 
   auto recorded = capture(frame, uses);
-  if (!recorded) {
-    // The function needs another pool's call, which cannot be part of this pool's graph (eagerly,
-    // the inner call runs and graphs in its own pool), or returns what a graph cannot hand out:
-    // either would fail the same way on every recording.
-    if (recorded.error().cause == Cause::nested_pool) {
-      return run_eagerly_from_now_on(frame, recorded.error(), Reason::nested_pool);
-    }
-    if (recorded.error().cause == Cause::unsupported_output) {
-      return run_eagerly_from_now_on(frame, recorded.error(), Reason::unsupported_output);
-    }
-    if (backend::is_capture_failure(recorded.error())) return after_failed_capture(frame, recorded.error());
-    if (backend::is_write_to_copy(recorded.error())) return after_write_to_copy(frame, recorded.error());
-    return std::unexpected(std::move(recorded.error()));
-  }
+  if (!recorded) return after_failed_recording(frame, std::move(recorded.error()));
+  if (recorded->not_kept) return {keep_first_run_only(frame, *recorded)};
   release_ended_path();  // before the checkpoint below: the last generation's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
   node->take_outputs(recorded->first_outputs.outputs, function.id);
-  CallOutputs out = hand_out(*node, recorded->first_outputs, frame, CallKind::recording);
+  const TreeNode& made = *node;
+  const backend::RunResult& first = recorded->first_outputs;
+  CallOutputs out = lease_outputs(
+      frame, CallKind::recording, made.id(), made.output_count(), [&](std::size_t i) { return made.cells()[i].get(); },
+      [&](std::size_t i) { return first.values[i]; }, first.owner);
   if (auto finished = finish_recording(*node, liveness_before); !finished) {
-    return std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()));
+    return {std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()))};
   }
   count_recording(reason, function);
   path_.enter(add_to_tree(std::move(node)), PathState::recording, frame.generation);
-  return out;
+  return {std::move(out)};
 }
 
 }  // namespace cgt::detail

@@ -51,26 +51,21 @@ void TreeNode::rebind_outputs(Engine& engine) {
 
 Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   const FunctionRecord& function = *frame.function;
+  backend::Recording& recording = *node.recording();
+  // What the replay would refuse for the caller's reasons is refused before anything changes:
+  // the last generation's outputs are still held, and the generation can still be taken back.
+  if (auto takes = recording.check(frame.args); !takes) [[unlikely]] {
+    return std::unexpected(in_call(std::move(takes.error()), function, "replaying", node.id()));
+  }
   release_ended_path();  // the graph writes where the last generation's outputs were
   node.bind_outputs_for_replay(*this);
-  backend::Recording& recording = *node.recording();
-  if (auto replayed = recording.replay(frame.args); !replayed) {
+  if (auto replayed = recording.replay(frame.args); !replayed) [[unlikely]] {
     return std::unexpected(in_call(std::move(replayed.error()), function, "replaying", node.id()));
   }
-  CallOutputs out;
-  out.kind = CallKind::replay;
-  out.node = node.id();
-  const std::size_t count = node.output_count();
-  const std::uint64_t generation = generation_rule_.current();
-  out.leases = LeaseArray(count, [&](LeaseCore* at, std::size_t i) noexcept {
-    ledger_.lease_at(at, node.cells()[i].get(), node.output_value(i), function.id, static_cast<std::uint32_t>(i),
-                     generation);
-  });
-  // Every lease's reference, counted at once, once the array exists (its allocation may throw; the
-  // call's own reference keeps the engine meanwhile).
-  add_references(static_cast<std::uint32_t>(count));
-  // Leases the call consumed die now, after the outputs that may alias them took their leases.
-  Ledger::consume(frame.args);
+  const TreeNode& ran = node;
+  CallOutputs out = lease_outputs(
+      frame, CallKind::replay, ran.id(), ran.output_count(), [&](std::size_t i) { return ran.cells()[i].get(); },
+      [&](std::size_t i) { return ran.output_value(i); }, kNoOwner);
   path_.enter(node, PathState::execution, frame.generation);
   ++stats_.replays;
   return out;

@@ -49,10 +49,4 @@ Result<void> Engine::take_writes(const CallFrame& frame, std::span<const std::ui
   return {};
 }
 
-Result<CallOutputs> Engine::after_write_to_copy(CallFrame& frame, const Error& error) {
-  // The backend gave the capture up before anything ran: the eager run is the call's only run.
-  note_write(*frame.function, static_cast<std::size_t>(error.input));
-  return run_eager(frame, Reason::mutated_input);
-}
-
 }  // namespace cgt::detail

@@ -31,6 +31,7 @@ std::string to_string(const Stats& stats) {
       {"checkpoint restores", stats.checkpoint_restores},
       {"failed matches", stats.failed_matches},
       {"re-recordings", stats.rerecords},
+      {"recordings not kept", stats.recordings_not_kept},
       {"steps reclaimed", stats.steps_reclaimed},
       {"steps begun by forwards", stats.steps_begun_by_forward},
       {"leases invalidated", stats.leases_invalidated},

@@ -15,15 +15,6 @@ import :engine;
 
 namespace cgt::detail {
 
-LeaseCore Ledger::make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner, std::uint32_t function,
-                             std::uint32_t output, std::uint64_t generation) {
-  retain(*engine_);
-  take_lease(cell, value, generation);
-  LeaseCore lease(EngineRef::adopt(engine_), cell, value, function, output);
-  lease.owner = std::move(owner);
-  return lease;
-}
-
 void Ledger::drop(std::span<Cell* const> cells) noexcept {
   const std::thread::id self = std::this_thread::get_id();
   if (holder_.load(std::memory_order_relaxed) == self) {

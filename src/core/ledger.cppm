@@ -120,10 +120,6 @@ class Ledger {
     take_lease(cell, value, generation);
     ::new (at) LeaseCore(EngineRef::adopt(engine_), cell, value, function, output);
   }
-  /// As `lease_at`, on a new lease that counts its own reference to the engine and keeps `owner`
-  /// (what owns `value` where the engine does not).
-  [[nodiscard]] LeaseCore make_lease(Cell* cell, const void* value, std::shared_ptr<const void> owner,
-                                     std::uint32_t function, std::uint32_t output, std::uint64_t generation);
   /// Drops one lease on each of `cells`, any thread, never waiting. ENSURES: applied now if this
   /// thread holds the state or can take it; otherwise deferred to the holder, which applies it
   /// when it lets go. Applying a drop lets go of the lease's reference on the cell, and the last
@@ -156,7 +152,7 @@ class Ledger {
   void apply_deferred() noexcept;
 
  private:
-  /// The cell's side of a new lease on it (`lease_at`, `make_lease`).
+  /// The cell's side of a new lease on it (`lease_at`).
   inline void take_lease(Cell* cell, const void* value, std::uint64_t generation) noexcept {
     if (cell == nullptr) return;
     cell->add_lease(lives_, generation);

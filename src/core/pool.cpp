@@ -21,6 +21,7 @@ Engine::Engine(std::unique_ptr<backend::Device> device, Options options)
       options_(std::move(options)),
       device_index_(device_->device_index()),
       stamps_values_(device_->stamps_values()),
+      checks_caller_(device_->checks_caller()),
       ledger_(*this, *this, stamps_values_ ? device_.get() : nullptr, device_->releases_unowned_storage()) {}
 
 Engine::~Engine() {
@@ -78,6 +79,28 @@ Result<void> check_buckets(const backend::Device& device, const FunctionOptions&
   if (std::ranges::find(options.buckets.unpadded_inputs, source) != options.buckets.unpadded_inputs.end()) {
     return bad("size_source names input " + std::to_string(source) +
                ", which unpadded_inputs lists: the input that gives the call's size is the one padded to the bucket");
+  }
+  // A repeated (output, dimension) pair would slice that dimension twice, and an output both
+  // sliced and handed out whole cannot be both: found here, not after a padded call's work.
+  const std::vector<std::pair<std::size_t, std::size_t>>& dims = options.buckets.output_dims;
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (dims[j] == dims[i]) {
+        return bad("output_dims names output " + std::to_string(dims[i].first) + " and dimension " +
+                   std::to_string(dims[i].second) + " twice; name each batch dimension of an output once");
+      }
+    }
+    if (std::ranges::find(options.buckets.whole_outputs, dims[i].first) != options.buckets.whole_outputs.end()) {
+      return bad("output_dims and whole_outputs both name output " + std::to_string(dims[i].first) +
+                 ": an output is sliced on its batch dimensions or handed out whole");
+    }
+  }
+  const std::vector<std::size_t>& whole = options.buckets.whole_outputs;
+  for (std::size_t i = 0; i < whole.size(); ++i) {
+    if (std::ranges::find(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(i), whole[i]) !=
+        whole.begin() + static_cast<std::ptrdiff_t>(i)) {
+      return bad("whole_outputs names output " + std::to_string(whole[i]) + " twice");
+    }
   }
   if (const std::string why = device.why_no_buckets(); !why.empty()) return bad(why);
   return {};
@@ -288,6 +311,7 @@ std::string_view to_string(NodeReason reason) noexcept {
     case NodeReason::managed_input_moved: return "managed_input_moved";
     case NodeReason::path_warming_up: return "path_warming_up";
     case NodeReason::forced_warmup: return "forced_warmup";
+    case NodeReason::recording_not_kept: return "recording_not_kept";
   }
   return "unknown";
 }

@@ -47,6 +47,21 @@ bool copies_as_span(const Buffer& source) {
          source.layout().is_injective_apart_from_broadcast();
 }
 
+// Whether `source` has `slot`'s layout wherever it steps: equal strides along every dimension of
+// more than one element. The stride of a dimension of size 1 is never stepped along (the shape key
+// counts it as 0, so calls that differ only there share a graph), and the span a copy covers is
+// the same whatever it is.
+bool same_steps(const Buffer& source, const Buffer& slot) {
+  const auto sizes = source.sizes();
+  const auto a = source.strides();
+  const auto b = slot.strides();
+  if (a.size() != b.size()) return false;
+  for (std::size_t d = 0; d < a.size(); ++d) {
+    if (sizes[d] != 1 && a[d] != b[d]) return false;
+  }
+  return true;
+}
+
 // The gather of `source`'s elements, row-major, into the contiguous `slot`.
 kernels::Gather gather_of(const Buffer& source, const Buffer& slot) {
   kernels::Gather gather;
@@ -101,6 +116,22 @@ class CudaRecording final : public backend::Recording {
 
   [[nodiscard]] const std::shared_ptr<SharedExec>& shared_exec() const noexcept { return graph_.share(); }
 
+  // A copy node copies the covered span byte for byte, which is the input's elements only in the
+  // layout the slot was made with (a gathered input takes any layout).
+  [[nodiscard]] Result<void> check(std::span<const backend::ArgSlot> args) const override {
+    for (const Copy& copy : copies_) {
+      if (copy.gathered) continue;
+      const Buffer& source = *static_cast<const Buffer*>(args[copy.input].value);
+      if (same_steps(source, copy.slot)) continue;
+      return fail(Errc::wrong_shape,
+                  "input " + std::to_string(copy.input) +
+                      " has another layout than when its graph was recorded; pass it with the recorded strides (a "
+                      "contiguous buffer keeps them)",
+                  {}, -1, static_cast<std::int32_t>(copy.input));
+    }
+    return {};
+  }
+
   [[nodiscard]] Result<void> replay(std::span<const backend::ArgSlot> args) override {
     // The gathers and the node updates act on the current device: the pool's, for this replay.
     CurrentDevice current;
@@ -124,13 +155,7 @@ class CudaRecording final : public backend::Recording {
           }
           continue;
         }
-        // Backend::describe checked that the source fits its storage; its strides must be the slot's.
-        if (!std::ranges::equal(source.strides(), copy.slot.strides())) {
-          return fail(Errc::wrong_shape, "input " + std::to_string(copy.input) +
-                                             " has another layout than when its graph was recorded, or reaches outside "
-                                             "its storage; pass it with the recorded strides (a contiguous buffer "
-                                             "keeps them)");
-        }
+        // Backend::describe checked that the source fits its storage, check() that it steps as the slot.
         batch.jobs[job].source = source.data();  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
       }
       if (auto pointed = checked(graph_.retarget(node, batch), "pointing a graph at its inputs"); !pointed) {

@@ -77,14 +77,6 @@ class InputSnapshots {
     return changed;
   }
 
-  // Puts the watched inputs back as they were, where `wanted(i)`.
-  template <class Wanted>
-  void restore(std::span<const Buffer> values, Wanted wanted) const {
-    for (std::size_t i = 0; i < before_.size(); ++i) {
-      if (!before_[i].empty() && wanted(i)) copy(before_[i], values[i]);
-    }
-  }
-
  private:
   std::vector<Buffer> before_;  // empty where not watched
 };
@@ -219,6 +211,7 @@ class HostCapture final : public backend::Capture {
       : device_(device),
         fn_(static_cast<HostInvoker&>(fn)),
         plan_(plan),
+        args_(args),
         inputs_(args),
         context_(device, Context::Target::pool),
         slots_(args.size()),
@@ -251,8 +244,8 @@ class HostCapture final : public backend::Capture {
   }
 
   [[nodiscard]] backend::CaptureOutcome capture() override {
-    // Every input is watched, slots included: a write to a slot gives the recording up, and the
-    // inputs the first run wrote in place are then put back (undo_writes).
+    // Every input is watched, slots included: a write to a slot is carried back to the caller's
+    // input after the first run (write_back), and the graph is not kept.
     snapshots_ = InputSnapshots(inputs_.values, [](std::size_t) { return true; });
     Stream& stream = device_.stream_;
     stream.begin_capture();
@@ -300,13 +293,15 @@ class HostCapture final : public backend::Capture {
     return {};
   }
 
-  // CUDA sees a write to a copied input during the capture (cgt.torch: a version counter), before
-  // anything runs; here the first run did it, so what it wrote in place is put back.
-  void undo_writes() override {
-    snapshots_.restore(inputs_.values, [&](std::size_t i) {
-      // Not a pool block that died during the call (a lease the function dropped): that is free.
-      return !device_.in_pool(inputs_.values[i]) || arena().is_allocated(address_of(inputs_.values[i].storage()));
-    });
+  // The first run wrote these slots: the caller's inputs get what was written, as an eager run
+  // would have written them. The slots' blocks went back to the arena (settle_outputs), but
+  // nothing allocated since, so they still hold the run's values.
+  [[nodiscard]] Result<void> write_back(std::span<const std::uint32_t> inputs) override {
+    for (const std::uint32_t i : inputs) {
+      const Buffer& caller = *static_cast<const Buffer*>(args_[i].value);
+      copy(slots_[i], caller);
+    }
+    return {};
   }
 
   [[nodiscard]] Result<backend::Recorded> finish() override {
@@ -323,7 +318,8 @@ class HostCapture final : public backend::Capture {
   Device& device_;
   HostInvoker& fn_;
   backend::RecordPlan plan_;
-  CallInputs inputs_;          // the function's inputs: the copied ones replaced by their slots
+  std::span<const backend::ArgSlot> args_;  // the caller's arguments
+  CallInputs inputs_;                       // the function's inputs: the copied ones replaced by their slots
   Context context_;            // the pool blocks allocated so far, slots first
   std::vector<Buffer> slots_;  // per input: its slot, or empty when it is not copied
   std::vector<bool> copied_;

@@ -21,21 +21,58 @@ namespace cgt::kernels {
   return entry;
 }
 
-/// The calling thread's current driver context, or null when there is none or the driver cannot
-/// say. A replay asks on every call whether its pool's device is current, and cudaGetDevice costs
-/// 40-100 ns there (H100 hosts, `gpu_bench diagnose`), a twentieth of a raw cudaGraphLaunch.
-[[nodiscard]] inline void* current_context() noexcept {
+/// Reads the calling thread's current driver context into `context` (null: the thread has none).
+/// False when the driver cannot say. A replay asks on every call whether its pool's context is
+/// current, and cudaGetDevice costs 40-100 ns there (H100 hosts, `gpu_bench diagnose`), a
+/// twentieth of a raw cudaGraphLaunch.
+[[nodiscard]] inline bool read_current_context(CUcontext& context) noexcept {
   using GetCurrent = CUresult (*)(CUcontext*);
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): the driver's type for the entry
   static const auto get_current = reinterpret_cast<GetCurrent>(driver_entry("cuCtxGetCurrent"));
-  CUcontext context = nullptr;
-  if (get_current == nullptr || get_current(&context) != CUDA_SUCCESS) return nullptr;
-  return context;
+  context = nullptr;
+  return get_current != nullptr && get_current(&context) == CUDA_SUCCESS;
 }
 
-/// Makes a device current for one piece of work and puts the caller's current device back after:
-/// a pool on device 1 called from a thread whose current device is 0 launches on device 1 and
-/// leaves the thread on device 0.
+/// The calling thread's current driver context, or null when there is none or the driver cannot say.
+[[nodiscard]] inline void* current_context() noexcept {
+  CUcontext context = nullptr;
+  return read_current_context(context) ? context : nullptr;
+}
+
+/// Makes `context` the calling thread's current driver context (null: none); false when the
+/// driver cannot.
+[[nodiscard]] inline bool make_context_current(CUcontext context) noexcept {
+  using SetCurrent = CUresult (*)(CUcontext);
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): the driver's type for the entry
+  static const auto set_current = reinterpret_cast<SetCurrent>(driver_entry("cuCtxSetCurrent"));
+  return set_current != nullptr && set_current(context) == CUDA_SUCCESS;
+}
+
+/// Whether `stream` is capturing a graph: through the driver's cuStreamIsCapturing where it can be
+/// reached, else the runtime's. A stream that cannot be asked (the legacy stream while a blocking
+/// stream captures: using it would break that capture) counts as capturing.
+[[nodiscard]] inline bool is_capturing(cudaStream_t stream) noexcept {
+  using IsCapturing = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): the driver's type for the entry
+  static const auto is_capturing = reinterpret_cast<IsCapturing>(driver_entry("cuStreamIsCapturing"));
+  if (is_capturing != nullptr) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    const CUresult asked = is_capturing(stream, &status);
+    if (asked == CUDA_SUCCESS) return status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const cudaError_t asked = cudaStreamIsCapturing(stream, &status);
+  if (asked != cudaSuccess) {
+    (void)cudaGetLastError();
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+/// Makes a pool's device current for one piece of work and puts the caller's current context
+/// back after, whatever it was: a pool on device 1 called from a thread whose current context is
+/// device 0's (or one the program made itself with cuCtxCreate, or none) launches in device 1's
+/// primary context, where its stream was made, and leaves the thread in the context it had.
 class CurrentDevice {
  public:
   // `inline` spelled out: in a module's purview a member defined in its class is not inline.
@@ -45,17 +82,36 @@ class CurrentDevice {
   CurrentDevice(CurrentDevice&&) = delete;
   CurrentDevice& operator=(CurrentDevice&&) = delete;
   inline ~CurrentDevice() {
-    if (switched_) (void)cudaSetDevice(previous_);
+    if (switched_context_) {
+      (void)make_context_current(static_cast<CUcontext>(previous_context_));
+    } else if (switched_) {
+      (void)cudaSetDevice(previous_);
+    }
   }
 
-  /// Makes `device` current. `context`: the context the pool's stream was made in, read by
-  /// current_context() then (null: unknown). When it is the thread's current context, the
-  /// device is current and nothing more is asked (the usual case, a few ns); otherwise the
-  /// runtime is asked (cudaGetDevice, and cudaSetDevice when another device is current).
+  /// Makes `device` current. `context`: the primary context the pool's stream was made in, read by
+  /// current_context() then (null: unknown). When it is the thread's current context, nothing
+  /// more is done (the usual case, a few ns). When another context is current, or none, the
+  /// pool's is made current through the driver and the caller's is put back at the end; without
+  /// the driver (or without `context`), the runtime selects `device` (cudaGetDevice, and
+  /// cudaSetDevice when another device is current).
   [[nodiscard]] inline Result<void> enter(int device, const void* context = nullptr) {
-    if (context != nullptr && current_context() == context) {
-      in_context_ = true;
-      return {};
+    if (context != nullptr) {
+      CUcontext current = nullptr;
+      if (read_current_context(current)) {
+        if (current == context) {
+          in_context_ = true;
+          return {};
+        }
+        // Compared by context, not device: a context the program made on the pool's device is
+        // not the one the pool's stream belongs to.
+        if (make_context_current(static_cast<CUcontext>(const_cast<void*>(context)))) {  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+          previous_context_ = current;
+          switched_context_ = true;
+          in_context_ = true;
+          return {};
+        }
+      }
     }
     if (auto got = checked(cudaGetDevice(&previous_), "reading the current device"); !got) return got;
     if (previous_ == device) return {};
@@ -64,12 +120,14 @@ class CurrentDevice {
     return {};
   }
 
-  /// Whether enter() found the pool's context current: the driver may then be called directly.
+  /// Whether enter() made sure the pool's context is current: the driver may then be called directly.
   [[nodiscard]] inline bool in_pools_context() const noexcept { return in_context_; }
 
  private:
   int previous_ = 0;
+  void* previous_context_ = nullptr;  // the caller's context, when enter() switched through the driver
   bool switched_ = false;
+  bool switched_context_ = false;
   bool in_context_ = false;
 };
 

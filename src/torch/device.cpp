@@ -90,6 +90,21 @@ Device::Device(std::int16_t device, bool update_graphs_in_place, bool rewrite_me
   allocator::createOrIncrefPool(index, state_->pool);
 }
 
+Result<void> Device::check_caller() const {
+  const State& state = *state_;
+  try {
+    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(state.index).stream();
+    if (!kernels::is_capturing(caller)) return {};
+  } catch (const std::exception& error) {
+    return std::unexpected(backend_failure("reading the caller's stream", error));
+  }
+  return fail(Errc::nested_capture,
+              "the caller's current stream is capturing a CUDA graph of the program's own (an at::cuda::CUDAGraph or "
+              "torch.cuda.graph around this call): the pool's work would be captured into that graph, which would "
+              "replay it without the pool knowing, over memory the pool hands to other outputs; call the pool "
+              "outside the capture (cgt records and replays its own graphs), or capture that region without cgt");
+}
+
 Device::~Device() {
   shutdown();
   if (state_ && state_->own_stream != nullptr) {

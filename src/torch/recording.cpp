@@ -6,6 +6,7 @@ module;
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <ATen/core/CachingHostAllocator.h>
+#include <c10/core/GradMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -424,9 +425,9 @@ Result<void> begin_capture(Device::State& state, at::cuda::CUDAGraph& graph) {
 }
 
 // Inside the capture: the copy nodes of the copied inputs (from the call's inputs), then the
-// function on the slots. The inputs it wrote are noted (their version counters moved): the
-// pipeline gives the recording up for a write to a slot, before anything ran, since the write
-// would never reach the caller's input.
+// function on the slots. The inputs it wrote are noted (their version counters moved): for a
+// write to a slot, the pipeline carries the first run's write back to the caller's input
+// (`write_back`) and does not keep the graph, whose replays would write the slot only.
 Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                               CaptureState& capture) {
   if (const cudaError_t copied = capture_copies(capture.copies, args, state.stream.stream(), capture.nodes);
@@ -640,6 +641,20 @@ class TorchCapture final : public backend::Capture {
     if (!direct_launch) return std::unexpected(std::move(direct_launch.error()));
     direct_launch_ = *direct_launch;
     return {};
+  }
+  // The function wrote these copied inputs' slots (their version counters moved at capture): the
+  // run just made wrote the slots, and the caller's inputs get what it wrote, on the caller's
+  // stream after that run, as an eager run would have written them.
+  [[nodiscard]] Result<void> write_back(std::span<const std::uint32_t> inputs) override {
+    return guarded("copying a write to a copied input back", [&]() -> Result<void> {
+      const c10::cuda::CUDAGuard device_guard(state_.index);
+      const c10::NoGradGuard no_grad;  // the values the function wrote, not a step of autograd
+      for (const std::uint32_t i : inputs) {
+        const at::Tensor& caller = *static_cast<const at::Tensor*>(args_[i].value);
+        without_broadcast(caller).copy_(without_broadcast(capture_.slots[i]), /*non_blocking=*/true);
+      }
+      return {};
+    });
   }
   [[nodiscard]] Result<backend::Recorded> finish() override {
     return make_recording(state_, capture_, std::move(placement_), direct_launch_);

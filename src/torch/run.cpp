@@ -12,6 +12,7 @@ module;
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <span>
 #include <sstream>
 #include <string>
@@ -53,26 +54,58 @@ std::vector<std::uintptr_t> addresses_of(const std::vector<Block>& blocks) {
   return addresses;
 }
 
+namespace {
+
+// Whether a graph can hand `tensor` out: it has strided storage, whose memory cgt can track.
+bool graphable(const at::Tensor& tensor) {
+  return tensor.layout() == at::kStrided && !tensor.is_nested() && tensor.has_storage();
+}
+
+// Why output `i` (not graphable) cannot come from a graph.
+std::string not_graphable_message(const at::Tensor& tensor, std::size_t i) {
+  std::ostringstream layout;
+  layout << tensor.layout();
+  return "output " + std::to_string(i) + " is a " + (tensor.is_nested() ? std::string("nested") : layout.str()) +
+         " tensor (" + tensor.toString() +
+         "): it has no strided storage whose memory cgt could track or a graph could hand out on replay; return "
+         "dense tensors (to_dense()) to graph it";
+}
+
+// The first output a graph cannot hand out, as an `unsupported_output` error; none if all can be.
+std::optional<Error> first_not_graphable(const Values& outputs) {
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined() || graphable(outputs[i])) continue;
+    return Error{.code = Errc::function_failed,
+                 .message = not_graphable_message(outputs[i], i),
+                 .cause = Cause::unsupported_output};
+  }
+  return std::nullopt;
+}
+
+// A warm-up's outputs that a graph cannot hand out, copied out of the pool (on the current stream,
+// outside the pool's allocation): its memory could not be tracked, and the warm-up's values must
+// stay the call's, since the function is not run again.
+void copy_out_of_pool(Values& outputs) {
+  for (at::Tensor& output : outputs) {
+    if (output.defined() && !graphable(output)) output = output.clone();
+  }
+}
+
+}  // namespace
+
 Result<void> check_outputs(const Values& outputs, bool eager) {
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const at::Tensor& tensor = outputs[i];
     if (!tensor.defined()) continue;
-    const std::string which = "output " + std::to_string(i);
-    if (tensor.layout() != at::kStrided || tensor.is_nested() || !tensor.has_storage()) {
+    if (!graphable(tensor)) {
       if (eager) continue;  // an eager run's outputs are not pool memory cgt tracks
-      std::ostringstream layout;
-      layout << tensor.layout();
-      return fail(Cause::unsupported_output, Errc::function_failed,
-                  which + " is a " + (tensor.is_nested() ? std::string("nested") : layout.str()) + " tensor (" +
-                      tensor.toString() +
-                      "): it has no strided storage whose memory cgt could track or a graph could hand out on "
-                      "replay; return dense tensors (to_dense()) to graph it");
+      return fail(Cause::unsupported_output, Errc::function_failed, not_graphable_message(tensor, i));
     }
     try {
       (void)tensor.storage().data_ptr();
     } catch (const c10::Error& error) {
       return fail(Errc::function_failed,
-                  which +
+                  "output " + std::to_string(i) +
                       " views pool memory that was reclaimed: the function returned a tensor it kept from an "
                       "earlier call (" +
                       error.what_without_backtrace() + ")");
@@ -160,6 +193,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   });
   if (!before) return std::unexpected(std::move(before.error()));
   const InputVersions versions(inputs);
+  std::optional<Error> ungraphable;
   auto outputs = guarded("warming up", [&]() -> Result<Values> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     Result<Values> produced;
@@ -169,16 +203,26 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
       produced = invoke(fn, inputs);
       clear_workspaces_of(state.stream);
     }
+    if (produced) ungraphable = first_not_graphable(*produced);
+    if (ungraphable) {
+      // Copied on the pool's stream, after the warm-up's work, before the caller's stream waits for it.
+      const c10::cuda::CUDAStreamGuard on_pool_stream(state.stream);
+      copy_out_of_pool(*produced);
+    }
     c10::cuda::CUDAEvent done;
     done.record(state.stream);
     done.block(*before);
     return produced;
   });
   if (!outputs) return std::unexpected(std::move(outputs.error()));
-  if (auto checked = check_outputs(*outputs, false); !checked) return std::unexpected(std::move(checked.error()));
+  // What a graph cannot hand out was copied out of the pool: the rest must be pool memory it may hand out.
+  if (auto checked = check_outputs(*outputs, ungraphable.has_value()); !checked) {
+    return std::unexpected(std::move(checked.error()));
+  }
   return guarded("describing warm-up outputs", [&]() -> Result<backend::RunResult> {
     backend::RunResult described = describe_outputs(state, std::move(*outputs), true, allocated_before);
     described.written_inputs = versions.written(inputs);
+    described.ungraphable = std::move(ungraphable);
     note_peak(state);
     return described;
   });

@@ -76,7 +76,7 @@ class ForwardingCapture : public cgt::backend::Capture {
   cgt::Result<bool> load_into(cgt::backend::Recording& earlier) override { return inner_->load_into(earlier); }
   cgt::Result<void> instantiate() override { return inner_->instantiate(); }
   cgt::Result<void> run_first() override { return inner_->run_first(); }
-  void undo_writes() override { inner_->undo_writes(); }
+  cgt::Result<void> write_back(std::span<const std::uint32_t> inputs) override { return inner_->write_back(inputs); }
   cgt::Result<cgt::backend::Recorded> finish() override { return inner_->finish(); }
   cgt::GraphCounts* counts() noexcept override { return inner_->counts(); }
 

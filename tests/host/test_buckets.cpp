@@ -600,13 +600,29 @@ TEST_CASE("output_dims that cannot be meant fail the call with invalid_argument"
   CHECK(failed.error().code == cgt::Errc::invalid_argument);
   CHECK(failed.error().message.find("output_dims") != std::string::npos);
 
+  // Lists that contradict themselves are refused when the function is added, before any call's
+  // work: an output both sliced and whole, an (output, dimension) pair named twice (which sliced
+  // the dimension twice and failed every padded call after its work), an output whole twice.
   cgt::FunctionOptions both{.name = "both", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
   both.buckets.output_dims = {{1, 0}};
   both.buckets.whole_outputs = {1};
-  auto g = must(pool.add_function(transposed_and_gram, std::move(both)));
-  auto refused = g({batch(3, 1, 2)});
+  auto refused = pool.add_function(transposed_and_gram, std::move(both));
   REQUIRE_FALSE(refused);
   CHECK(refused.error().code == cgt::Errc::invalid_argument);
+  CHECK(refused.error().message.find("output_dims and whole_outputs both name output 1") != std::string::npos);
+  cgt::FunctionOptions twice{.name = "twice", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
+  twice.buckets.output_dims = {{0, 1}, {0, 1}};
+  auto repeated = pool.add_function(transposed_and_gram, std::move(twice));
+  REQUIRE_FALSE(repeated);
+  CHECK(repeated.error().code == cgt::Errc::invalid_argument);
+  CHECK(repeated.error().message.find("names output 0 and dimension 1 twice") != std::string::npos);
+  cgt::FunctionOptions whole_twice{.name = "whole_twice", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
+  whole_twice.buckets.whole_outputs = {1, 1};
+  CHECK_FALSE(pool.add_function(transposed_and_gram, std::move(whole_twice)));
+  // Distinct dimensions of one output are fine (a [n, n] map sliced on both).
+  cgt::FunctionOptions two_dims{.name = "two_dims", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
+  two_dims.buckets.output_dims = {{1, 0}, {1, 1}};
+  CHECK(pool.add_function(transposed_and_gram, std::move(two_dims)));
 
   cgt::FunctionOptions past{.name = "past", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}};
   past.buckets.output_dims = {{2, 0}};  // two outputs
