@@ -214,10 +214,10 @@ Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool 
       rewrite_memsets_(rewrite_memset_nodes),
       rewrite_memcpys_(rewrite_memcpy_nodes) {
   ArenaOptions options = arena;
-  options.source.obtain = [device](std::size_t bytes, std::size_t /*alignment*/) -> std::byte* {
+  options.source.obtain = [device, context = context_](std::size_t bytes, std::size_t /*alignment*/) -> std::byte* {
     void* memory = nullptr;  // cudaMalloc aligns to at least 256 bytes
     CurrentDevice current;
-    if (!current.enter(device) || cudaMalloc(&memory, bytes) != cudaSuccess) {
+    if (!current.enter(device, context) || cudaMalloc(&memory, bytes) != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;
     }
@@ -240,7 +240,7 @@ Result<void> Device::synchronize() const {
 Result<void> Device::wait_for(const Device& producer) const {
   if (&producer == this) return {};
   CurrentDevice on_producer;  // an event is recorded on a stream of its own device
-  if (auto entered = on_producer.enter(producer.device_); !entered) return entered;
+  if (auto entered = on_producer.enter(producer.device_, producer.context_); !entered) return entered;
   cudaEvent_t event = nullptr;
   if (auto made = checked(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "making an event"); !made) {
     return made;
@@ -270,7 +270,7 @@ Result<backend::RunResult> Device::finish(Context& context, Values&& outputs) {
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                        backend::RunMode mode) {
   CurrentDevice current;
-  if (auto set = current.enter(device_); !set) return std::unexpected(set.error());
+  if (auto set = current.enter(device_, context_); !set) return std::unexpected(set.error());
   const CallInputs inputs(args);
   Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::device_memory,
                   false);
@@ -307,7 +307,7 @@ class CudaCapture final : public backend::Capture {
   // Unfinished, it gives back every block it allocated; finished, the outputs hold them.
   ~CudaCapture() override { backend::free_all(arena(), context_.allocations_); }
 
-  [[nodiscard]] Result<void> enter_device() { return current_.enter(device_.device_); }
+  [[nodiscard]] Result<void> enter_device() { return current_.enter(device_.device_, device_.context_); }
 
   // Copied inputs get a slot of the same layout in the pool; the graph copies the covered span,
   // byte for byte. That is the view's elements only when no two share memory (broadcast aside,
@@ -471,7 +471,7 @@ void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, 
   if (poison_ && storage.bytes != 0) {
     CurrentDevice current;
     // Poisoning is a debugging aid: without the pool's device current, it is skipped.
-    if (current.enter(device_)) {
+    if (current.enter(device_, context_)) {
       (void)cudaMemsetAsync(backend::pointer_to(storage.address), 0xFF, storage.bytes, stream_);
     }
   }
@@ -482,7 +482,7 @@ void Device::adopt(backend::StorageHandle& /*storage*/) {}
 
 Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
   CurrentDevice current;
-  if (auto set = current.enter(device_); !set) return std::unexpected(set.error());
+  if (auto set = current.enter(device_, context_); !set) return std::unexpected(set.error());
   auto copy = device_allocation(storage.bytes, "copying an output out of the pool");
   if (!copy) return copy;
   if (auto copied = checked(cudaMemcpyAsync(copy->get(), backend::pointer_to(storage.address), storage.bytes,
@@ -513,7 +513,7 @@ void Device::shutdown() {
   CurrentDevice current;
   // Without the pool's device current the wait is skipped: the cudaFree of the segments below
   // waits for the device anyway.
-  if (current.enter(device_)) (void)cudaStreamSynchronize(stream_);
+  if (current.enter(device_, context_)) (void)cudaStreamSynchronize(stream_);
   arena_.reset();  // gives the segments back (cudaFree)
   (void)cudaStreamDestroy(stream_);
   stream_ = nullptr;

@@ -3,6 +3,7 @@
 // from them and overrides what it changes (a replay that fails, a capture that breaks).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -58,6 +59,21 @@ class ForwardingDevice : public cgt::backend::Device {
 
  private:
   cgt::host::Device host_{cgt::host::ArenaOptions{}, /*poison_dead_memory=*/true};
+};
+
+/// A recorded graph that forwards to `inner`; a test overrides what it changes (a check that refuses).
+class ForwardingRecording : public cgt::backend::Recording {
+ public:
+  explicit ForwardingRecording(std::unique_ptr<cgt::backend::Recording> inner) : inner_(std::move(inner)) {}
+  cgt::Result<void> check(std::span<const cgt::backend::ArgSlot> args) const override { return inner_->check(args); }
+  cgt::Result<void> replay(std::span<const cgt::backend::ArgSlot> args) override { return inner_->replay(args); }
+  void bind_outputs(std::span<cgt::backend::StorageHandle* const> storages) override {
+    inner_->bind_outputs(storages);
+  }
+  const void* output(std::size_t i) const override { return inner_->output(i); }
+
+ private:
+  std::unique_ptr<cgt::backend::Recording> inner_;
 };
 
 /// A recording in progress that forwards every primitive to `inner`. All of them: one left to its

@@ -4,11 +4,14 @@
 // reclaim the last step before the call's checks and work, so a refused or throwing call left
 // every held output `output_overwritten`.)
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -20,6 +23,7 @@ import cgt;
 import cgt.host;
 
 #include "scenario/scenarios.hpp"
+#include "host/forwarding.hpp"
 #include "host/harness.hpp"
 #include "host/values.hpp"
 
@@ -184,6 +188,127 @@ TEST_CASE("after mark_step_begin, a call that throws leaves the last step's outp
   auto next = must(g({filled({4}, 5)}));
   check_reclaimed(held);
   CHECK(output_values(next, 0) == repeat(10));
+}
+
+namespace {
+
+// A host device whose recordings refuse their replay's arguments while `refuse` is set, as
+// cgt.cuda's refuse an input in another layout (Recording::check).
+class RefusingDevice final : public host_test::ForwardingDevice {
+ public:
+  bool refuse = false;
+
+  cgt::Result<std::unique_ptr<cgt::backend::Capture>> begin_recording(cgt::backend::Invoker& fn,
+                                                                      std::span<const cgt::backend::ArgSlot> args,
+                                                                      const cgt::backend::RecordPlan& plan) override {
+    auto capture = inner().begin_recording(fn, args, plan);
+    if (!capture) return capture;
+    return std::make_unique<Capture>(std::move(*capture), *this);
+  }
+
+ private:
+  class Recording final : public host_test::ForwardingRecording {
+   public:
+    Recording(std::unique_ptr<cgt::backend::Recording> inner, const RefusingDevice& device)
+        : ForwardingRecording(std::move(inner)), device_(device) {}
+    cgt::Result<void> check(std::span<const cgt::backend::ArgSlot> args) const override {
+      if (device_.refuse) return cgt::fail(cgt::Errc::wrong_shape, "injected: input 0 has another layout");
+      return ForwardingRecording::check(args);
+    }
+
+   private:
+    const RefusingDevice& device_;
+  };
+  class Capture final : public host_test::ForwardingCapture {
+   public:
+    Capture(std::unique_ptr<cgt::backend::Capture> inner, const RefusingDevice& device)
+        : ForwardingCapture(std::move(inner)), device_(device) {}
+    cgt::Result<cgt::backend::Recorded> finish() override {
+      auto recorded = ForwardingCapture::finish();
+      if (recorded) recorded->recording = std::make_unique<Recording>(std::move(recorded->recording), device_);
+      return recorded;
+    }
+
+   private:
+    const RefusingDevice& device_;
+  };
+};
+
+}  // namespace
+
+TEST_CASE("a replay refused for its arguments after a new step began leaves the last step's outputs held",
+          "[failures][host]") {
+  // Before the fix the replay released the last step's outputs first, then found the input's
+  // layout wrong: the call failed, and every held output read output_overwritten.
+  const bool by_forward = GENERATE(false, true);
+  auto device = std::make_unique<RefusingDevice>();
+  RefusingDevice& refusing = *device;
+  auto pool = must(cgt::backend::make_pool<cgt::host::Backend>(std::move(device), {.debug_checks = true}));
+  bool fail = false;
+  auto f = doubling(pool, "f", &fail, by_forward ? FunctionMode::forward : FunctionMode::inference);
+  auto b = doubling(pool, "b", &fail, FunctionMode::backward);
+  const auto next_step = [&] {
+    if (by_forward) {
+      run_backward(b);  // the next forward begins the next step
+    } else {
+      pool.mark_step_begin();
+    }
+  };
+  for (int step = 0; step < 2; ++step) {  // warm-up, recording
+    next_step();
+    (void)must(f({filled({4}, 1)}));
+  }
+  next_step();
+  auto held = must(f({filled({4}, 3)}));
+  REQUIRE(held.kind() == cgt::CallKind::replay);
+  const cgt::Stats before = pool.stats();
+  next_step();
+  refusing.refuse = true;
+  auto refused = f({filled({4}, 5)});
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == cgt::Errc::wrong_shape);
+  check_still_valid(held, 6, pool);
+  CHECK(pool.stats().steps_reclaimed == before.steps_reclaimed);
+  CHECK(pool.stats().steps_begun_by_forward == before.steps_begun_by_forward);  // a forward's step taken back
+  refusing.refuse = false;
+  auto next = must(f({filled({4}, 5)}));
+  CHECK(next.kind() == cgt::CallKind::replay);
+  CHECK(output_values(next, 0) == repeat(10));
+  check_reclaimed(held);
+  CHECK(pool.stats().steps_reclaimed == before.steps_reclaimed + 1);
+}
+
+TEST_CASE("a replay that fails in its work after a new step began: the last step's outputs are reclaimed, as said",
+          "[failures][host]") {
+  // The one loss errors.md names: once the checks passed, the replay releases the last step's
+  // outputs (its graph writes their memory) and launches; a failure of the launch itself (a kernel
+  // that throws here, a device error on a GPU) comes after that.
+  auto pool = poisoned_pool({});
+  bool kernel_throws = false;
+  auto f = must(pool.add_function(
+      [&kernel_throws](Context& ctx, Inputs in) {
+        const Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y, &kernel_throws] {
+          if (kernel_throws) throw std::runtime_error("injected: the device failed");
+          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, 2 * x.get(i));
+        });
+        return Values{y};
+      },
+      {.name = "f"}));
+  for (int step = 0; step < 2; ++step) {
+    pool.mark_step_begin();
+    (void)must(f({filled({4}, 1)}));
+  }
+  pool.mark_step_begin();
+  auto held = must(f({filled({4}, 3)}));
+  REQUIRE(held.kind() == cgt::CallKind::replay);
+  pool.mark_step_begin();
+  kernel_throws = true;
+  auto failed = f({filled({4}, 5)});
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().code == cgt::Errc::function_failed);
+  CHECK(failed.error().message.find("while replaying") != std::string::npos);
+  check_reclaimed(held);
 }
 
 // Composed pools: an encoder pool's function called by a decoder pool's function. The decoder's

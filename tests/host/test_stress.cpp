@@ -326,6 +326,7 @@ class Sequence {
     bool dropped = false;
     bool called = false;  // a call succeeded: its signature (count, types, ranks) is fixed
     cgt::FunctionMode mode = cgt::FunctionMode::inference;
+    std::shared_ptr<Runs> runs = std::make_shared<Runs>();  // the body's and the work's runs (check_runs)
   };
 
   void add(const FnDef& def, std::optional<cgt::FunctionMode> mode = std::nullopt) {
@@ -335,7 +336,7 @@ class Sequence {
     fn.mode = mode ? *mode : static_cast<cgt::FunctionMode>(pick(3));
     // A function that writes its input without saying so: the pool must see the writes itself.
     const bool undeclared = moves_.undeclared_writes && !def.mutated.empty() && chance(0.4);
-    auto added = pool_->add_function(def.make(fn.control),
+    auto added = pool_->add_function(counted(def.make(fn.control), fn.runs),
                                      {.name = fn.name,
                                       .static_inputs = def.statics,
                                       .mutated_inputs = undeclared ? std::vector<std::size_t>{} : def.mutated,
@@ -568,6 +569,31 @@ class Sequence {
     return input;
   }
 
+  // A call runs its function's work once: exactly once when it succeeds (a replay's graph, or the
+  // one run of a warm-up, a recording or an eager call, whatever was given up on the way), at most
+  // once when it fails. Its body runs none of the times it replays, and at most twice otherwise
+  // (a recording given up before its graph ran, then an eager run or a warm-up).
+  void check_runs(const std::string& text, const Fn& fn, const Runs& before,
+                  const cgt::Result<cgt::host::Outputs>& result) {
+    const std::uint64_t kernels = fn.runs->kernels - before.kernels;
+    const std::uint64_t bodies = fn.runs->bodies - before.bodies;
+    ++figures_.checks;
+    if (!result) {
+      expect(kernels <= 1, "the failed call " + text + " ran its function's work " + std::to_string(kernels) + " times");
+      expect(bodies <= 2, "the failed call " + text + " ran its function's body " + std::to_string(bodies) + " times");
+      return;
+    }
+    const std::string kind(cgt::to_string(result->kind()));
+    expect(kernels == 1, "the call " + text + " (" + kind + ") ran its function's work " + std::to_string(kernels) +
+                             " times, not once");
+    if (result->kind() == cgt::CallKind::replay) {
+      expect(bodies == 0, "the replay " + text + " ran its function's body");
+    } else {
+      expect(bodies >= 1 && bodies <= 2,
+             "the call " + text + " (" + kind + ") ran its function's body " + std::to_string(bodies) + " times");
+    }
+  }
+
   void call(Fn* fn = nullptr, std::optional<std::int64_t> length = std::nullopt) {
     if (fn == nullptr) fn = random_function();
     if (fn == nullptr || !fn->handle) return;
@@ -634,6 +660,7 @@ class Sequence {
     log(text);
 
     const Expected expected = def.model(model_inputs, scalars);
+    const Runs runs_before = *fn->runs;
     const auto before_calls = pool_stats_calls();
     const std::uint64_t padded_before = pool_ ? pool_->stats().padded_calls : 0;
     cgt::Result<cgt::host::Outputs> result = std::unexpected(cgt::Error{});
@@ -653,6 +680,7 @@ class Sequence {
     (void)before_calls;
 
     if (def.keeps_pool_buffer) user_wrote_kept_block(*fn);
+    check_runs(text, *fn, runs_before, result);
     std::vector<std::size_t> gone;  // held entries to forget
     if (victim && fn->control->threw) gone.push_back(*victim);
     if (!result) {

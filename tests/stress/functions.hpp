@@ -95,6 +95,24 @@ inline void maybe_throw(Control& control) {
   throw 42;  // NOLINT(hicpp-exception-baseclass): a non-std exception, on purpose
 }
 
+/// How often a function ran: its C++ body (which runs under a capture too), and its work (a kernel
+/// of its own after the body's, which runs in an eager run, a warm-up, a recording's first run and
+/// every replay). A call must run the work once: never twice, whatever it gave up on the way.
+struct Runs {
+  std::uint64_t bodies = 0;
+  std::uint64_t kernels = 0;
+};
+
+/// `inner`, counting its runs in `runs`.
+inline cgt::host::Callable counted(cgt::host::Callable inner, std::shared_ptr<Runs> runs) {
+  return [inner = std::move(inner), runs = std::move(runs)](Context& ctx, Inputs in) mutable {
+    ++runs->bodies;
+    Values out = inner(ctx, in);
+    ctx.launch([runs] { ++runs->kernels; });
+    return out;
+  };
+}
+
 template <class Body>
 std::function<cgt::host::Callable(std::shared_ptr<Control>)> body(Body make_body) {
   return [make_body](std::shared_ptr<Control> control) -> cgt::host::Callable { return make_body(control); };
