@@ -125,9 +125,14 @@ struct AutogradFunction::State {
     /// own over the buffer's memory (the graph writes the buffer's address, so the buffer itself
     /// can never move). Because it is its own impl, a `.grad()` the program kept after dropping it
     /// can be moved onto a copy before the buffer is zeroed, as eager's kept `.grad()` keeps its
-    /// values. Set by publish, reset when moved away by prepare; undefined for adopted buffers,
-    /// which are handed out as themselves (the optimizer that owns one reads it).
+    /// values. Set by publish, reset when moved away by prepare or prepare_out_of_place;
+    /// undefined for adopted buffers, which are handed out as themselves (the optimizer that owns
+    /// one reads it).
     std::vector<at::Tensor> handed_out;
+    /// Per buffer that was its parameter's `.grad()` when a create_graph backward began: its
+    /// values, which the backward graph overwrites. Set by prepare_out_of_place, put back and
+    /// cleared by restore_values_before; empty between backwards.
+    std::vector<at::Tensor> values_before;
 
     /// Before a backward: a buffer that is not its parameter's `.grad()` holds nothing of it, and
     /// is zeroed, since the backward graph accumulates into it.
@@ -160,6 +165,56 @@ struct AutogradFunction::State {
           grad.add_(buffers[i]);
         }
       }
+    }
+
+    /// Before a backward under create_graph. Eager's AccumulateGrad then never writes a `.grad()`
+    /// in place: it sets `.grad()` to a new tensor, old + new (or a copy of new), and the old one
+    /// keeps its values. So the graph must give this backward's gradients alone: every buffer is
+    /// zeroed, and one that is its parameter's `.grad()` has its values kept in `values_before` first (the
+    /// graph writes the buffer's address, and an adopted buffer, the optimizer's own tensor,
+    /// cannot move onto a copy). REQUIRES: publish_out_of_place or restore_values_before follows.
+    void prepare_out_of_place() {
+      const at::NoGradGuard no_grad;
+      values_before.assign(parameters.size(), at::Tensor());
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        if (is_buffer(parameters[i].grad(), i)) {
+          values_before[i] = buffers[i].clone();
+        } else {
+          release_kept_gradient(i);
+        }
+      }
+      if (flat.defined()) flat.zero_();
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        if (!in_flat[i]) buffers[i].zero_();
+      }
+    }
+
+    /// After a backward under create_graph (grad mode on): each `.grad()` becomes a new tensor,
+    /// old + gradient where it was defined, the gradient (a copy of the buffer) otherwise, as
+    /// eager's (accumulate_grad.h, "Case 3" and "Case 1.5"); the gradients carry `history` as
+    /// their grad_fn where it is not null. The buffers get back the values of the `.grad()` they
+    /// were, so that old tensor is left as it was.
+    void publish_out_of_place(const std::shared_ptr<::torch::autograd::Node>& history) {
+      std::vector<at::Tensor> gradients(parameters.size());
+      {
+        const at::NoGradGuard no_grad;
+        for (std::size_t i = 0; i < parameters.size(); ++i) gradients[i] = buffers[i].clone();
+      }
+      restore_values_before();
+      for (std::size_t i = 0; i < parameters.size(); ++i) {
+        if (history) ::torch::autograd::set_history(gradients[i], history);
+        at::Tensor& grad = parameters[i].mutable_grad();
+        grad = grad.defined() ? grad + gradients[i] : std::move(gradients[i]);
+      }
+    }
+
+    /// Puts back the values prepare_out_of_place kept (after the backward, or when it failed).
+    void restore_values_before() {
+      const at::NoGradGuard no_grad;
+      for (std::size_t i = 0; i < values_before.size(); ++i) {
+        if (values_before[i].defined()) buffers[i].copy_(values_before[i]);
+      }
+      values_before.clear();
     }
 
     [[nodiscard]] bool is_buffer(const at::Tensor& grad, std::size_t i) const {
@@ -233,6 +288,18 @@ class GraphedBackward final : public ::torch::autograd::Node {
 
   /// Raises eager's error when an input was modified in place since the forward.
   void check_inputs_unmodified() const;
+
+  /// Under create_graph: the grad_fn to give the gradients this node returns (and the parameters'
+  /// new gradients), which raises a `c10::Error` naming the function when a backward reaches it;
+  /// null where nothing they depend on requires grad (they stay plain). Eager's gradients would
+  /// have history through the incoming gradients that require grad (`incoming_history`, their
+  /// edges), the forward's inputs and the parameters, so the node's edges are theirs: a
+  /// second-order backward that would need this function's terms (`grad` of a gradient with
+  /// respect to an input or a parameter, a backward of a loss that adds a gradient penalty)
+  /// reaches it and raises, rather than leaving them out. As with torch.compile's compiled
+  /// backward, every gradient gets it, even one eager gives without history (that of `x + 2`).
+  [[nodiscard]] std::shared_ptr<::torch::autograd::Node> second_order_guard(
+      ::torch::autograd::edge_list&& incoming_history) const;
 
   /// The lease of output `i`, where the bundle or a later node still holds it.
   [[nodiscard]] std::shared_ptr<OutputLease> lease_of(std::size_t i) const {
@@ -341,19 +408,17 @@ bool parameters_wanted(const AutogradFunction::State& state) {
   TORCH_CHECK(!released_, ::torch::autograd::ERR_BACKWARD_TWICE, " (in the backward of cgt autograd function \"",
               state_->name, "\")");
   AutogradFunction::State& state = *state_;
-  // A create_graph backward runs its nodes under grad mode. The graph's gradients carry no
-  // history, so a second derivative through them would silently miss this function's terms.
-  TORCH_CHECK(!at::GradMode::is_enabled(), "double backward (create_graph=true) through cgt autograd function \"",
-              state.name,
-              "\" is not supported: its backward graph gives first-order gradients only; differentiate twice "
-              "through an eager model (run that part outside cgt), or call backward without create_graph");
+  // The engine runs a create_graph backward's nodes under grad mode (and others without it).
+  const bool create_graph = at::GradMode::is_enabled();
   check_inputs_unmodified();
   const bool with_parameters = parameters_wanted(state);
   // Arguments: the forward's inputs, the gradients of the outputs that have a grad_fn (zeros for
   // one autograd did not reach), then the input count, the two masks and whether the parameters
-  // receive gradients.
+  // receive gradients. The graph takes values: an incoming gradient's history stays out of it,
+  // kept as an edge of the second-order guard.
   std::vector<at::Tensor> values;
   std::vector<Arg> args;
+  ::torch::autograd::edge_list incoming_history;
   values.reserve(grads.size());
   args.reserve(saved.size() + grads.size() + 4);
   for (const SavedInput& input : saved) {
@@ -365,7 +430,14 @@ bool parameters_wanted(const AutogradFunction::State& state) {
   }
   for (std::size_t i = 0; i < grads.size(); ++i) {
     if (!bit(output_mask, i)) continue;
-    values.push_back(grads[i].defined() ? std::move(grads[i]) : input_metadata(i).zeros_like());
+    if (!grads[i].defined()) {
+      values.push_back(input_metadata(i).zeros_like());
+    } else if (grads[i].requires_grad()) {
+      incoming_history.push_back(::torch::autograd::impl::gradient_edge(grads[i]));
+      values.push_back(grads[i].detach());
+    } else {
+      values.push_back(std::move(grads[i]));
+    }
   }
   for (const at::Tensor& value : values) args.emplace_back(value);
   args.emplace_back(static_cast<std::int64_t>(saved.size()));
@@ -373,13 +445,32 @@ bool parameters_wanted(const AutogradFunction::State& state) {
   args.emplace_back(output_mask);
   args.emplace_back(std::int64_t{with_parameters ? 1 : 0});
 
-  if (with_parameters) state.gradients.prepare();
+  if (with_parameters) {
+    if (create_graph) {
+      state.gradients.prepare_out_of_place();
+    } else {
+      state.gradients.prepare();
+    }
+  }
   auto out = [&] {
     const RngOffsetScope rng(state.device, rng_offset);
+    // Grad mode off, as in any backward: a create_graph backward replays the same graph.
+    const at::NoGradGuard no_grad;
     return state.backward(std::span<const Arg>(args));
   }();
-  if (!out) raise("cgt autograd function \"" + state.name + "\": the backward failed", out.error());
-  if (with_parameters) state.gradients.publish();
+  if (!out) {
+    if (with_parameters && create_graph) state.gradients.restore_values_before();
+    raise("cgt autograd function \"" + state.name + "\": the backward failed", out.error());
+  }
+  const std::shared_ptr<::torch::autograd::Node> history =
+      create_graph ? second_order_guard(std::move(incoming_history)) : nullptr;
+  if (with_parameters) {
+    if (create_graph) {
+      state.gradients.publish_out_of_place(history);
+    } else {
+      state.gradients.publish();
+    }
+  }
 
   ::torch::autograd::variable_list result(num_outputs());
   for (std::size_t i = 0; i < result.size() && i < out->size(); ++i) {
@@ -398,8 +489,32 @@ bool parameters_wanted(const AutogradFunction::State& state) {
     } else {
       result[i] = owning_tensor(gradient, std::make_shared<OutputLease>(std::move(*lease)));
     }
+    if (history) ::torch::autograd::set_history(result[i], history);
   }
   return result;
+}
+
+std::shared_ptr<::torch::autograd::Node> GraphedBackward::second_order_guard(
+    ::torch::autograd::edge_list&& incoming_history) const {
+  ::torch::autograd::edge_list edges = std::move(incoming_history);
+  for (std::size_t i = 0; i < num_outputs(); ++i) {
+    if (bit(input_mask, i) && next_edge(i).is_valid()) edges.push_back(next_edge(i));
+  }
+  for (const at::Tensor& parameter : state_->gradients.parameters) {
+    if (parameter.requires_grad()) edges.push_back(::torch::autograd::impl::gradient_edge(parameter));
+  }
+  if (edges.empty()) return nullptr;
+  // libtorch's Error node, the grad_fn DelayedError gives once_differentiable's outputs, but with
+  // these edges rather than fresh leaves: a backward is only sure to reach it when it leads to
+  // what the gradients depend on.
+  return {new ::torch::autograd::Error(
+              "cgt autograd function \"" + state_->name +
+                  "\" gives first-order gradients only: differentiating its gradients again (a second "
+                  "derivative) is not supported; its backward graph computes them as values, without the history "
+                  "a second derivative needs. Use the gradients of a create_graph backward as values, or "
+                  "differentiate twice through an eager model (run that part outside cgt)",
+              std::move(edges)),
+          ::torch::autograd::deleteNode};
 }
 
 /// The lease of `input` when it is an output of an autograd function of any pool (found through its

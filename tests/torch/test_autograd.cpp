@@ -3,8 +3,10 @@
 // one path of the tree (forward 1, forward 2, backward 2, backward 1); accumulation,
 // retain_graph, a second backward without it; inference under NoGradGuard / InferenceMode;
 // dropout; a backward never called; both zero_grad forms; a small MLP trained 100 steps; a kept
-// .grad; an input modified in place (refused); create_graph (refused); torch::autograd::grad and
-// backward(inputs=...); a capturable optimizer's static gradients after zero_grad(set_to_none).
+// .grad; an input modified in place (refused); create_graph (first-order gradients, .grad
+// accumulated out of place, a second derivative refused, a graphed optimizer step after it);
+// torch::autograd::grad and backward(inputs=...); a capturable optimizer's static gradients after
+// zero_grad(set_to_none).
 // Every test is tagged [gpu][autograd] and reports SKIPPED without a device.
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
@@ -640,37 +642,299 @@ TEST_CASE("torch/autograd: an input modified in place before the backward is ref
   CHECK(close(linear->weight.grad(), at::ones({3, 4}, H::cuda()).mm(y)));
 }
 
-TEST_CASE("torch/autograd: a double backward (create_graph) is refused rather than first-order", "[gpu][autograd]") {
+TEST_CASE(
+    "torch/autograd: accumulate_grad: .grad accumulates in place, and out of place under create_graph, as eager's",
+    "[gpu][autograd]") {
   REQUIRE_GPU();
+  // PyTorch's test_accumulate_grad, with y = x * w + 2 as a cgt autograd function: x is an input
+  // leaf (autograd's AccumulateGrad fills its .grad), w a parameter (the backward graph fills its
+  // .grad). Two backwards of y: the second adds to the first's .grad in place, or, under
+  // create_graph, sets .grad to a new tensor and leaves the first one as it was.
+  const at::Tensor w = at::randn({5, 5}, H::cuda()).requires_grad_(true);
+  const at::Tensor w_eager = w.detach().clone().requires_grad_(true);
   auto pool = new_pool({.debug_checks = true});
-  auto cube =
-      must(cgt::torch::make_autograd_function(pool, [](Inputs in) { return Values{in[0].pow(3)}; }, {.name = "cube"}));
-  const at::Tensor data = at::randn({5}, H::cuda());
-  for (int step = 0; step < 3; ++step) {
-    INFO("step " << step);
+  auto affine = must(cgt::torch::make_autograd_function(pool, [w](Inputs in) { return Values{in[0] * w + 2}; },
+                                                        {.name = "affine", .parameters = {w}}));
+  const at::Tensor grad_output = at::ones({5, 5}, H::cuda());
+  // What one leaf's .grad did in the second backward.
+  auto check_accumulated = [](const char* leaf, const at::Tensor& before, const at::Tensor& before_values,
+                              const at::Tensor& after, bool create_graph) {
+    INFO(leaf);
+    REQUIRE(before.defined());
+    if (create_graph) {
+      CHECK(!after.is_same(before));            // a new tensor
+      CHECK(at::equal(before, before_values));  // the old one left as it was
+    } else {
+      CHECK(after.is_same(before));  // the same tensor, added to in place
+      CHECK(close(before, before_values * 2));
+    }
+    CHECK(close(after, before_values * 2));
+  };
+  std::vector<cgt::CallKind> kinds;
+  // Warm-up, recording, then the same graphs replayed with create_graph off and on.
+  const std::vector<bool> rounds{false, true, false, true};
+  for (std::size_t round = 0; round < rounds.size(); ++round) {
+    const bool create_graph = rounds[round];
+    INFO("round " << round << ", create_graph " << create_graph);
+    w.mutable_grad() = at::Tensor();
+    w_eager.mutable_grad() = at::Tensor();
+    const at::Tensor data = at::randn({5, 5}, H::cuda());
     const at::Tensor x = data.clone().requires_grad_(true);
+    const at::Tensor x_eager = data.clone().requires_grad_(true);
     pool.mark_step_begin();
-    auto out = must(cube({x}));
-    const at::Tensor loss = out[0].sum();
+    const std::uint64_t replays_before = pool.stats().replays;
+    {
+      auto out = must(affine({x}));
+      kinds.push_back(out.kind());
+      const at::Tensor& y = out[0];
+      const at::Tensor y_eager = x_eager * w_eager + 2;
+      y.backward(grad_output, /*retain_graph=*/true);
+      y_eager.backward(grad_output, /*retain_graph=*/true);
+      const at::Tensor x_grad = x.grad();
+      const at::Tensor x_grad_values = x_grad.clone();
+      const at::Tensor w_grad = w.grad();
+      const at::Tensor w_grad_values = w_grad.clone();
+      const at::Tensor x_eager_grad = x_eager.grad();
+      const at::Tensor x_eager_grad_values = x_eager_grad.clone();
+      const at::Tensor w_eager_grad = w_eager.grad();
+      const at::Tensor w_eager_grad_values = w_eager_grad.clone();
+      y.backward(grad_output, /*retain_graph=*/std::nullopt, create_graph);
+      y_eager.backward(grad_output, /*retain_graph=*/std::nullopt, create_graph);
+
+      check_accumulated("x (eager)", x_eager_grad, x_eager_grad_values, x_eager.grad(), create_graph);
+      check_accumulated("w (eager)", w_eager_grad, w_eager_grad_values, w_eager.grad(), create_graph);
+      check_accumulated("x", x_grad, x_grad_values, x.grad(), create_graph);
+      check_accumulated("w", w_grad, w_grad_values, w.grad(), create_graph);
+      CHECK(close(x.grad(), x_eager.grad()));
+      CHECK(close(w.grad(), w_eager.grad()));
+      // Eager's new .grad has history (x's gradient depends on w, w's on x): so has cgt's.
+      CHECK(x.grad().requires_grad() == x_eager.grad().requires_grad());
+      CHECK(w.grad().requires_grad() == w_eager.grad().requires_grad());
+      // No gradient lives in the pool.
+      auto& device = must(pool.device()).get();
+      CHECK(!device.contains(reinterpret_cast<std::uintptr_t>(x.grad().data_ptr())));
+      CHECK(!device.contains(reinterpret_cast<std::uintptr_t>(w.grad().data_ptr())));
+    }
+    if (round >= 2) CHECK(pool.stats().replays - replays_before == 3);  // the forward and both backwards
+    // A create_graph .grad refers back to its leaf (eager's reference cycle): set it to none.
+    x.mutable_grad() = at::Tensor();
+    x_eager.mutable_grad() = at::Tensor();
+  }
+  using K = cgt::CallKind;
+  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay, K::replay});
+  w.mutable_grad() = at::Tensor();
+  w_eager.mutable_grad() = at::Tensor();
+  must(pool.check_memory());
+}
+
+TEST_CASE("torch/autograd: differentiating a create_graph gradient again raises, naming the function",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Sequential graphed(torch::nn::Linear(6, 4), torch::nn::Tanh());
+  torch::nn::Sequential eager(torch::nn::Linear(6, 4), torch::nn::Tanh());
+  graphed->to(torch::kCUDA);
+  eager->to(torch::kCUDA);
+  copy_parameters(*eager, *graphed);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "twice");
+  const at::Tensor weight = graphed->parameters()[0];
+  auto expect_refused = [](const auto& second_order) {
     try {
-      (void)torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
-      FAIL("a create_graph backward through a cgt autograd function succeeded");
+      second_order();
+      FAIL("a second derivative through a cgt autograd function succeeded");
     } catch (const c10::Error& error) {
       const std::string what = error.what_without_backtrace();
       INFO(what);
-      CHECK(what.find("double backward") != std::string::npos);
-      CHECK(what.find("create_graph") != std::string::npos);
-      CHECK(what.find("cube") != std::string::npos);
+      CHECK(what.find("cgt autograd function \"twice\" gives first-order gradients only") != std::string::npos);
+      CHECK(what.find("(a second derivative) is not supported") != std::string::npos);
     }
-    // A first-order backward still gives eager's gradient, 3x^2.
-    loss.backward();
-    CHECK(close(x.grad(), 3 * data * data));
+  };
+  for (int step = 0; step < 3; ++step) {  // warm-up, recording, replay
+    INFO("step " << step);
+    set_grads_to_none(*graphed);
+    set_grads_to_none(*eager);
+    const at::Tensor data = at::randn({3, 6}, H::cuda());
+    const at::Tensor x = data.clone().requires_grad_(true);
+    const at::Tensor x_eager = data.clone().requires_grad_(true);
+    pool.mark_step_begin();
+    {
+      auto out = must(layer({x}));
+      // A sum: the gradient reaching the function has no history, but eager's gradient of x does
+      // (it depends on x and the weight), so a second derivative needs the function's terms.
+      const at::Tensor loss = out[0].sum();
+      const at::Tensor loss_eager = eager->forward(x_eager).sum();
+      const at::Tensor gx = torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+      const at::Tensor gx_eager =
+          torch::autograd::grad({loss_eager}, {x_eager}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+      CHECK(close(gx, gx_eager));
+      CHECK(gx.requires_grad());
+      CHECK(gx_eager.requires_grad());
+      check_same_grads(*graphed, *eager);  // grad() leaves .grad alone (undefined)
+
+      // With respect to the input, to a parameter, and a loss plus a gradient penalty (where a
+      // gradient without history would silently leave the penalty's terms out).
+      expect_refused([&] { (void)torch::autograd::grad({gx.sum()}, {x}, {}, /*retain_graph=*/true); });
+      expect_refused([&] { (void)torch::autograd::grad({gx.pow(2).sum()}, {weight}, {}, /*retain_graph=*/true); });
+      expect_refused([&] { (loss + gx.pow(2).sum()).backward({}, /*retain_graph=*/true); });
+      // Eager differentiates the same penalty.
+      const auto penalty_eager = torch::autograd::grad({gx_eager.pow(2).sum()}, {x_eager}, {}, /*retain_graph=*/true);
+      CHECK(penalty_eager[0].defined());
+
+      // Through .grad after backward(create_graph=true): an input's and a parameter's. (The refused
+      // backward may have filled some .grad before it reached the function's guard.)
+      set_grads_to_none(*graphed);
+      set_grads_to_none(*eager);
+      x.mutable_grad() = at::Tensor();
+      loss.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+      loss_eager.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+      CHECK(close(x.grad(), x_eager.grad()));
+      check_same_grads(*graphed, *eager);
+      expect_refused([&] { x.grad().sum().backward(); });
+      expect_refused([&] { weight.grad().sum().backward(); });
+
+      // The function's backward still gives eager's first-order gradients.
+      set_grads_to_none(*graphed);
+      set_grads_to_none(*eager);
+      x.mutable_grad() = at::Tensor();
+      x_eager.mutable_grad() = at::Tensor();
+      loss.backward();
+      loss_eager.backward();
+      CHECK(close(x.grad(), x_eager.grad()));
+      check_same_grads(*graphed, *eager);
+      CHECK(!x.grad().requires_grad());
+    }
+    x.mutable_grad() = at::Tensor();
+    x_eager.mutable_grad() = at::Tensor();
   }
-  // Eager's second derivative, the number a first-order graph would have missed: 6x.
-  const at::Tensor x = data.clone().requires_grad_(true);
-  const auto first = torch::autograd::grad({x.pow(3).sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true);
-  const auto second = torch::autograd::grad({first[0].sum()}, {x});
-  CHECK(close(second[0], 6 * data));
+  CHECK(pool.stats().replays >= 3);
+  set_grads_to_none(*graphed);
+  must(pool.check_memory());
+}
+
+TEST_CASE("torch/autograd: a create_graph backward through a small MLP gives eager's first-order gradients",
+          "[gpu][autograd]") {
+  REQUIRE_GPU();
+  torch::nn::Sequential first(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  torch::nn::Sequential second(torch::nn::Linear(16, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+  torch::nn::Sequential first_eager(torch::nn::Linear(8, 16), torch::nn::ReLU());
+  torch::nn::Sequential second_eager(torch::nn::Linear(16, 16), torch::nn::Tanh(), torch::nn::Linear(16, 4));
+  for (torch::nn::Sequential* module : {&first, &second, &first_eager, &second_eager}) (*module)->to(torch::kCUDA);
+  copy_parameters(*first_eager, *first);
+  copy_parameters(*second_eager, *second);
+  auto pool = new_pool({.debug_checks = true});
+  auto layer1 = wrap(pool, first, "mlp_a");
+  auto layer2 = wrap(pool, second, "mlp_b");
+  auto same_history = [](const torch::nn::Module& a, const torch::nn::Module& b) {
+    const auto pa = a.parameters();
+    const auto pb = b.parameters();
+    for (std::size_t i = 0; i < pa.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(pa[i].grad().requires_grad() == pb[i].grad().requires_grad());
+    }
+  };
+  for (int step = 0; step < 4; ++step) {
+    INFO("step " << step);
+    set_grads_to_none(*first);
+    set_grads_to_none(*second);
+    set_grads_to_none(*first_eager);
+    set_grads_to_none(*second_eager);
+    const at::Tensor data = at::randn({6, 8}, H::cuda());
+    const at::Tensor target = at::randn({6, 4}, H::cuda());
+    const at::Tensor x = data.clone().requires_grad_(true);
+    const at::Tensor x_eager = data.clone().requires_grad_(true);
+    pool.mark_step_begin();
+    const std::uint64_t replays_before = pool.stats().replays;
+    {
+      auto hidden = must(layer1({x}));
+      auto out = must(layer2({hidden[0]}));
+      const at::Tensor loss = torch::mse_loss(out[0], target);
+      const at::Tensor loss_eager = torch::mse_loss(second_eager->forward(first_eager->forward(x_eager)), target);
+      loss.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+      loss_eager.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+      CHECK(close(x.grad(), x_eager.grad()));
+      check_same_grads(*first, *first_eager);
+      check_same_grads(*second, *second_eager);
+      CHECK(x.grad().requires_grad() == x_eager.grad().requires_grad());
+      same_history(*first, *first_eager);
+      same_history(*second, *second_eager);
+      // A second create_graph backward accumulates (out of place) to eager's twice.
+      loss.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+      loss_eager.backward({}, /*retain_graph=*/true, /*create_graph=*/true);
+      CHECK(close(x.grad(), x_eager.grad()));
+      check_same_grads(*first, *first_eager);
+      check_same_grads(*second, *second_eager);
+      // torch::autograd::grad with create_graph: eager's gradient; the .grad stay as they were.
+      const at::Tensor gx = torch::autograd::grad({loss}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+      const at::Tensor gx_eager =
+          torch::autograd::grad({loss_eager}, {x_eager}, {}, /*retain_graph=*/true, /*create_graph=*/true)[0];
+      CHECK(close(gx, gx_eager));
+      check_same_grads(*first, *first_eager);
+      check_same_grads(*second, *second_eager);
+    }
+    // forward 1, forward 2, then backward 2 and backward 1 three times.
+    if (step >= 2) CHECK(pool.stats().replays - replays_before == 8);
+    // A create_graph .grad refers back to its leaf (eager's reference cycle): set it to none.
+    x.mutable_grad() = at::Tensor();
+    x_eager.mutable_grad() = at::Tensor();
+  }
+  set_grads_to_none(*first);
+  set_grads_to_none(*second);
+  CHECK(!pool.has_pending_backward());
+  must(pool.check_memory());
+}
+
+TEST_CASE(
+    "torch/autograd: after a create_graph backward .grad is a new tensor, which a graphed optimizer step refuses "
+    "until zero_grad(true)",
+    "[gpu][autograd]") {
+  REQUIRE_GPU();
+  auto [graphed, eager] = twin_linears(6, 2);
+  // The optimizer first: the autograd function adopts its gradients.
+  auto sgd = must(cgt::torch::make_sgd(graphed->parameters(), {.lr = 0.1}));
+  auto pool = new_pool({.debug_checks = true});
+  auto layer = wrap(pool, graphed, "second_order_sgd");
+  auto update = must(cgt::torch::make_optimizer_step(pool, sgd));
+  torch::optim::SGD optimizer_eager(eager->parameters(), torch::optim::SGDOptions(0.1));
+  const auto params = graphed->parameters();
+  for (int step = 0; step < 3; ++step) {  // warm-up, recording, replay
+    INFO("step " << step);
+    sgd.zero_grad(/*set_to_none=*/false);
+    optimizer_eager.zero_grad(/*set_to_none=*/false);
+    const at::Tensor x = at::randn({4, 6}, H::cuda());
+    pool.mark_step_begin();
+    {
+      auto out = must(layer({x}));
+      out[0].pow(2).mean().backward({}, /*retain_graph=*/std::nullopt, /*create_graph=*/true);
+    }
+    eager->forward(x).pow(2).mean().backward({}, /*retain_graph=*/std::nullopt, /*create_graph=*/true);
+    check_same_grads(*graphed, *eager);
+    // As eager's: .grad is a new tensor, and the old one (the optimizer's, zeroed) is unchanged.
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(!params[i].grad().is_same(sgd.grads()[i]));
+      CHECK(at::equal(sgd.grads()[i], at::zeros_like(sgd.grads()[i])));
+    }
+    // The update graph reads the optimizer's tensors: it refuses a .grad that is another one.
+    const auto refused = update();
+    REQUIRE(!refused);
+    CHECK(refused.error().code == cgt::Errc::invalid_argument);
+
+    // zero_grad(true), and the next backward puts the optimizer's tensors back.
+    sgd.zero_grad(/*set_to_none=*/true);
+    optimizer_eager.zero_grad(/*set_to_none=*/true);
+    {
+      auto out = must(layer({x}));
+      out[0].pow(2).mean().backward();
+    }
+    eager->forward(x).pow(2).mean().backward();
+    check_same_grads(*graphed, *eager);
+    for (std::size_t i = 0; i < params.size(); ++i) CHECK(params[i].grad().is_same(sgd.grads()[i]));
+    auto updated = update();
+    if (!updated) FAIL(updated.error().describe());
+    optimizer_eager.step();
+    CHECK(close(graphed->weight, eager->weight));
+    CHECK(close(graphed->bias, eager->bias));
+  }
 }
 
 TEST_CASE("torch/autograd: torch::autograd::grad leaves the parameters' .grad alone, as eager's does",
