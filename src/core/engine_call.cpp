@@ -45,7 +45,7 @@ class CallKeepsEngine {
   Engine& engine_;
 };
 
-std::string quoted(const std::string& name) {
+std::string in_quotes(const std::string& name) {
   return "'" + name + "'";
 }
 
@@ -120,7 +120,7 @@ Result<void> describe_arguments(const ArgSource& source, const std::string& func
   auto described = source.describe(slots, descs, keep);
   if (!described) [[unlikely]] {
     Error& error = described.error();
-    error.message = "input " + std::to_string(error.input) + " of " + quoted(function) + ": " + error.message;
+    error.message = "input " + std::to_string(error.input) + " of " + in_quotes(function) + ": " + error.message;
     error.function = function;
   }
   return described;
@@ -132,7 +132,7 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
   if (const FunctionRecord* outer = RecordingScope::other_recording(engine)) {
     const std::string name = function_name(engine, function);
     return fail(Errc::nested_capture,
-                "call of " + quoted(name) + " while another pool records " + quoted(outer->name) +
+                "call of " + in_quotes(name) + " while another pool records " + in_quotes(outer->name) +
                     " on this thread; one pool's graph cannot hold another pool's call, so '" + outer->name +
                     "' runs eagerly instead, where this call works (or give both functions one pool)",
                 name);
@@ -144,7 +144,7 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
   if (!engine.try_set_busy()) {
     const std::string name = function_name(engine, function);
     return fail(Errc::concurrent_use,
-                "call of " + quoted(name) +
+                "call of " + in_quotes(name) +
                     " while another call of the same pool is in flight (another thread, or a call from inside a "
                     "pool function); a pool is used by one thread at a time: use one pool per thread",
                 name);
@@ -164,12 +164,12 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
 Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSource& source) {
   if (shut_down_) {
     return fail(Errc::pool_shut_down,
-                "call of " + quoted(function.name) + " after the pool was shut down; make a new pool", function.name);
+                "call of " + in_quotes(function.name) + " after the pool was shut down; make a new pool", function.name);
   }
   if (checks_caller_) {
     if (auto served = device_->check_caller(); !served) {
       Error error = std::move(served.error());
-      error.message = "call of " + quoted(function.name) + ": " + error.message;
+      error.message = "call of " + in_quotes(function.name) + ": " + error.message;
       error.function = function.name;
       return std::unexpected(std::move(error));
     }
@@ -215,14 +215,14 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
     }
     if (path_.is_output_of_ended(desc.storage)) {
       return fail(Errc::output_overwritten,
-                  "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
+                  "input " + std::to_string(i) + " of " + in_quotes(frame.function->name) +
                       " is an output of the last step, whose memory the new step this call begins reclaims; the "
                       "call is refused and the lease stays valid: take() the value before the step begins, or set "
                       "Options::copy_out_on_new_step",
                   frame.function->name, -1, static_cast<std::int32_t>(i));
     }
     return fail(Errc::output_overwritten,
-                "input " + std::to_string(i) + " of " + quoted(frame.function->name) +
+                "input " + std::to_string(i) + " of " + in_quotes(frame.function->name) +
                     " views pool memory that no live lease holds: it is a copy of an output whose lease was dropped "
                     "or whose step ended, and the pool may have reused the memory; keep the lease while you use "
                     "the value, or take() it",
@@ -286,7 +286,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     for (const std::size_t index : function.options.static_inputs) {
       if (index >= descs.size()) {
         return fail(Errc::invalid_argument,
-                    "static input " + std::to_string(index) + " of " + quoted(function.name) +
+                    "static input " + std::to_string(index) + " of " + in_quotes(function.name) +
                         " is out of range: the call has " + std::to_string(descs.size()) + " inputs",
                     function.name);
       }
@@ -294,7 +294,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     for (const std::size_t index : function.options.mutated_inputs) {
       if (index >= descs.size()) {
         return fail(Errc::invalid_argument,
-                    "mutated input " + std::to_string(index) + " of " + quoted(function.name) +
+                    "mutated input " + std::to_string(index) + " of " + in_quotes(function.name) +
                         " is out of range: the call has " + std::to_string(descs.size()) + " inputs",
                     function.name);
       }
@@ -305,7 +305,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
       if (source.input >= descs.size() || descs[source.input].kind != backend::ArgKind::value ||
           source.dim >= descs[source.input].rank) {
         return fail(Errc::invalid_argument,
-                    std::string(has_buckets ? "buckets" : "graph_sizes") + " of " + quoted(function.name) +
+                    std::string(has_buckets ? "buckets" : "graph_sizes") + " of " + in_quotes(function.name) +
                         " read dimension " + std::to_string(source.dim) + " of input " + std::to_string(source.input) +
                         ", which the call does not have",
                     function.name);
@@ -314,7 +314,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     const auto out_of_range = [&](const char* field, std::size_t index) {
       return fail(Errc::invalid_argument,
                   std::string("buckets.") + field + " names input " + std::to_string(index) + " of " +
-                      quoted(function.name) + ", which is out of range: the call has " + std::to_string(descs.size()) +
+                      in_quotes(function.name) + ", which is out of range: the call has " + std::to_string(descs.size()) +
                       " inputs",
                   function.name);
     };
@@ -341,7 +341,7 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
   const Signature& signature = *function.signature;
   if (descs.size() != signature.kinds.size()) {
     return fail(Errc::wrong_input_count,
-                quoted(function.name) + " takes " + std::to_string(signature.kinds.size()) +
+                in_quotes(function.name) + " takes " + std::to_string(signature.kinds.size()) +
                     " inputs (as in its first call), not " + std::to_string(descs.size()),
                 function.name);
   }
@@ -350,21 +350,21 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     if (descs[i].kind != signature.kinds[i]) {
       const bool was_scalar = signature.kinds[i] == backend::ArgKind::scalar;
       return fail(Errc::wrong_input_type,
-                  "input " + std::to_string(i) + " of " + quoted(function.name) + " must be a " +
+                  "input " + std::to_string(i) + " of " + in_quotes(function.name) + " must be a " +
                       (was_scalar ? "scalar" : "value") + ", as in its first call",
                   function.name, -1, input);
     }
     if (descs[i].kind == backend::ArgKind::scalar) continue;
     if (descs[i].dtype != signature.dtypes[i]) {
       return fail(Errc::wrong_input_type,
-                  "input " + std::to_string(i) + " of " + quoted(function.name) + " has element type " +
+                  "input " + std::to_string(i) + " of " + in_quotes(function.name) + " has element type " +
                       device_->type_name(descs[i].dtype) + ", but its first call had " +
                       device_->type_name(signature.dtypes[i]),
                   function.name, -1, input);
     }
     if (descs[i].rank != signature.ranks[i]) {
       return fail(Errc::wrong_shape,
-                  "input " + std::to_string(i) + " of " + quoted(function.name) + " has " +
+                  "input " + std::to_string(i) + " of " + in_quotes(function.name) + " has " +
                       std::to_string(descs[i].rank) + " dimensions, but its first call had " +
                       std::to_string(signature.ranks[i]) + "; sizes may change between calls, ranks may not",
                   function.name, -1, input);
@@ -411,7 +411,7 @@ Variant* Engine::select_variant(CallFrame& frame) {
     function.warned_many_keys = true;
     ++stats_.by_reason[static_cast<std::size_t>(Reason::many_shape_keys)];
     log(EventKind::warning, Reason::many_shape_keys, function,
-        quoted(function.name) + " has been called with " + std::to_string(function.variants.size()) +
+        in_quotes(function.name) + " has been called with " + std::to_string(function.variants.size()) +
             " distinct shape keys, each warmed up and recorded separately; a key is the inputs' sizes and "
             "strides and the value of every integer scalar argument: pad inputs to a few sizes (graph_sizes), "
             "and pass values that change every call (positions, lengths) as tensors, not integer scalars");
@@ -439,7 +439,7 @@ bool Engine::mutates_unmanaged_input(CallFrame& frame) {
     // Decided per call, and warned once per function, as the reference does.
     function.warned_mutation = true;
     log(EventKind::eager_fallback, Reason::mutated_input, function,
-        "skipping graphs for " + quoted(function.name) +
+        "skipping graphs for " + in_quotes(function.name) +
             ": it mutates an input that is neither static nor an output of an earlier graph of this pool; "
             "declare the input static, or pass a pool output");
   }
@@ -455,7 +455,7 @@ Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match
     moved += (moved.empty() ? "" : ", ") + std::to_string(input);
   }
   return fail(Errc::static_input_moved,
-              "static input(s) " + moved + " of " + quoted(frame.function->name) +
+              "static input(s) " + moved + " of " + in_quotes(frame.function->name) +
                   " are not at the addresses its graph was recorded with; keep static inputs in place, or set "
                   "on_static_input_moved = rerecord",
               frame.function->name, child.id(), match.moved_static_input);
@@ -501,7 +501,7 @@ TreeOutcome Engine::run_tree(CallFrame& frame) {
       if (facts.rerecords > options_.rerecord_limit) {
         // Said once, here, where the input that keeps moving is known; `eager_reason` decides.
         log(EventKind::eager_fallback, Reason::rerecord_limit, *frame.function,
-            "skipping graphs for " + quoted(frame.function->name) + ": re-recorded more than " +
+            "skipping graphs for " + in_quotes(frame.function->name) + ": re-recorded more than " +
                 std::to_string(options_.rerecord_limit) + " times under one node because input " +
                 std::to_string(match.moved_managed_input) + " (an output of an earlier graph) keeps moving");
         return TreeOutcome::again();
