@@ -413,13 +413,18 @@ class Device {
   /// Index of the device whose memory the pool manages; inputs elsewhere run eagerly.
   [[nodiscard]] virtual std::int32_t device_index() const noexcept = 0;
 
-  /// Whether `check_caller` does anything (read once; the engine skips the call otherwise).
-  [[nodiscard]] virtual bool checks_caller() const noexcept { return false; }
-  /// Refuses a call that the device cannot serve from where it is made, at its start, before
-  /// anything changes: cgt.torch refuses a call whose caller's current stream is capturing a graph
-  /// of the program's own (`Errc::nested_capture`), which would take the pool's work into that
-  /// graph. Default: none is refused.
-  [[nodiscard]] virtual Result<void> check_caller() const { return {}; }
+  /// Whether `begin_call` and `end_call` do anything (read once; the engine skips them otherwise).
+  [[nodiscard]] virtual bool scopes_calls() const noexcept { return false; }
+  /// At the start of every call, before anything changes: refuses a call that the device cannot
+  /// serve from where it is made (cgt.torch: the caller's current stream is capturing a graph of
+  /// the program's own, which would take the pool's work into that graph: `Errc::nested_capture`),
+  /// and makes what the call's work needs current (cgt.torch: the pool's context, whatever the
+  /// caller's is). ENSURES on success: `end_call` follows, once, when the call is done, on this
+  /// thread; on failure nothing changed. Default: nothing.
+  [[nodiscard]] virtual Result<void> begin_call() { return {}; }
+  /// The call that `begin_call` began is done, whatever it did: puts back what it changed (the
+  /// caller's context).
+  virtual void end_call() noexcept {}
 
   /// Runs the function once, eagerly or as a warm-up in the pool.
   [[nodiscard]] virtual Result<RunResult> run(Invoker& fn, std::span<const ArgSlot> args, RunMode mode) = 0;

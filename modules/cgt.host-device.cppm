@@ -141,8 +141,9 @@ class Device final : public backend::Device {
   // The engine's side (backend::Device), which it calls through the base class: private here, so
   // that the device a program reaches with `pool.device()` offers only the members above.
   // (Those it does not override too: a base member would otherwise be public through the base.)
-  using backend::Device::check_caller;
-  using backend::Device::checks_caller;
+  using backend::Device::begin_call;
+  using backend::Device::end_call;
+  using backend::Device::scopes_calls;
   [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
   /// Whether the arena contains `storage`.

@@ -128,9 +128,11 @@ class Device final : public backend::Device {
   [[nodiscard]] std::int32_t device_index() const noexcept override { return index(); }
   /// A call whose caller's current stream is capturing a graph of the program's own (an
   /// `at::cuda::CUDAGraph` around it) is refused: the pool's work would be captured into that
-  /// graph, which replays it without the pool knowing.
-  [[nodiscard]] bool checks_caller() const noexcept override { return true; }
-  [[nodiscard]] Result<void> check_caller() const override;
+  /// graph, which replays it without the pool knowing. The call's work runs in the pool's context,
+  /// and the caller's (one the program made, or none) is current again after it.
+  [[nodiscard]] bool scopes_calls() const noexcept override { return true; }
+  [[nodiscard]] Result<void> begin_call() override;
+  void end_call() noexcept override;
   /// `release` acts on a storage's libtorch record only: one with none has nothing to release.
   [[nodiscard]] bool releases_unowned_storage() const noexcept override { return false; }
   void adopt(backend::StorageHandle& storage) override;

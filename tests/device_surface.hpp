@@ -34,9 +34,11 @@ concept why_no_buckets = requires(D& d) { d.why_no_buckets(); };
 template <class D>
 concept sizes_of = requires(D& d) { d.sizes_of(nullptr); };
 template <class D>
-concept checks_caller = requires(D& d) { d.checks_caller(); };
+concept scopes_calls = requires(D& d) { d.scopes_calls(); };
 template <class D>
-concept check_caller = requires(D& d) { d.check_caller(); };
+concept begin_call = requires(D& d) { d.begin_call(); };
+template <class D>
+concept end_call = requires(D& d) { d.end_call(); };
 
 }  // namespace cgt_test::engine_side
 
@@ -48,16 +50,16 @@ concept offers_the_engine_side =
     engine_side::shutdown<D> || engine_side::checkpoint<D> || engine_side::memory<D> || engine_side::live_blocks<D> ||
     engine_side::device_index<D> || engine_side::type_name<D> || engine_side::stamps_values<D> ||
     engine_side::stamp<D> || engine_side::releases_unowned_storage<D> || engine_side::owns<D> ||
-    engine_side::why_no_buckets<D> || engine_side::sizes_of<D> || engine_side::checks_caller<D> ||
-    engine_side::check_caller<D>;
+    engine_side::why_no_buckets<D> || engine_side::sizes_of<D> || engine_side::scopes_calls<D> ||
+    engine_side::begin_call<D> || engine_side::end_call<D>;
 /// ...every member of it (true of backend::Device, where they are public).
 template <class D>
 concept offers_all_of_the_engine_side =
     engine_side::shutdown<D> && engine_side::checkpoint<D> && engine_side::memory<D> && engine_side::live_blocks<D> &&
     engine_side::device_index<D> && engine_side::type_name<D> && engine_side::stamps_values<D> &&
     engine_side::stamp<D> && engine_side::releases_unowned_storage<D> && engine_side::owns<D> &&
-    engine_side::why_no_buckets<D> && engine_side::sizes_of<D> && engine_side::checks_caller<D> &&
-    engine_side::check_caller<D>;
+    engine_side::why_no_buckets<D> && engine_side::sizes_of<D> && engine_side::scopes_calls<D> &&
+    engine_side::begin_call<D> && engine_side::end_call<D>;
 
 /// A program can allocate in the pool's memory through `arena()` (the engine's to change: no).
 template <class D>

@@ -435,10 +435,12 @@ class Engine final : public LedgerEffects {
   /// (`restore_pool` at the node's checkpoint).
   Result<void> restore_checkpoint();
   /// The one way the allocator goes back to an earlier state: ENSURES: the allocator is at
-  /// `checkpoint`, in which the path's storages `allocated_then` were allocated; every live cell
-  /// of the path is allocated (and owned by the allocator from now on), and each storage of
-  /// `allocated_then` that is not live now is freed once. Before a warm-up or a recording after a
-  /// replay (a node's checkpoint), and after a warm-up or a recording that failed (its snapshot).
+  /// `checkpoint`, in which the path's storages `allocated_then` were allocated; each of them
+  /// that is live now stays allocated (owned by the allocator from now on), each that is not is
+  /// freed once, and a live storage the checkpoint does not hold (a replay's output) is left as it
+  /// is. Before a warm-up or a recording after a replay (a node's checkpoint: the path's outputs
+  /// live right after its recording), and after a warm-up or a recording that failed (its
+  /// snapshot: the storages the allocator owned for live leases then).
   Result<void> restore_pool(const backend::Checkpoint& checkpoint, std::span<const std::uintptr_t> allocated_then);
   /// The ledger's effect of a death (`LedgerEffects`): releases the memory to the device
   /// (`Release::dead`), unless the pool is shut down or nothing is there to free.
@@ -462,7 +464,7 @@ class Engine final : public LedgerEffects {
   const Options options_;
   std::int32_t device_index_ = 0;  ///< the device's, read once
   bool stamps_values_ = false;     ///< the device's stamps_values(), read once
-  bool checks_caller_ = false;     ///< the device's checks_caller(), read once
+  bool scopes_calls_ = false;      ///< the device's scopes_calls(), read once
   /// Counted by the steps of a call (engine_*.cpp), each counter where its event happens; the
   /// handles read a copy (`stats()`).
   Stats stats_;

@@ -45,6 +45,20 @@ class CallKeepsEngine {
   Engine& engine_;
 };
 
+// Ends the device's scope of a call (`Device::end_call`) however the call ends.
+class DeviceCallScope {
+ public:
+  explicit DeviceCallScope(backend::Device* device) noexcept : device_(device) {}
+  DeviceCallScope(const DeviceCallScope&) = delete;
+  DeviceCallScope& operator=(const DeviceCallScope&) = delete;
+  ~DeviceCallScope() {
+    if (device_ != nullptr) device_->end_call();
+  }
+
+ private:
+  backend::Device* device_;
+};
+
 std::string in_quotes(const std::string& name) {
   return "'" + name + "'";
 }
@@ -166,14 +180,15 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
     return fail(Errc::pool_shut_down,
                 "call of " + in_quotes(function.name) + " after the pool was shut down; make a new pool", function.name);
   }
-  if (checks_caller_) {
-    if (auto served = device_->check_caller(); !served) {
-      Error error = std::move(served.error());
+  if (scopes_calls_) {
+    if (auto begun = device_->begin_call(); !begun) {
+      Error error = std::move(begun.error());
       error.message = "call of " + in_quotes(function.name) + ": " + error.message;
       error.function = function.name;
       return std::unexpected(std::move(error));
     }
   }
+  const DeviceCallScope scope(scopes_calls_ ? device_.get() : nullptr);
   ++stats_.calls;
   const CallGeneration generation = begin_generation(function);
   const std::uint64_t reclaims_before = path_.reclaims();

@@ -97,19 +97,28 @@ Result<void> Engine::restore_checkpoint() {
 
 Result<void> Engine::restore_pool(  // NOLINT(readability-make-member-function-const): it changes the pool
     const backend::Checkpoint& checkpoint, std::span<const std::uintptr_t> allocated_then) {
-  const std::vector<Cell*> live = path_.live_cells();
+  // Live now and allocated then: kept allocated (the allocator owns them from now on). A live
+  // storage the checkpoint does not hold (a replay's output, which the allocator counts as free)
+  // stays as it is: marking it owned would free a block the allocator never gave out.
+  const auto held_then = [allocated_then](const Cell* cell) {
+    return std::ranges::find(allocated_then, cell->storage.address) != allocated_then.end();
+  };
+  std::vector<Cell*> kept;
+  for (Cell* cell : path_.live_cells()) {
+    if (held_then(cell)) kept.push_back(cell);
+  }
   std::vector<backend::StorageHandle*> handles;
-  handles.reserve(live.size());
-  for (Cell* cell : live) handles.push_back(&cell->storage);
+  handles.reserve(kept.size());
+  for (Cell* cell : kept) handles.push_back(&cell->storage);
   // Allocated then, not live now: it died since (a lease dropped, inside a function or between
   // calls), and the checkpoint still counts it. Aliases share a storage: each is freed once.
   std::vector<std::uintptr_t> dead;
   for (const std::uintptr_t address : allocated_then) {
-    const bool lives = std::ranges::any_of(live, [address](const Cell* cell) { return cell->storage.address == address; });
+    const bool lives = std::ranges::any_of(kept, [address](const Cell* cell) { return cell->storage.address == address; });
     if (!lives && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
   }
   if (auto restored = device_->restore(checkpoint, handles, dead); !restored) return restored;
-  for (Cell* cell : live) cell->storage.owned_by_allocator = true;
+  for (Cell* cell : kept) cell->storage.owned_by_allocator = true;
   return {};
 }
 

@@ -21,7 +21,7 @@ Engine::Engine(std::unique_ptr<backend::Device> device, Options options)
       options_(std::move(options)),
       device_index_(device_->device_index()),
       stamps_values_(device_->stamps_values()),
-      checks_caller_(device_->checks_caller()),
+      scopes_calls_(device_->scopes_calls()),
       ledger_(*this, *this, stamps_values_ ? device_.get() : nullptr, device_->releases_unowned_storage()) {}
 
 Engine::~Engine() {

@@ -14,6 +14,8 @@ module;
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/InferenceMode.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -32,6 +34,7 @@ module;
 #include <expected>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -255,6 +258,13 @@ struct AutogradFunction::State {
   Function forward;
   Function backward;
   Gradients gradients;
+  /// The stream the backward's body runs on (the pool's: warm-ups and captures run there), set by
+  /// the body when it runs. The parameters' grad accumulators a second-order guard makes are made
+  /// on it: an accumulator kept alive from another stream would make the next recording's
+  /// gradients wait on that stream (autograd orders a leaf's gradient on its accumulator's
+  /// stream), and a capture cannot wait on the legacy stream.
+  std::shared_ptr<std::optional<c10::cuda::CUDAStream>> backward_stream =
+      std::make_shared<std::optional<c10::cuda::CUDAStream>>();
 };
 
 namespace {
@@ -500,8 +510,12 @@ std::shared_ptr<::torch::autograd::Node> GraphedBackward::second_order_guard(
   for (std::size_t i = 0; i < num_outputs(); ++i) {
     if (bit(input_mask, i) && next_edge(i).is_valid()) edges.push_back(next_edge(i));
   }
-  for (const at::Tensor& parameter : state_->gradients.parameters) {
-    if (parameter.requires_grad()) edges.push_back(::torch::autograd::impl::gradient_edge(parameter));
+  {
+    std::optional<c10::cuda::CUDAStreamGuard> on_backward_stream;
+    if (state_->backward_stream->has_value()) on_backward_stream.emplace(**state_->backward_stream);
+    for (const at::Tensor& parameter : state_->gradients.parameters) {
+      if (parameter.requires_grad()) edges.push_back(::torch::autograd::impl::gradient_edge(parameter));
+    }
   }
   if (edges.empty()) return nullptr;
   // libtorch's Error node, the grad_fn DelayedError gives once_differentiable's outputs, but with
@@ -839,9 +853,13 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
   if (!inference) return std::unexpected(std::move(inference.error()));
   auto forward = add(no_grad, ".forward", FunctionMode::forward);
   if (!forward) return std::unexpected(std::move(forward.error()));
-  auto backward = add([body, parameters = gradients->parameters, buffers = gradients->buffers](
-                          Inputs in) { return recompute_gradients(*body, parameters, buffers, in); },
-                      ".backward", FunctionMode::backward);
+  auto backward_stream = std::make_shared<std::optional<c10::cuda::CUDAStream>>();
+  auto backward = add(
+      [body, parameters = gradients->parameters, buffers = gradients->buffers, backward_stream](Inputs in) {
+        *backward_stream = c10::cuda::getCurrentCUDAStream(parameters.empty() ? -1 : parameters.front().get_device());
+        return recompute_gradients(*body, parameters, buffers, in);
+      },
+      ".backward", FunctionMode::backward);
   if (!backward) return std::unexpected(std::move(backward.error()));
   return AutogradFunction(
       std::make_shared<AutogradFunction::State>(AutogradFunction::State{.name = std::move(name),
@@ -850,7 +868,8 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
                                                                         .inference = std::move(*inference),
                                                                         .forward = std::move(*forward),
                                                                         .backward = std::move(*backward),
-                                                                        .gradients = std::move(*gradients)}));
+                                                                        .gradients = std::move(*gradients),
+                                                                        .backward_stream = std::move(backward_stream)}));
 }
 
 }  // namespace cgt::torch

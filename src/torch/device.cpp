@@ -90,19 +90,43 @@ Device::Device(std::int16_t device, bool update_graphs_in_place, bool rewrite_me
   allocator::createOrIncrefPool(index, state_->pool);
 }
 
-Result<void> Device::check_caller() const {
-  const State& state = *state_;
-  try {
-    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(state.index).stream();
-    if (!kernels::is_capturing(caller)) return {};
-  } catch (const std::exception& error) {
-    return std::unexpected(backend_failure("reading the caller's stream", error));
+Result<void> Device::begin_call() {
+  State& state = *state_;
+  CUcontext caller = nullptr;
+  const bool known = kernels::read_current_context(caller);
+  // A thread with no context current has no stream that could be capturing.
+  if (!known || caller != nullptr) {
+    try {
+      if (kernels::is_capturing(c10::cuda::getCurrentCUDAStream(state.index).stream())) {
+        return fail(Errc::nested_capture,
+                    "the caller's current stream is capturing a CUDA graph of the program's own (an "
+                    "at::cuda::CUDAGraph or torch.cuda.graph around this call): the pool's work would be captured "
+                    "into that graph, which would replay it without the pool knowing, over memory the pool hands to "
+                    "other outputs; call the pool outside the capture (cgt records and replays its own graphs), or "
+                    "capture that region without cgt");
+      }
+    } catch (const std::exception& error) {
+      return std::unexpected(backend_failure("reading the caller's stream", error));
+    }
   }
-  return fail(Errc::nested_capture,
-              "the caller's current stream is capturing a CUDA graph of the program's own (an at::cuda::CUDAGraph or "
-              "torch.cuda.graph around this call): the pool's work would be captured into that graph, which would "
-              "replay it without the pool knowing, over memory the pool hands to other outputs; call the pool "
-              "outside the capture (cgt records and replays its own graphs), or capture that region without cgt");
+  // The call's work (libtorch's, which follows the runtime's current device) runs in the pool's
+  // context, where its stream and memory are: a context the program made itself on the pool's
+  // device would otherwise pass for it.
+  if (!known || caller == state.context || state.context == nullptr) return {};
+  if (!kernels::make_context_current(static_cast<CUcontext>(const_cast<void*>(state.context)))) {  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+    return fail(Errc::backend_error, "making the pool's CUDA context current failed");
+  }
+  state.caller_context = caller;
+  state.switched_context = true;
+  return {};
+}
+
+void Device::end_call() noexcept {
+  State& state = *state_;
+  if (!state.switched_context) return;
+  (void)kernels::make_context_current(static_cast<CUcontext>(state.caller_context));
+  state.switched_context = false;
+  state.caller_context = nullptr;
 }
 
 Device::~Device() {

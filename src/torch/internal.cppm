@@ -94,6 +94,9 @@ struct Device::State {
   std::size_t host_pool_uses_kept = 0;
   cudaStream_t own_stream = nullptr;  ///< `stream`, created for this pool; destroyed with it
   const void* context = nullptr;      ///< the driver context `own_stream` was made in (kernels::CurrentDevice)
+  /// The caller's context, while a call runs in the pool's instead (Device::begin_call, end_call).
+  void* caller_context = nullptr;
+  bool switched_context = false;
   bool update_graphs_in_place = true;
   bool rewrite_memset_nodes = true;   ///< `PoolOptions::rewrite_memset_nodes`
   bool rewrite_memcpy_nodes = false;  ///< `PoolOptions::rewrite_memcpy_nodes`

@@ -611,8 +611,6 @@ class TorchCapture final : public backend::Capture {
   TorchCapture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                const backend::RecordPlan& plan)
       : state_(state), fn_(fn), args_(args), plan_(plan), capture_(args) {}
-  // The pool's context for the whole recording, whatever the caller's is; put back when it goes.
-  [[nodiscard]] Result<void> enter_device() { return current_.enter(state_.index, state_.context); }
 
   [[nodiscard]] Result<void> make_slots() override { return prepare_slots(state_, capture_, args_, plan_); }
   [[nodiscard]] backend::CaptureOutcome capture() override { return capture_function(state_, fn_, args_, capture_); }
@@ -664,7 +662,6 @@ class TorchCapture final : public backend::Capture {
   [[nodiscard]] GraphCounts* counts() noexcept override { return &state_.graph_counts; }
 
  private:
-  kernels::CurrentDevice current_;  // declared first: the caller's context comes back after everything below is gone
   Device::State& state_;
   backend::Invoker& fn_;
   std::span<const backend::ArgSlot> args_;
@@ -680,10 +677,8 @@ Result<std::unique_ptr<backend::Capture>> Device::begin_recording(backend::Invok
                                                                   std::span<const backend::ArgSlot> args,
                                                                   const backend::RecordPlan& plan) {
   State& state = *state_;
-  auto capture = std::make_unique<TorchCapture>(state, fn, args, plan);
-  if (auto entered = capture->enter_device(); !entered) return std::unexpected(std::move(entered.error()));
   if (auto ordered = order_after_last_caller(state); !ordered) return std::unexpected(std::move(ordered.error()));
-  return capture;
+  return std::make_unique<TorchCapture>(state, fn, args, plan);
 }
 
 }  // namespace cgt::torch

@@ -162,9 +162,6 @@ backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool
 Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                        backend::RunMode mode) {
   State& state = *state_;
-  // The pool's context, whatever the caller's is (one the program made itself, say), put back after.
-  kernels::CurrentDevice device;
-  if (auto entered = device.enter(state.index, state.context); !entered) return std::unexpected(entered.error());
   if (auto ordered = order_after_last_caller(state); !ordered) return std::unexpected(std::move(ordered.error()));
   const CallInputs inputs(args);
   if (mode == backend::RunMode::eager) {
