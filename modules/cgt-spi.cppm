@@ -124,6 +124,9 @@ class Checkpoint {
 class Recording {
  public:
   virtual ~Recording() = default;
+  /// Whether `check` can refuse anything (read once, when the recording is kept; the engine skips
+  /// `check` otherwise). Default: no.
+  [[nodiscard]] virtual bool checks_arguments() const noexcept { return false; }
   /// Whether `replay(args)` takes these arguments: what a replay would refuse for the caller's
   /// reasons (an input layout its copies cannot read), checked before the engine releases the
   /// memory the replay overwrites, so that a refused call changes nothing. ENSURES on success:

@@ -22,27 +22,37 @@
 
 namespace cgt::detail {
 
+/// The number of captures in progress in the process: the process gate's count, which every call
+/// reads (a global, not a static of a function: no guard to test on the way).
+inline constinit std::atomic<std::uint32_t> captures_in_process{0};
+
 /// Owns the captures in progress in the process (their pool, thread, and whether a call of another
-/// pool overlapped them). One for the process (`process()`), shared by every pool.
+/// pool overlapped them). One for the process (`process()`), shared by every pool; a test makes
+/// gates of its own.
 ///
 /// Invariants: `active_` lists exactly the captures begun and not ended; `captures_` is its size.
 /// A call passes the gate while no capture of another pool is in progress on another thread, or
 /// once its wait ran out, having marked each such capture overlapped.
 class CaptureGate {
  public:
-  CaptureGate() = default;
+  /// A gate of its own (a test's).
+  CaptureGate() noexcept : captures_(own_count_) {}
   CaptureGate(const CaptureGate&) = delete;
   CaptureGate& operator=(const CaptureGate&) = delete;
 
   /// The process's gate.
   [[nodiscard]] static CaptureGate& process() noexcept {
-    static CaptureGate gate;
+    static CaptureGate gate(captures_in_process);
     return gate;
   }
+  /// No capture is in progress in the process: a call's only question of the gate then (one
+  /// relaxed load). A capture begun by the function of a call happens after its thread read this,
+  /// and a helper thread it starts or signals after that sees it (the signal orders them).
+  [[nodiscard]] static bool process_is_open() noexcept {
+    return captures_in_process.load(std::memory_order_relaxed) == 0;
+  }
 
-  /// No capture is in progress: a call's only question of the gate then (one relaxed load). A
-  /// capture begun by the function of a call happens after its thread read this, and a helper
-  /// thread it starts or signals after that sees it (the signal orders them).
+  /// No capture is in progress at this gate.
   [[nodiscard]] bool is_open() const noexcept { return captures_.load(std::memory_order_relaxed) == 0; }
 
   /// A call of `pool` on this thread. ENSURES: no capture of another pool is in progress on
@@ -92,7 +102,10 @@ class CaptureGate {
     std::thread::id thread;
     bool overlapped = false;
   };
-  std::atomic<std::uint32_t> captures_{0};  ///< `active_.size()`, read without the lock
+  explicit CaptureGate(std::atomic<std::uint32_t>& count) noexcept : captures_(count) {}
+
+  std::atomic<std::uint32_t> own_count_{0};  ///< a test gate's count
+  std::atomic<std::uint32_t>& captures_;     ///< `active_.size()`, read without the lock
   std::mutex mutex_;                        ///< guards `active_` and `next_ticket_`
   std::condition_variable ended_;           ///< a capture ended
   std::vector<Capture> active_;

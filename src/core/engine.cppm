@@ -13,6 +13,7 @@ module;
 #include <set>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -154,16 +155,10 @@ struct CallFrame {
   /// `run_bucketed`: no bucket for its size, a mutated input it would pad). `eager_reason`, the one
   /// place that decides, runs the call eagerly for it.
   std::optional<Reason> unfit;
-};
-
-/// What `run_tree` did with a call: its outputs, or its error, or nothing at all (`decide_again`):
-/// a recording given up before its graph ran, or a re-record limit just passed, changed what
-/// `eager_reason` says of the variant, and the call is decided again. Nothing of the function's
-/// work ran then, so the next decision runs it once.
-struct TreeOutcome {
-  Result<CallOutputs> result;
-  bool decide_again = false;
-  [[nodiscard]] static TreeOutcome again() { return TreeOutcome{.result = CallOutputs{}, .decide_again = true}; }
+  /// Set by the tree when it gives the call back undone (`Engine::give_back`): a recording given
+  /// up before its graph ran, or a re-record limit just passed, changed what `eager_reason` says
+  /// of the variant. Nothing of the function's work ran then, so the next decision runs it once.
+  bool given_back = false;
 };
 
 /// The engine of one pool (PyTorch's `CUDAGraphTreeManager`). Its state and the steps of a call
@@ -286,9 +281,17 @@ class Engine final : public LedgerEffects {
   }
   /// The one place that decides whether a call runs eagerly: asks `eager_reason`, then runs the
   /// call eagerly or in the tree (`run_tree`); when the tree gave the call back undone
-  /// (`TreeOutcome::decide_again`), decides again. The function's work runs once: the tree gives
-  /// a call back only before any of it ran.
-  Result<CallOutputs> run_decided(CallFrame& frame);
+  /// (`CallFrame::given_back`), decides again (`decide_again`). The function's work runs once: the
+  /// tree gives a call back only before any of it ran. (Inline: every call comes through here.)
+  [[clang::always_inline]] inline Result<CallOutputs> run_decided(CallFrame& frame) {
+    if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
+    Result<CallOutputs> result = run_tree(frame);
+    if (frame.given_back) [[unlikely]] result = decide_again(frame);
+    return result;
+  }
+  /// `run_decided` once more, for a call the tree gave back; a second give-back is a bug
+  /// (`invariant_violation`): the variant's state said what to do.
+  Result<CallOutputs> decide_again(CallFrame& frame);
   /// Why the call must run eagerly, or none: the shape's facts (`CallFrame::unfit`), then the
   /// variant's decisions kept (a capture that failed for good, a re-record limit passed), then
   /// this call's inputs (a mutated input that a graph would copy). Logs what it decides per call.
@@ -307,7 +310,13 @@ class Engine final : public LedgerEffects {
   /// graph can serve the shape (an input on another device, a size not graphed, a key past the limit).
   Variant* select_variant(CallFrame& frame);
   /// The tree's part of a call: warm-up, replay or recording (PyTorch's `_run` after its fallbacks).
-  TreeOutcome run_tree(CallFrame& frame);
+  Result<CallOutputs> run_tree(CallFrame& frame);
+  /// Gives the call back to `run_decided` undone (`CallFrame::given_back`). REQUIRES: nothing of
+  /// the function's work ran in this call.
+  static Result<CallOutputs> give_back(CallFrame& frame) {
+    frame.given_back = true;
+    return CallOutputs{};
+  }
   /// The `static_input_moved` error of a call whose only misfit is static inputs at new addresses.
   [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
   Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
@@ -351,12 +360,13 @@ class Engine final : public LedgerEffects {
 
   // --- a call's leases (engine_leases: inline, below) ---
   /// The one way a call's outputs become leases: `count` leases made in place, lease `i` on
-  /// `cell_of(i)` (null: not pool memory) handing out `value_of(i)`, kept alive by `owner` where
-  /// the engine does not own the values; then the leases the call consumed are dropped (after the
+  /// `cell_of(i)` (null: not pool memory) handing out `value_of(i)`, kept alive by `owner` (a
+  /// `std::shared_ptr<const void>`) where the engine does not own the values (`NoOwner`: a
+  /// replay's, the recording's outputs); then the leases the call consumed are dropped (after the
   /// outputs that may alias them took theirs). Cannot fail once the array is allocated.
-  template <class CellOf, class ValueOf>
+  template <class CellOf, class ValueOf, class Owner>
   CallOutputs lease_outputs(const CallFrame& frame, CallKind kind, std::int64_t node, std::size_t count,
-                            const CellOf& cell_of, const ValueOf& value_of, const std::shared_ptr<const void>& owner);
+                            const CellOf& cell_of, const ValueOf& value_of, const Owner& owner);
 
   // --- replay (engine_replay.cpp) ---
   /// The child of the current node (or root) of the call's variant that it replays (`Tree::match`).
@@ -367,7 +377,7 @@ class Engine final : public LedgerEffects {
   Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
 
   // --- recording (engine_record.cpp) ---
-  TreeOutcome record(CallFrame& frame, NodeReason reason);
+  Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
   [[nodiscard]] std::vector<InputUse> classify_inputs(const CallFrame& frame) const;
   /// Captures the function into a graph in the pool (rolled back if it fails).
   Result<backend::Recorded> capture(const CallFrame& frame, std::span<const InputUse> uses);
@@ -379,7 +389,7 @@ class Engine final : public LedgerEffects {
   /// After a recording that failed before its graph ran: a failure that will not go away at these
   /// shapes is kept in the variant (`run_eagerly_from_now_on`, or `needs_own_warmup` for a shape
   /// that recorded without its own warm-up) and the call is decided again; others fail the call.
-  TreeOutcome after_failed_recording(CallFrame& frame, Error error);
+  Result<CallOutputs> after_failed_recording(CallFrame& frame, Error error);
   /// Keeps in the variant that these shapes run eagerly from now on, for `reason` (the capture broke,
   /// another pool was called, an output cannot be handed out), and says so once.
   void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason);
@@ -536,6 +546,9 @@ class RecordingScope {
   bool previous_refused_;
 };
 
+/// `Engine::lease_outputs`' owner for values the engine owns itself (a replay's).
+struct NoOwner {};
+
 /// What a capture cannot see: calls of other pools while the function ran under it.
 enum class OtherPoolCalls : std::uint8_t {
   none,
@@ -644,13 +657,9 @@ Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run
   return std::unexpected(std::move(error));
 }
 
-/// The owner of values the engine owns itself (a replay's: the recording's outputs).
-constinit inline const std::shared_ptr<const void> kNoOwner;
-
-template <class CellOf, class ValueOf>
+template <class CellOf, class ValueOf, class Owner>
 CallOutputs Engine::lease_outputs(const CallFrame& frame, CallKind kind, std::int64_t node, std::size_t count,
-                                  const CellOf& cell_of, const ValueOf& value_of,
-                                  const std::shared_ptr<const void>& owner) {
+                                  const CellOf& cell_of, const ValueOf& value_of, const Owner& owner) {
   const std::uint32_t function = frame.function->id;
   const std::uint64_t generation = generation_rule_.current();
   CallOutputs out;
@@ -658,7 +667,7 @@ CallOutputs Engine::lease_outputs(const CallFrame& frame, CallKind kind, std::in
   out.node = node;
   out.leases = LeaseArray(count, [&](LeaseCore* at, std::size_t i) noexcept {
     ledger_.lease_at(at, cell_of(i), value_of(i), function, static_cast<std::uint32_t>(i), generation);
-    if (owner) at->owner = owner;
+    if constexpr (!std::is_same_v<Owner, NoOwner>) at->owner = owner;
   });
   // Every lease's reference, counted at once, once the array exists (its allocation may throw; the
   // call's own reference keeps the engine meanwhile).

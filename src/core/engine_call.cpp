@@ -152,7 +152,7 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
                 name);
   }
   // Another pool recording on another thread: wait for it (see capture_gate.hpp).
-  if (!CaptureGate::process().is_open()) [[unlikely]] {
+  if (!CaptureGate::process_is_open()) [[unlikely]] {
     CaptureGate::process().pass(&engine, engine.options().wait_for_other_captures);
   }
   if (!engine.try_set_busy()) {
@@ -280,19 +280,16 @@ void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclai
   if (path_.reclaims() == reclaims_before && generation_rule_.take_back(generation)) --stats_.steps_begun_by_forward;
 }
 
-Result<CallOutputs> Engine::run_decided(CallFrame& frame) {
-  // A recording given up before its graph ran gives the call back once; the variant's state then
-  // says what to do (run eagerly, or warm up), and a second give-back would be a bug.
-  for (int decisions = 0;; ++decisions) {
-    if (decisions == 2) [[unlikely]] {
-      return fail(Errc::invariant_violation,
-                  "'" + frame.function->name + "' was given back undone twice by the tree; this is a bug in cgt",
-                  frame.function->name);
-    }
-    if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
-    TreeOutcome outcome = run_tree(frame);
-    if (!outcome.decide_again) [[likely]] return std::move(outcome.result);
+Result<CallOutputs> Engine::decide_again(CallFrame& frame) {
+  frame.given_back = false;
+  if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
+  Result<CallOutputs> result = run_tree(frame);
+  if (frame.given_back) [[unlikely]] {
+    return fail(Errc::invariant_violation,
+                "'" + frame.function->name + "' was given back undone twice by the tree; this is a bug in cgt",
+                frame.function->name);
   }
+  return result;
 }
 
 Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const {
@@ -476,7 +473,7 @@ Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match
               frame.function->name, child.id(), match.moved_static_input);
 }
 
-TreeOutcome Engine::run_tree(CallFrame& frame) {
+Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   // The steady loop of a program: the path replayed ends in a node without a child of this
   // function, which is a root. PyTorch tries the roots once no child fits (below); with no child
   // to try, and nothing that would keep the path (a warm-up goes on down it, a rerecord count is
@@ -490,18 +487,18 @@ TreeOutcome Engine::run_tree(CallFrame& frame) {
   if (needs_warmup(*frame.function, *frame.variant)) {
     if (path_.state() == PathState::execution) {
       if (auto restored = restore_checkpoint(); !restored) {
-        return {std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"))};
+        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }
     }
-    return {warm_up(frame)};
+    return warm_up(frame);
   }
 
   NodeReason reason = NodeReason::first_call;
   if (path_.state() != PathState::recording) {
     const Match match = find_replayable_child(frame);
-    if (match.replayable != nullptr) return {replay(*match.replayable, frame)};
+    if (match.replayable != nullptr) return replay(*match.replayable, frame);
     if (match.static_moved_child != nullptr && options_.on_static_input_moved == OnStaticInputMoved::error) {
-      return {std::unexpected(fail_static_input_moved(frame, match).error())};
+      return std::unexpected(fail_static_input_moved(frame, match).error());
     }
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
@@ -519,7 +516,7 @@ TreeOutcome Engine::run_tree(CallFrame& frame) {
             "skipping graphs for " + in_quotes(frame.function->name) + ": re-recorded more than " +
                 std::to_string(options_.rerecord_limit) + " times under one node because input " +
                 std::to_string(match.moved_managed_input) + " (an output of an earlier graph) keeps moving");
-        return TreeOutcome::again();
+        return give_back(frame);
       }
     }
     ++stats_.failed_matches;
@@ -535,7 +532,7 @@ TreeOutcome Engine::run_tree(CallFrame& frame) {
     end_path_if_over(frame.generation, PathCheck::no_child_fits);
     if (path_.node() != nullptr) {
       if (auto restored = restore_checkpoint(); !restored) {
-        return {std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"))};
+        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }
     }
   }

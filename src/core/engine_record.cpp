@@ -47,7 +47,7 @@ void Engine::run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reaso
       "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
 }
 
-TreeOutcome Engine::after_failed_recording(CallFrame& frame, Error error) {
+Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error) {
   // The pipeline failed before the graph ran: nothing of the function's work ran, and the call
   // is decided again once the variant knows what the failure means for these shapes.
   switch (error.cause) {
@@ -55,10 +55,10 @@ TreeOutcome Engine::after_failed_recording(CallFrame& frame, Error error) {
       // The function needs another pool's call, which cannot be part of this pool's graph; eagerly,
       // the inner call runs (and graphs in its own pool).
       run_eagerly_from_now_on(frame, error, Reason::nested_pool);
-      return TreeOutcome::again();
+      return give_back(frame);
     case Cause::unsupported_output:
       run_eagerly_from_now_on(frame, error, Reason::unsupported_output);
-      return TreeOutcome::again();
+      return give_back(frame);
     case Cause::uncapturable:
       if (!frame.variant->warmed_up && !options_.skip_warmup) {
         // The shape recorded without a warm-up of its own (warm_up_each_shape = false): the
@@ -71,13 +71,13 @@ TreeOutcome Engine::after_failed_recording(CallFrame& frame, Error error) {
                 "then recording again; " +
                 error.message);
         frame.variant->needs_own_warmup = true;
-        return TreeOutcome::again();
+        return give_back(frame);
       }
       // A capture that fails for a reason that will not change (the function synchronises with
       // the host, say) would fail on every call: these shapes run eagerly from now on.
       run_eagerly_from_now_on(frame, error, Reason::capture_failed);
-      return TreeOutcome::again();
-    default: return {std::unexpected(std::move(error))};
+      return give_back(frame);
+    default: return std::unexpected(std::move(error));
   }
 }
 
@@ -147,10 +147,10 @@ TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
   return tree_.add(std::move(node), path_.children(tree_.roots()));
 }
 
-TreeOutcome Engine::record(CallFrame& frame, NodeReason reason) {
+Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   FunctionRecord& function = *frame.function;
   if (auto held = hold_ended_path_memory(); !held) {
-    return {std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"))};
+    return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
   auto node = std::make_unique<TreeNode>(NodeKind::graph, tree_.next_id(), reason, frame.variant->id, path_.node());
   const std::vector<InputUse> uses = classify_inputs(frame);
@@ -159,7 +159,7 @@ TreeOutcome Engine::record(CallFrame& frame, NodeReason reason) {
 
   auto recorded = capture(frame, uses);
   if (!recorded) return after_failed_recording(frame, std::move(recorded.error()));
-  if (recorded->not_kept) return {keep_first_run_only(frame, *recorded)};
+  if (recorded->not_kept) return keep_first_run_only(frame, *recorded);
   release_ended_path();  // before the checkpoint below: the last generation's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
   node->take_outputs(recorded->first_outputs.outputs, function.id);
@@ -169,11 +169,11 @@ TreeOutcome Engine::record(CallFrame& frame, NodeReason reason) {
       frame, CallKind::recording, made.id(), made.output_count(), [&](std::size_t i) { return made.cells()[i].get(); },
       [&](std::size_t i) { return first.values[i]; }, first.owner);
   if (auto finished = finish_recording(*node, liveness_before); !finished) {
-    return {std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()))};
+    return std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()));
   }
   count_recording(reason, function);
   path_.enter(add_to_tree(std::move(node)), PathState::recording, frame.generation);
-  return {std::move(out)};
+  return out;
 }
 
 }  // namespace cgt::detail

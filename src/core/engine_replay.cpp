@@ -54,8 +54,10 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   backend::Recording& recording = *node.recording();
   // What the replay would refuse for the caller's reasons is refused before anything changes:
   // the last generation's outputs are still held, and the generation can still be taken back.
-  if (auto takes = recording.check(frame.args); !takes) [[unlikely]] {
-    return std::unexpected(in_call(std::move(takes.error()), function, "replaying", node.id()));
+  if (node.checks_arguments()) [[unlikely]] {
+    if (auto takes = recording.check(frame.args); !takes) {
+      return std::unexpected(in_call(std::move(takes.error()), function, "replaying", node.id()));
+    }
   }
   release_ended_path();  // the graph writes where the last generation's outputs were
   node.bind_outputs_for_replay(*this);
@@ -65,7 +67,7 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
   const TreeNode& ran = node;
   CallOutputs out = lease_outputs(
       frame, CallKind::replay, ran.id(), ran.output_count(), [&](std::size_t i) { return ran.cells()[i].get(); },
-      [&](std::size_t i) { return ran.output_value(i); }, kNoOwner);
+      [&](std::size_t i) { return ran.output_value(i); }, NoOwner{});
   path_.enter(node, PathState::execution, frame.generation);
   ++stats_.replays;
   return out;

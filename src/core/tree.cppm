@@ -245,8 +245,11 @@ class TreeNode {
 
   // --- recording (graph nodes) ---
   inline void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept {
+    checks_arguments_ = recording != nullptr && recording->checks_arguments();
     recording_ = std::move(recording);
   }
+  /// Whether a replay asks the recording to check the call's arguments first (`Recording::check`).
+  [[nodiscard]] inline bool checks_arguments() const noexcept { return checks_arguments_; }
   /// Marks the graph recorded, its outputs handed out: keeps `checkpoint` (the allocator right
   /// after) and derives, from the path's liveness before the call (`liveness_before`, without this
   /// node) and now, what must be dead before and after each replay.
@@ -309,6 +312,7 @@ class TreeNode {
   Children children_;
 
   std::unique_ptr<backend::Recording> recording_;
+  bool checks_arguments_ = false;           ///< `Recording::checks_arguments()`, by `keep_recording`
   std::vector<const void*> output_values_;  ///< `Recording::output(i)`, by `mark_recorded`
   std::unique_ptr<backend::Checkpoint> checkpoint_;
   std::vector<std::uint32_t> managed_inputs_;

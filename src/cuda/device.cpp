@@ -116,6 +116,9 @@ class CudaRecording final : public backend::Recording {
 
   [[nodiscard]] const std::shared_ptr<SharedExec>& shared_exec() const noexcept { return graph_.share(); }
 
+  [[nodiscard]] bool checks_arguments() const noexcept override {
+    return std::ranges::any_of(copies_, [](const Copy& copy) { return !copy.gathered; });
+  }
   // A copy node copies the covered span byte for byte, which is the input's elements only in the
   // layout the slot was made with (a gathered input takes any layout).
   [[nodiscard]] Result<void> check(std::span<const backend::ArgSlot> args) const override {

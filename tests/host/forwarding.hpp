@@ -65,6 +65,7 @@ class ForwardingDevice : public cgt::backend::Device {
 class ForwardingRecording : public cgt::backend::Recording {
  public:
   explicit ForwardingRecording(std::unique_ptr<cgt::backend::Recording> inner) : inner_(std::move(inner)) {}
+  bool checks_arguments() const noexcept override { return inner_->checks_arguments(); }
   cgt::Result<void> check(std::span<const cgt::backend::ArgSlot> args) const override { return inner_->check(args); }
   cgt::Result<void> replay(std::span<const cgt::backend::ArgSlot> args) override { return inner_->replay(args); }
   void bind_outputs(std::span<cgt::backend::StorageHandle* const> storages) override {

@@ -211,6 +211,7 @@ class RefusingDevice final : public host_test::ForwardingDevice {
    public:
     Recording(std::unique_ptr<cgt::backend::Recording> inner, const RefusingDevice& device)
         : ForwardingRecording(std::move(inner)), device_(device) {}
+    bool checks_arguments() const noexcept override { return true; }
     cgt::Result<void> check(std::span<const cgt::backend::ArgSlot> args) const override {
       if (device_.refuse) return cgt::fail(cgt::Errc::wrong_shape, "injected: input 0 has another layout");
       return ForwardingRecording::check(args);
