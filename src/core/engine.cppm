@@ -270,7 +270,7 @@ class Engine final : public LedgerEffects {
   Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   /// The call after its arguments are checked: picks its shape variant, then decides (`run_decided`).
   /// (Inline: a call with its function's last shape key, the common one, goes straight on.)
-  inline Result<CallOutputs> run_selected(CallFrame& frame) {
+  [[clang::always_inline]] inline Result<CallOutputs> run_selected(CallFrame& frame) {
     // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
     if (frame.same_shapes_as_last) {
       frame.variant = variants_[frame.function->last_variant].get();
