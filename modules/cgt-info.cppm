@@ -59,7 +59,7 @@ struct Stats {
   std::uint64_t checkpoint_restores = 0;
   /// Calls that found no replayable child and so recorded (PyTorch's `debug_fail_counter`).
   std::uint64_t failed_matches = 0;
-  std::uint64_t rerecords = 0;        ///< recordings caused by static or managed inputs that moved
+  std::uint64_t rerecords = 0;  ///< recordings caused by static or managed inputs that moved
   /// Recordings whose graph ran once for its call and was not kept (`NodeReason::recording_not_kept`):
   /// counted as warm-ups too, since their outputs are handed out as a warm-up's.
   std::uint64_t recordings_not_kept = 0;

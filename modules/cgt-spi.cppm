@@ -221,9 +221,9 @@ struct NodeRewrites {
 /// failure: `make_slots`, `capture`, `written_inputs` (when `writes_known()` is `at_capture`),
 /// `settle_outputs`, `rewrite_nodes`, `load_into` (for a re-recording the device lets update in
 /// place) or else `instantiate`, `run_first`, `written_inputs` (when it is `after_first_run`),
-/// `write_back` (when the function wrote a copied input), `finish`. The decisions between the steps (which failure is which `Cause`,
-/// update in place or instantiate, what is counted) are the pipeline's; a primitive does its one
-/// piece of device work and reports what happened.
+/// `write_back` (when the function wrote a copied input), `finish`. The decisions between the steps (which failure is
+/// which `Cause`, update in place or instantiate, what is counted) are the pipeline's; a primitive does its one piece
+/// of device work and reports what happened.
 ///
 /// Destroying a capture that did not finish discards everything it allocated or captured: its
 /// slots, the function's outputs and temporaries, its graph and any executable, so that the

@@ -210,8 +210,8 @@ class Device final : public backend::Device {
   // (Those it does not override too: a base member would otherwise be public through the base.)
   using backend::Device::begin_call;
   using backend::Device::end_call;
-  using backend::Device::scopes_calls;
   using backend::Device::pad;
+  using backend::Device::scopes_calls;
   using backend::Device::sizes_of;
   using backend::Device::slice;
   using backend::Device::write_back;

@@ -24,6 +24,8 @@ namespace cgt::detail {
 
 /// The number of captures in progress in the process: the process gate's count, which every call
 /// reads (a global, not a static of a function: no guard to test on the way).
+// NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): the process's one count, changed under the gate's
+// lock
 inline constinit std::atomic<std::uint32_t> captures_in_process{0};
 
 /// Owns the captures in progress in the process (their pool, thread, and whether a call of another
@@ -96,7 +98,7 @@ class CaptureGate {
   }
 
  private:
-  struct Capture {
+  struct Capture {  // NOLINT(performance-trivially-destructible): it has no destructor of its own to default
     std::uint64_t ticket = 0;
     const void* pool = nullptr;
     std::thread::id thread;
@@ -106,8 +108,8 @@ class CaptureGate {
 
   std::atomic<std::uint32_t> own_count_{0};  ///< a test gate's count
   std::atomic<std::uint32_t>& captures_;     ///< `active_.size()`, read without the lock
-  std::mutex mutex_;                        ///< guards `active_` and `next_ticket_`
-  std::condition_variable ended_;           ///< a capture ended
+  std::mutex mutex_;                         ///< guards `active_` and `next_ticket_`
+  std::condition_variable ended_;            ///< a capture ended
   std::vector<Capture> active_;
   std::uint64_t next_ticket_ = 0;
 };

@@ -36,9 +36,10 @@ Error broken_capture(const backend::CaptureOutcome& outcome) {
 // ran; the engine runs these shapes eagerly from then on, where the inner call works.
 Error refused_inner_call() {
   return Error{.code = Errc::function_failed,
-               .message = "it called a function of another pool while its own pool recorded it (that call failed "
-                          "with nested_capture); one pool's graph cannot hold another pool's call: give both "
-                          "functions one pool to graph them together",
+               .message =
+                   "it called a function of another pool while its own pool recorded it (that call failed "
+                   "with nested_capture); one pool's graph cannot hold another pool's call: give both "
+                   "functions one pool to graph them together",
                .cause = Cause::nested_pool};
 }
 
@@ -59,8 +60,9 @@ Result<OtherPoolCalls> capture_function(backend::Capture& capture, const Engine&
 // the slots, never to the caller's inputs.
 std::vector<std::uint32_t> copied_among(std::span<const std::uint32_t> written, const backend::RecordPlan& plan) {
   std::vector<std::uint32_t> copied;
-  std::ranges::copy_if(written, std::back_inserter(copied),
-                       [&plan](std::uint32_t input) { return input < plan.copy_input.size() && plan.copy_input[input]; });
+  std::ranges::copy_if(written, std::back_inserter(copied), [&plan](std::uint32_t input) {
+    return input < plan.copy_input.size() && plan.copy_input[input];
+  });
   return copied;
 }
 
@@ -108,9 +110,10 @@ std::optional<Error> not_kept_because(std::span<const std::uint32_t> copied_writ
   }
   if (others == OtherPoolCalls::overlapped) {
     return Error{.code = Errc::function_failed,
-                 .message = "a call of another pool on another thread overlapped its capture (it waited its "
-                            "Options::wait_for_other_captures); the graph may read what that call computed once, so "
-                            "it ran for this call and is not kept",
+                 .message =
+                     "a call of another pool on another thread overlapped its capture (it waited its "
+                     "Options::wait_for_other_captures); the graph may read what that call computed once, so "
+                     "it ran for this call and is not kept",
                  .cause = Cause::nested_pool};
   }
   return std::nullopt;

@@ -286,7 +286,8 @@ class Engine final : public LedgerEffects {
   [[clang::always_inline]] inline Result<CallOutputs> run_decided(CallFrame& frame) {
     if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
     Result<CallOutputs> result = run_tree(frame);
-    if (frame.given_back) [[unlikely]] result = decide_again(frame);
+    if (frame.given_back) [[unlikely]]
+      result = decide_again(frame);
     return result;
   }
   /// `run_decided` once more, for a call the tree gave back; a second give-back is a bug
@@ -297,12 +298,14 @@ class Engine final : public LedgerEffects {
   /// this call's inputs (a mutated input that a graph would copy). Logs what it decides per call.
   /// (Inline: every call asks, and a variant of the steady loop has nothing to say.)
   [[clang::always_inline]] inline std::optional<Reason> eager_reason(CallFrame& frame) {
-    if (frame.unfit) [[unlikely]] return frame.unfit;
+    if (frame.unfit) [[unlikely]]
+      return frame.unfit;
     const Variant& variant = *frame.variant;
     // Checked on every call, from this call's inputs: whether an input is pool memory depends on
     // the call, and a graph that copied a mutated input into a slot would lose the mutation.
     if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
-    if (variant.capture_failure) [[unlikely]] return variant.capture_failure_reason;
+    if (variant.capture_failure) [[unlikely]]
+      return variant.capture_failure_reason;
     if (variant.rerecorded && facts_for(variant.id).rerecords > options_.rerecord_limit) return Reason::rerecord_limit;
     return std::nullopt;
   }
@@ -395,7 +398,7 @@ class Engine final : public LedgerEffects {
   void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason);
   /// A recording whose graph ran once but must not be kept (`Recorded::not_kept`): its outputs are
   /// the call's, handed out as a warm-up's, and the variant learns why.
-  CallOutputs keep_first_run_only(CallFrame& frame, backend::Recorded& recorded);
+  CallOutputs keep_first_run_only(CallFrame& frame, backend::Recorded& recorded, const Error& why);
 
   // --- writes to inputs that the options do not declare (engine_writes.cpp) ---
   /// Treats input `input` of `function` as mutated from now on, and says so once.

@@ -178,7 +178,8 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
 Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSource& source) {
   if (shut_down_) {
     return fail(Errc::pool_shut_down,
-                "call of " + in_quotes(function.name) + " after the pool was shut down; make a new pool", function.name);
+                "call of " + in_quotes(function.name) + " after the pool was shut down; make a new pool",
+                function.name);
   }
   if (scopes_calls_) {
     if (auto begun = device_->begin_call(); !begun) {
@@ -326,8 +327,8 @@ Result<void> Engine::check_signature(FunctionRecord& function, std::span<const b
     const auto out_of_range = [&](const char* field, std::size_t index) {
       return fail(Errc::invalid_argument,
                   std::string("buckets.") + field + " names input " + std::to_string(index) + " of " +
-                      in_quotes(function.name) + ", which is out of range: the call has " + std::to_string(descs.size()) +
-                      " inputs",
+                      in_quotes(function.name) + ", which is out of range: the call has " +
+                      std::to_string(descs.size()) + " inputs",
                   function.name);
     };
     for (const auto& [index, pad] : function.options.buckets.per_input) {

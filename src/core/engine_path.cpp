@@ -114,7 +114,8 @@ Result<void> Engine::restore_pool(  // NOLINT(readability-make-member-function-c
   // calls), and the checkpoint still counts it. Aliases share a storage: each is freed once.
   std::vector<std::uintptr_t> dead;
   for (const std::uintptr_t address : allocated_then) {
-    const bool lives = std::ranges::any_of(kept, [address](const Cell* cell) { return cell->storage.address == address; });
+    const bool lives =
+        std::ranges::any_of(kept, [address](const Cell* cell) { return cell->storage.address == address; });
     if (!lives && std::ranges::find(dead, address) == dead.end()) dead.push_back(address);
   }
   if (auto restored = device_->restore(checkpoint, handles, dead); !restored) return restored;

@@ -81,8 +81,7 @@ Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error
   }
 }
 
-CallOutputs Engine::keep_first_run_only(CallFrame& frame, backend::Recorded& recorded) {
-  const Error& why = *recorded.not_kept;
+CallOutputs Engine::keep_first_run_only(CallFrame& frame, backend::Recorded& recorded, const Error& why) {
   ++stats_.recordings_not_kept;
   ++stats_.warmups;
   // A write to a copied input was noted (`take_writes`): the input counts as mutated. Another pool
@@ -159,7 +158,8 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
 
   auto recorded = capture(frame, uses);
   if (!recorded) return after_failed_recording(frame, std::move(recorded.error()));
-  if (recorded->not_kept) return keep_first_run_only(frame, *recorded);
+  if (const std::optional<Error>& not_kept = recorded->not_kept)
+    return keep_first_run_only(frame, *recorded, *not_kept);
   release_ended_path();  // before the checkpoint below: the last generation's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
   node->take_outputs(recorded->first_outputs.outputs, function.id);

@@ -5,6 +5,7 @@ module;
 #include <functional>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,7 +47,9 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   if (!result) return std::unexpected(std::move(result.error()));
   // Outputs a graph could not hand out: the backend copied them out of the pool, and this run is
   // the call's; later calls at these shapes run eagerly. The function is not run again.
-  if (result->ungraphable) run_eagerly_from_now_on(frame, *result->ungraphable, Reason::unsupported_output);
+  if (const std::optional<Error>& ungraphable = result->ungraphable) {
+    run_eagerly_from_now_on(frame, *ungraphable, Reason::unsupported_output);
+  }
   const NodeReason reason = warmup_reason(*frame.variant);
   ++stats_.warmups;
   return keep_as_warmup(frame, *result, reason);

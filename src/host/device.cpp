@@ -320,8 +320,8 @@ class HostCapture final : public backend::Capture {
   backend::RecordPlan plan_;
   std::span<const backend::ArgSlot> args_;  // the caller's arguments
   CallInputs inputs_;                       // the function's inputs: the copied ones replaced by their slots
-  Context context_;            // the pool blocks allocated so far, slots first
-  std::vector<Buffer> slots_;  // per input: its slot, or empty when it is not copied
+  Context context_;                         // the pool blocks allocated so far, slots first
+  std::vector<Buffer> slots_;               // per input: its slot, or empty when it is not copied
   std::vector<bool> copied_;
   InputSnapshots snapshots_;  // the inputs before the capture (taken by capture)
   Graph graph_;

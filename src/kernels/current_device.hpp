@@ -105,7 +105,8 @@ class CurrentDevice {
         }
         // Compared by context, not device: a context the program made on the pool's device is
         // not the one the pool's stream belongs to.
-        if (make_context_current(static_cast<CUcontext>(const_cast<void*>(context)))) {  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+        if (make_context_current(
+                static_cast<CUcontext>(const_cast<void*>(context)))) {  // NOLINT(cppcoreguidelines-pro-type-const-cast)
           previous_context_ = current;
           switched_context_ = true;
           in_context_ = true;

@@ -512,7 +512,8 @@ std::shared_ptr<::torch::autograd::Node> GraphedBackward::second_order_guard(
   }
   {
     std::optional<c10::cuda::CUDAStreamGuard> on_backward_stream;
-    if (state_->backward_stream->has_value()) on_backward_stream.emplace(**state_->backward_stream);
+    if (const std::optional<c10::cuda::CUDAStream>& stream = *state_->backward_stream)
+      on_backward_stream.emplace(*stream);
     for (const at::Tensor& parameter : state_->gradients.parameters) {
       if (parameter.requires_grad()) edges.push_back(::torch::autograd::impl::gradient_edge(parameter));
     }
@@ -856,20 +857,21 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
   auto backward_stream = std::make_shared<std::optional<c10::cuda::CUDAStream>>();
   auto backward = add(
       [body, parameters = gradients->parameters, buffers = gradients->buffers, backward_stream](Inputs in) {
-        *backward_stream = c10::cuda::getCurrentCUDAStream(parameters.empty() ? -1 : parameters.front().get_device());
+        *backward_stream = c10::cuda::getCurrentCUDAStream(
+            static_cast<c10::DeviceIndex>(parameters.empty() ? -1 : parameters.front().get_device()));
         return recompute_gradients(*body, parameters, buffers, in);
       },
       ".backward", FunctionMode::backward);
   if (!backward) return std::unexpected(std::move(backward.error()));
-  return AutogradFunction(
-      std::make_shared<AutogradFunction::State>(AutogradFunction::State{.name = std::move(name),
-                                                                        .device = device->get().index(),
-                                                                        .fn = body,
-                                                                        .inference = std::move(*inference),
-                                                                        .forward = std::move(*forward),
-                                                                        .backward = std::move(*backward),
-                                                                        .gradients = std::move(*gradients),
-                                                                        .backward_stream = std::move(backward_stream)}));
+  return AutogradFunction(std::make_shared<AutogradFunction::State>(
+      AutogradFunction::State{.name = std::move(name),
+                              .device = device->get().index(),
+                              .fn = body,
+                              .inference = std::move(*inference),
+                              .forward = std::move(*forward),
+                              .backward = std::move(*backward),
+                              .gradients = std::move(*gradients),
+                              .backward_stream = std::move(backward_stream)}));
 }
 
 }  // namespace cgt::torch

@@ -113,7 +113,8 @@ Result<void> Device::begin_call() {
   // context, where its stream and memory are: a context the program made itself on the pool's
   // device would otherwise pass for it.
   if (!known || caller == state.context || state.context == nullptr) return {};
-  if (!kernels::make_context_current(static_cast<CUcontext>(const_cast<void*>(state.context)))) {  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  if (!kernels::make_context_current(
+          static_cast<CUcontext>(const_cast<void*>(state.context)))) {  // NOLINT(cppcoreguidelines-pro-type-const-cast)
     return fail(Errc::backend_error, "making the pool's CUDA context current failed");
   }
   state.caller_context = caller;
