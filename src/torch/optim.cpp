@@ -227,7 +227,7 @@ const at::Tensor& Optimizer::grad_norm() const noexcept {
 }
 
 bool Optimizer::clips_gradients() const noexcept {
-  return state_ != nullptr && state_->max_grad_norm_ > 0;
+  return state_ != nullptr && state_->clips_gradients();
 }
 
 const at::Tensor& Optimizer::loss_scale() const noexcept {
@@ -372,7 +372,7 @@ Result<void> Optimizer::State::scale_loss(const LossScaleOptions& options) {
 // PyTorch's clip_grad_norm_ (torch/nn/utils/clip_grad.py), op for op, without its host decisions:
 // the norms of the gradients, their norm, the coefficient clamped at 1, every gradient scaled by it.
 void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
-  if (max_grad_norm_ == 0 || grads.empty()) return;
+  if (!clips_gradients() || grads.empty()) return;
   std::vector<at::Tensor> norms = at::_foreach_norm(grads, grad_norm_type_);
   for (at::Tensor& norm : norms) norm = norm.to(grad_norm_.device());  // the first device's, as PyTorch's
   const at::Tensor total = at::linalg_vector_norm(at::stack(norms), grad_norm_type_);
@@ -443,6 +443,7 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
   const c10::NoGradGuard no_grad;
   TORCH_CHECK(grads.size() == params_.size(), "the optimizer has ", params_.size(), " parameters but was given ",
               grads.size(), " gradients");
+  if (params_.empty()) return;  // nothing to update (the foreach kernels refuse empty lists)
   std::vector<at::Tensor> given;
   given.reserve(grads.size());
   for (std::size_t i = 0; i < grads.size(); ++i) {

@@ -91,6 +91,9 @@ class Optimizer::State {
   // Scales the loss from now on (see LossScaleOptions; nothing unless `dynamic`). REQUIRES:
   // `adopt` ran. Fails with `invalid_argument` for a bad option or parameters on several devices.
   [[nodiscard]] Result<void> scale_loss(const LossScaleOptions& options);
+  // Whether the update clips (`max_grad_norm_` above 0, and parameters: over none there is
+  // nothing to clip, and no norm tensor).
+  [[nodiscard]] bool clips_gradients() const noexcept { return max_grad_norm_ > 0 && !params_.empty(); }
   void step();
   void step(std::span<const at::Tensor> grads);
   void zero_grad(bool set_to_none);

@@ -123,10 +123,12 @@ Values run_loss(Callable& loss, Inputs in, std::optional<at::ScalarType> autocas
   return loss(in);
 }
 
-// What the backward starts from: the loss times the optimizer's loss scale where it scales the
-// loss (GradScaler's `scale(loss)`; the step unscales the gradients), else the loss.
-at::Tensor scaled_loss(const at::Tensor& loss, const Optimizer& optimizer) {
-  return optimizer.scales_loss() ? loss.mul(optimizer.loss_scale()) : loss;
+// The backward from the loss, times the optimizer's loss scale where it scales the loss
+// (GradScaler's `scale(loss)`; the step unscales the gradients). An optimizer over no parameters
+// trains nothing: no backward (its loss may be of constants, which have none).
+void backward(const at::Tensor& loss, const Optimizer& optimizer) {
+  if (optimizer.params().empty()) return;
+  (optimizer.scales_loss() ? loss.mul(optimizer.loss_scale()) : loss).backward();
 }
 
 // What one call of a training step's function does with the gradients: zero them first (the
@@ -163,7 +165,7 @@ Callable phase_body(Optimizer optimizer, std::shared_ptr<Callable> loss, Phase p
     if (phase.zeroes) optimizer.zero_grad(!static_grads);
     Values out = run_loss(*loss, in, phase.autocast);
     check_loss(out);
-    scaled_loss(phase.loss_factor == 1 ? out[0] : out[0].mul(phase.loss_factor), optimizer).backward();
+    backward(phase.loss_factor == 1 ? out[0] : out[0].mul(phase.loss_factor), optimizer);
     if (phase.steps) {
       optimizer.step();
       if (!static_grads) optimizer.zero_grad(true);  // they die here, inside the step's graph
@@ -199,7 +201,7 @@ Callable all_in_one_body(Optimizer optimizer, std::shared_ptr<Callable> loss, st
       }
       out = run_loss(*loss, Inputs(values, scalars), autocast);
       check_loss(out);
-      scaled_loss(out[0].div(static_cast<double>(parts)), optimizer).backward();
+      backward(out[0].div(static_cast<double>(parts)), optimizer);
       total = part == 0 ? out[0].detach() : total.add(out[0].detach());
     }
     optimizer.step();

@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -202,7 +203,8 @@ TEST_CASE("training/hostile: optimizer handles without state refuse every new me
   // The handles the states moved into are the optimizers, untouched by all of the above.
   CHECK(moved.lr() == 0.25);
   CHECK(moved.scheduled_steps() == 3);
-  CHECK(moved.clips_gradients());
+  CHECK(moved.options().max_grad_norm == 1.0);
+  CHECK_FALSE(moved.clips_gradients());  // over no parameters: nothing to clip
   CHECK(sgd_moved.lr() == 0.5);
   CHECK(sgd_moved.scheduled_steps() == 0);
 
@@ -218,6 +220,32 @@ TEST_CASE("training/hostile: optimizer handles without state refuse every new me
   must(sliced.save(sliced_file.path));
   expect_error(moved.load(sliced_file.path), cgt::Errc::invalid_argument, "'sgd'");
   CHECK(moved.lr() == 0.25);
+}
+
+// An optimizer over no parameters is valid (cgt.torch-optim.inc, Optimizer): its steps update
+// nothing, eager or from given gradients (an empty list: the foreach kernels would refuse it), and
+// with `max_grad_norm` it clips nothing: `clips_gradients()` is false and `grad_norm()` undefined,
+// so no training step hands out a norm that no step writes. Needs no device.
+TEST_CASE("training/hostile: an optimizer over no parameters steps and clips nothing", "[training][hostile]") {
+  auto adam = must(cgt::torch::make_adam({}, {.lr = 0.25, .max_grad_norm = 1.0, .loss_scale = {.dynamic = true}}));
+  auto sgd = must(cgt::torch::make_sgd({}, {.lr = 0.5, .momentum = 0.9, .max_grad_norm = 1.0}));
+  for (cgt::torch::Optimizer* none : std::initializer_list<cgt::torch::Optimizer*>{&adam, &sgd}) {
+    CHECK(none->has_state());
+    CHECK(none->params().empty());
+    CHECK_FALSE(none->clips_gradients());
+    CHECK_FALSE(none->grad_norm().defined());
+    CHECK_FALSE(none->scales_loss());
+    CHECK_NOTHROW(none->step());
+    CHECK_NOTHROW(none->step(std::span<const torch::Tensor>{}));
+    CHECK_NOTHROW(none->zero_grad());
+    CHECK_NOTHROW(none->zero_grad(true));
+    must(none->attach_grads());
+    // A gradient for a parameter it does not have is still a mistake.
+    const std::vector<torch::Tensor> one{torch::zeros({2})};
+    CHECK_THROWS_AS(none->step(std::span<const torch::Tensor>(one)), c10::Error);
+  }
+  CHECK(adam.lr() == 0.25);
+  CHECK(sgd.lr() == 0.5);
 }
 
 // ---- schedules (no device) -----------------------------------------------------------------------
@@ -1312,6 +1340,54 @@ TEST_CASE("training/hostile: a step called from two threads at once fails with c
   const auto [raced_losses, raced_params] = run(true);
   CHECK(max_difference(alone_losses, raced_losses) <= 1e-6);
   CHECK(max_difference(alone_params, raced_params) <= 1e-6);
+}
+
+// ---- an optimizer over no parameters (GPU) --------------------------------------------------------
+
+// A training step over an optimizer of no parameters with clipping on, whose loss is of constant
+// tensors: every kind of step (whole, micro-batches one per call and all in one call, from given
+// gradients) runs the loss function and no backward (a constant has none), updates nothing and
+// hands out the loss alone (no norm: the optimizer clips nothing), at warm-up, recording and
+// replays; the schedule counts its steps.
+TEST_CASE("training/hostile: a training step over no parameters runs its loss function and updates nothing",
+          "[gpu][training][hostile]") {
+  REQUIRE_GPU();
+  const auto constant_loss = [](cgt::torch::Inputs in) { return cgt::torch::Values{(in[0] * 2).sum()}; };
+  const auto x = torch::arange(8, torch::TensorOptions(gpu).dtype(torch::kFloat));
+  const double expected = 2.0 * 28.0;  // 2 * (0 + 1 + ... + 7)
+  struct Kind {
+    const char* what;
+    std::int64_t micro_batches;
+    bool all_in_one;
+    bool from_gradients;
+  };
+  for (const Kind kind :
+       {Kind{"whole step", 1, false, false}, Kind{"2 micro-batches one per call", 2, false, false},
+        Kind{"2 micro-batches in one call", 2, true, false}, Kind{"from gradients", 1, false, true}}) {
+    INFO(kind.what);
+    auto adam = must(cgt::torch::make_adam({}, {.lr = 1e-3, .max_grad_norm = 1.0}));
+    must(adam.set_schedule([](std::int64_t) { return 1e-3; }));
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    auto step =
+        kind.from_gradients
+            ? must(cgt::torch::make_training_step_from_gradients(pool, adam, constant_loss))
+            : must(cgt::torch::make_training_step(pool, adam, constant_loss,
+                                                  cgt::torch::TrainingStepOptions{.micro_batches = kind.micro_batches,
+                                                                                  .all_in_one_call = kind.all_in_one}));
+    for (int call = 0; call < 6; ++call) {
+      INFO("call " << call);
+      pool.mark_step_begin();
+      auto out = step({x});
+      if (!out) FAIL(out.error().describe());
+      REQUIRE(out->size() == 1);  // the loss alone: no norm
+      // In one call the loss is the mean of the micro-batches': each sums half of x, doubled.
+      CHECK(must(out->take(0)).item<double>() == (kind.all_in_one ? expected / 2 : expected));
+    }
+    const std::int64_t per_step = kind.all_in_one ? 1 : kind.micro_batches;
+    CHECK(adam.scheduled_steps() == 6 / per_step);
+    CHECK(step.micro_batches_taken() == 0);
+    CHECK(pool.stats().eager_calls == 0);
+  }
 }
 
 // ---- clipping at the edges (GPU) ------------------------------------------------------------------
