@@ -74,12 +74,11 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
   return {};
 }
 
-// A learning rate the device's float32 rate tensor holds: finite, not below 0, within float32.
+}  // namespace
+
 bool is_rate(double lr) noexcept {
   return std::isfinite(lr) && lr >= 0 && lr <= std::numeric_limits<float>::max();
 }
-
-}  // namespace
 
 Result<std::unique_ptr<LossScale>> LossScale::make(const LossScaleOptions& options, const at::Device& device) {
   if (!std::isfinite(options.init_scale) || options.init_scale <= 0 || !std::isfinite(options.growth_factor) ||
@@ -388,6 +387,10 @@ Result<void> Optimizer::State::set_lr(double lr) {
     return fail(Errc::invalid_argument,
                 "the learning rate must be finite, >= 0 and within float32's range, not " + std::to_string(lr));
   }
+  return write_lr(lr);
+}
+
+Result<void> Optimizer::State::write_lr(double lr) {
   for (const at::Tensor& rate : lr_by_device_) {
     if (!is_capturing(rate.device())) continue;
     return fail(Errc::invalid_argument,

@@ -14,7 +14,6 @@ module;
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -316,8 +315,9 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
   }
   auto lr = prefixed(function, read<double>(archive, lr_key));
   if (!lr) return std::unexpected(std::move(lr.error()));
-  if (!std::isfinite(*lr) || *lr < 0) {
-    return fail(Errc::invalid_argument, std::string(function) + ": the file's learning rate is " + std::to_string(*lr));
+  if (!is_rate(*lr)) {  // checked with the rest: `set_lr` after the copies would refuse it too late
+    return fail(Errc::invalid_argument, std::string(function) + ": the file's learning rate is " + std::to_string(*lr) +
+                                            "; a rate is finite, >= 0 and within float32's range");
   }
   auto scheduled = prefixed(function, read<std::int64_t>(archive, scheduled_steps_key));
   if (!scheduled) return std::unexpected(std::move(scheduled.error()));
@@ -341,8 +341,9 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
     }
   }
 
+  // Everything is checked: from here on only the device can fail.
   if (auto copied = copy_all(copies, function); !copied) return copied;
-  if (auto set = prefixed(function, set_lr(*lr)); !set) return set;
+  if (auto set = prefixed(function, write_lr(*lr)); !set) return set;
   scheduled_steps_ = *scheduled;
   return {};
 }

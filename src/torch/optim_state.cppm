@@ -29,6 +29,9 @@ namespace cgt::torch {
 // state written then would be written by every replay.
 [[nodiscard]] bool is_capturing(const at::Device& device);
 
+// A learning rate the device's float32 rate tensor holds: finite, not below 0, within float32.
+[[nodiscard]] bool is_rate(double lr) noexcept;
+
 // Dynamic loss scaling (LossScaleOptions): PyTorch's GradScaler with every decision on the
 // device, as its path for fused optimizers takes them. An optimizer's State owns one and calls it
 // from `step`: `unscale` before the clip and the update, `update` after; a graph of the step
@@ -85,6 +88,9 @@ class Optimizer::State {
   [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads, double lr);
   // Writes `lr` to the device (see Optimizer::set_lr).
   [[nodiscard]] Result<void> set_lr(double lr);
+  // `set_lr` of a rate known to be one (`is_rate`): fails only while capturing or when the device
+  // fails (`load` writes the file's rate so, after it checked the rate with the rest of the file).
+  [[nodiscard]] Result<void> write_lr(double lr);
   // Clips the gradients by their total norm from now on (see AdamOptions::max_grad_norm; 0: no
   // clipping). REQUIRES: `adopt` ran. Fails with `invalid_argument` for a bad norm or order.
   [[nodiscard]] Result<void> clip_by_norm(double max_norm, double norm_type);

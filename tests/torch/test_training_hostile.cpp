@@ -282,10 +282,10 @@ TEST_CASE("training/hostile: schedules count steps below 0 as 0 and stay finite 
 
 // Optimizer::load reads and checks the whole file before it changes anything: a file that is
 // broken (truncated, empty, not an archive, a directory), not an optimizer's, of another kind, or
-// whose every key is right but one (format, kind, count, lists, a rate that is NaN or negative or
-// not a number, a negative step count) fails with invalid_argument naming what differs, and the
-// rate and the schedule's count stay. The same file untampered, and with a key more (a later
-// version's), loads. An optimizer over no parameters needs no device.
+// whose every key is right but one (format, kind, count, lists, a rate that is NaN, negative,
+// beyond float32's range or not a number, a negative step count) fails with invalid_argument naming what differs, and
+// the rate and the schedule's count stay. The same file untampered, and with a key more (a later version's), loads. An
+// optimizer over no parameters needs no device.
 TEST_CASE("training/hostile: broken and tampered optimizer files change nothing", "[training][hostile]") {
   const TempFile good("hostile_file_good");
   {
@@ -332,6 +332,7 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(not_a_number)), "learning rate");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(-1.0)), "learning rate");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(infinity)), "learning rate");
+  refused_with(replacing("cgt.optimizer.lr", c10::IValue(1e300)), "learning rate");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(std::string("0.1"))), "'cgt.optimizer.lr' is not a number");
   refused_with(dropping("cgt.optimizer.lr"), "'cgt.optimizer.lr'");
   refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(std::int64_t{-3})), "scheduled steps");
@@ -859,7 +860,8 @@ void eager_scaled_step(Mlp& model, cgt::torch::Adam& adam, int seed, double fact
 // counts, both moments, the rate, the schedule's count, the scale and the skips. Each file differs
 // from the good one in one thing, found after the first parameters' tensors fit (a load that
 // copied as it read would have changed those): a later parameter's moment of another shape, a
-// step count of another dtype, a tensor left out, the rate or the count out of range, the loss
+// step count of another dtype, a tensor left out, the rate (NaN, or finite but beyond float32's
+// range) or the count out of range, the loss
 // scale's tensors of another shape or dtype; and whole files: truncated, of fewer parameters, of
 // float64 parameters, of SGD. A save inside a recording is refused too. The good file then loads.
 TEST_CASE("training/hostile: optimizer files that do not fit leave every state tensor as it was",
@@ -905,6 +907,11 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
   refused_with(dropping("param." + std::to_string(last) + ".exp_avg_sq"),
                "'param." + std::to_string(last) + ".exp_avg_sq'");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(not_a_number)), "learning rate");
+  // A rate finite as a double but beyond float32's range, which the device's rate cannot hold: it
+  // is refused with the rest of the file, before the step counts and moments are copied.
+  refused_with(replacing("cgt.optimizer.lr", c10::IValue(1e300)), "learning rate");
+  refused_with(replacing("cgt.optimizer.lr", c10::IValue(2.0 * static_cast<double>(std::numeric_limits<float>::max()))),
+               "learning rate");
   refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(std::int64_t{-1})), "scheduled steps");
   refused_with(replacing("cgt.scaler.scale", c10::IValue(torch::ones({2}))), "loss scale's scale");
   refused_with(replacing("cgt.scaler.skipped", c10::IValue(torch::zeros({}))), "loss scale's skipped");
