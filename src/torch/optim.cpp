@@ -182,9 +182,9 @@ double Optimizer::lr() const noexcept {
 
 Result<void> Optimizer::set_schedule(LrSchedule schedule, std::int64_t start) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::set_schedule"));
-  if (start < 0) {
-    return fail(Errc::invalid_argument,
-                "set_schedule: the step to start from is " + std::to_string(start) + "; steps count from 0");
+  if (start < 0 || start > max_scheduled_steps) {
+    return fail(Errc::invalid_argument, "Optimizer::set_schedule: the step to start from is " + std::to_string(start) +
+                                            "; a schedule counts steps from 0 to 2^62");
   }
   state_->schedule_ = std::move(schedule);
   state_->scheduled_steps_ = start;
@@ -217,7 +217,8 @@ Result<void> Optimizer::take_scheduled_lr() {
 }
 
 void Optimizer::count_scheduled_step() noexcept {
-  if (state_ != nullptr && state_->schedule_) ++state_->scheduled_steps_;
+  if (state_ == nullptr || !state_->schedule_) return;
+  if (state_->scheduled_steps_ < max_scheduled_steps) ++state_->scheduled_steps_;  // never overflows
 }
 
 const at::Tensor& Optimizer::grad_norm() const noexcept {

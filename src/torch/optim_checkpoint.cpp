@@ -321,9 +321,9 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
   }
   auto scheduled = prefixed(function, read<std::int64_t>(archive, scheduled_steps_key));
   if (!scheduled) return std::unexpected(std::move(scheduled.error()));
-  if (*scheduled < 0) {
-    return fail(Errc::invalid_argument,
-                std::string(function) + ": the file's scheduled steps are " + std::to_string(*scheduled));
+  if (*scheduled < 0 || *scheduled > max_scheduled_steps) {
+    return fail(Errc::invalid_argument, std::string(function) + ": the file's scheduled steps are " +
+                                            std::to_string(*scheduled) + "; a schedule counts from 0 to 2^62");
   }
 
   // The loss scale where this optimizer scales the loss; a file of one that did not leaves it as it is.

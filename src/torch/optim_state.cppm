@@ -32,6 +32,11 @@ namespace cgt::torch {
 // A learning rate the device's float32 rate tensor holds: finite, not below 0, within float32.
 [[nodiscard]] bool is_rate(double lr) noexcept;
 
+// The most steps a schedule counts (Optimizer::scheduled_steps): 2^62, which no run reaches (a
+// step a nanosecond for 146 years). The count stops there, so that it cannot overflow, and a start
+// or a file's count above it is refused: every count saved loads again.
+inline constexpr std::int64_t max_scheduled_steps = std::int64_t{1} << 62;
+
 // Dynamic loss scaling (LossScaleOptions): PyTorch's GradScaler with every decision on the
 // device, as its path for fused optimizers takes them. An optimizer's State owns one and calls it
 // from `step`: `unscale` before the clip and the update, `update` after; a graph of the step

@@ -56,6 +56,8 @@ using training_test::TempFile;
 using Catch::Matchers::ContainsSubstring;
 
 constexpr double not_a_number = std::numeric_limits<double>::quiet_NaN();
+// The most steps a schedule counts (cgt.torch-optim.inc, Optimizer::scheduled_steps).
+constexpr std::int64_t most_scheduled_steps = std::int64_t{1} << 62;
 constexpr double infinity = std::numeric_limits<double>::infinity();
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -336,6 +338,10 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(std::string("0.1"))), "'cgt.optimizer.lr' is not a number");
   refused_with(dropping("cgt.optimizer.lr"), "'cgt.optimizer.lr'");
   refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(std::int64_t{-3})), "scheduled steps");
+  // Counts above 2^62 (the most a schedule counts: the count could overflow) are refused.
+  refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(std::numeric_limits<std::int64_t>::max())),
+               "scheduled steps");
+  refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(most_scheduled_steps + 1)), "scheduled steps");
   refused_with(replacing("cgt.optimizer.format", c10::IValue(std::int64_t{2})), "newer");
   refused_with(dropping("cgt.optimizer.format"), "'cgt.optimizer.format'");
   refused_with(dropping("cgt.optimizer.kind"), "not a checkpoint of a cgt optimizer");
@@ -348,6 +354,26 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
   must(adam.load(tampered.path));
   CHECK(adam.lr() == 0.01);
   CHECK(adam.scheduled_steps() == 7);
+  // The most a schedule counts loads.
+  rewrite(good.path, tampered.path, replacing("cgt.optimizer.scheduled_steps", c10::IValue(most_scheduled_steps)));
+  must(adam.load(tampered.path));
+  CHECK(adam.scheduled_steps() == most_scheduled_steps);
+}
+
+// A schedule counts steps from 0 to 2^62 (cgt.torch-optim.inc, Optimizer::set_schedule): a start
+// above (INT64_MAX would overflow at the next step) fails with invalid_argument naming the
+// function, and the schedule's count stays; 2^62 itself is taken.
+TEST_CASE("training/hostile: a schedule may not start above 2^62 steps", "[training][hostile]") {
+  auto sgd = must(cgt::torch::make_sgd({}, {.lr = 0.5}));
+  must(sgd.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), 5));
+  for (const std::int64_t start : {std::numeric_limits<std::int64_t>::max(), most_scheduled_steps + 1}) {
+    INFO("start " << start);
+    expect_error(sgd.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), start), cgt::Errc::invalid_argument,
+                 "Optimizer::set_schedule");
+    CHECK(sgd.scheduled_steps() == 5);
+  }
+  must(sgd.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), most_scheduled_steps));
+  CHECK(sgd.scheduled_steps() == most_scheduled_steps);
 }
 
 // load_parameters_in_place reads and checks the whole file first: a file whose first layers fit
@@ -769,6 +795,34 @@ TEST_CASE("training/hostile: a schedule that throws a non-std exception fails th
   CHECK(sgd.scheduled_steps() == 0);
   CHECK(sgd.lr() == 0.5);
   CHECK(w.detach().abs().max().item<double>() == 0);
+}
+
+// The schedule's count stops at 2^62 (cgt.torch-optim.inc, Optimizer::scheduled_steps), so that it
+// never overflows: a schedule resumed there is asked for the rate of step 2^62 at every step, each
+// step trains at that rate, and the count stays.
+TEST_CASE("training/hostile: the schedule's count stops at 2^62", "[gpu][training][hostile]") {
+  REQUIRE_GPU();
+  auto w = torch::zeros({8}, gpu).requires_grad_();
+  auto sgd = must(cgt::torch::make_sgd({w}, {.lr = 0.5}));
+  std::vector<std::int64_t> asked;
+  must(sgd.set_schedule(
+      [&asked](std::int64_t t) {
+        asked.push_back(t);
+        return 0.25;
+      },
+      most_scheduled_steps));
+  auto pool = must(cgt::torch::make_pool({.device = 0}));
+  auto step = must(cgt::torch::make_training_step(
+      pool, sgd, [&w](cgt::torch::Inputs in) { return cgt::torch::Values{(w * in[0]).sum()}; }));
+  const auto x = torch::ones({8}, gpu);
+  for (int t = 0; t < 3; ++t) {
+    pool.mark_step_begin();
+    must(step({x}));
+    CHECK(sgd.scheduled_steps() == most_scheduled_steps);
+  }
+  CHECK(asked == std::vector<std::int64_t>(3, most_scheduled_steps));
+  CHECK(w.detach().max().item<double>() == -0.75);  // three steps at 0.25 (exact in float32)
+  CHECK(w.detach().min().item<double>() == -0.75);
 }
 
 // The rate lives on the device as a float32: a rate that is finite as a double but beyond float32's
