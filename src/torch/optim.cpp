@@ -371,16 +371,30 @@ Result<void> Optimizer::State::scale_loss(const LossScaleOptions& options) {
 
 // PyTorch's clip_grad_norm_ (torch/nn/utils/clip_grad.py), op for op, without its host decisions:
 // the norms of the gradients, their norm, the coefficient clamped at 1, every gradient scaled by it.
+// As there, the gradients are taken a device at a time (a foreach kernel reads one device's
+// tensors, and the coefficient of one device cannot scale another's): the norms are moved to the
+// first device for the total, and the coefficient to each device for its gradients.
 void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
   if (!clips_gradients() || grads.empty()) return;
-  std::vector<at::Tensor> norms = at::_foreach_norm(grads, grad_norm_type_);
-  for (at::Tensor& norm : norms) norm = norm.to(grad_norm_.device());  // the first device's, as PyTorch's
+  std::vector<std::vector<at::Tensor>> by_device;
+  for (const at::Tensor& grad : grads) {
+    auto group =
+        std::ranges::find_if(by_device, [&grad](const auto& g) { return g.front().device() == grad.device(); });
+    if (group == by_device.end()) group = by_device.insert(by_device.end(), std::vector<at::Tensor>{});
+    group->push_back(grad);
+  }
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& group : by_device) {
+    for (const at::Tensor& norm : at::_foreach_norm(group, grad_norm_type_))
+      norms.push_back(norm.to(grad_norm_.device()));
+  }
   const at::Tensor total = at::linalg_vector_norm(at::stack(norms), grad_norm_type_);
   grad_norm_.copy_(total);
   const at::Tensor coefficient = at::full_like(total, max_grad_norm_);  // in-place ops below: const handle
   coefficient.div_(total.add(1e-6));
   coefficient.clamp_max_(1.0);
-  at::_foreach_mul_(grads, coefficient);
+  for (const auto& group : by_device) at::_foreach_mul_(group, coefficient.to(group.front().device()));
 }
 
 Result<void> Optimizer::State::set_lr(double lr) {
