@@ -152,32 +152,46 @@ std::string moved_from(const std::string& what) {
 
 }  // namespace
 
+// Each member below that changes or copies the state holds it for its duration (OperationInUse):
+// while another thread's graphed step runs it changes nothing, and fails (or throws, where it
+// returns nothing).
 void Optimizer::step() {
   TORCH_CHECK(state_ != nullptr, moved_from("Optimizer::step"));
+  const OperationInUse in_use(state_->in_use_);
+  TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::step"));
   state_->step();
 }
 
 void Optimizer::step(std::span<const at::Tensor> grads) {
   TORCH_CHECK(state_ != nullptr, moved_from("Optimizer::step"));
+  const OperationInUse in_use(state_->in_use_);
+  TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::step"));
   state_->step(grads);
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  if (state_ != nullptr) state_->zero_grad(set_to_none);  // without state there is nothing to zero
+  if (state_ == nullptr) return;  // without state there is nothing to zero
+  const OperationInUse in_use(state_->in_use_);
+  TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::zero_grad"));
+  state_->zero_grad(set_to_none);
 }
 
 Result<void> Optimizer::attach_grads() {
   if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::attach_grads"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::attach_grads"));
   return state_->attach_grads();
 }
 
 Result<void> Optimizer::set_lr(double lr) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::set_lr"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::set_lr"));
   return state_->set_lr(lr);
 }
 
 double Optimizer::lr() const noexcept {
-  return state_ != nullptr ? state_->lr_ : 0;
+  return state_ != nullptr ? state_->lr_.load() : 0;
 }
 
 Result<void> Optimizer::set_schedule(LrSchedule schedule, std::int64_t start) {
@@ -186,31 +200,35 @@ Result<void> Optimizer::set_schedule(LrSchedule schedule, std::int64_t start) {
     return fail(Errc::invalid_argument, "Optimizer::set_schedule: the step to start from is " + std::to_string(start) +
                                             "; a schedule counts steps from 0 to 2^62");
   }
-  state_->schedule_ = std::move(schedule);
-  state_->scheduled_steps_ = start;
+  LrSchedule replaced;  // destroyed after the hold is given back: its destructor is the program's code
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::set_schedule"));
+  replaced = std::exchange(state_->schedule_, std::move(schedule));
+  state_->scheduled_steps_.store(start);
   return {};
 }
 
 std::int64_t Optimizer::scheduled_steps() const noexcept {
-  return state_ != nullptr ? state_->scheduled_steps_ : 0;
+  return state_ != nullptr ? state_->scheduled_steps_.load() : 0;
 }
 
+// A graphed step's call holds the state (StepInUse) around this and `count_scheduled_step`.
 Result<void> Optimizer::take_scheduled_lr() {
   if (state_ == nullptr || !state_->schedule_) return {};
+  const std::int64_t step = state_->scheduled_steps_.load();
   double rate = 0;
   try {
-    rate = state_->schedule_(state_->scheduled_steps_);
+    rate = state_->schedule_(step);
   } catch (const std::exception& e) {
-    return fail(Errc::function_failed, "the learning-rate schedule threw at step " +
-                                           std::to_string(state_->scheduled_steps_) + ": " + e.what());
+    return fail(Errc::function_failed,
+                "the learning-rate schedule threw at step " + std::to_string(step) + ": " + e.what());
   } catch (...) {  // whatever the program's function throws comes back as an error, as a pool function's does
-    return fail(Errc::function_failed, "the learning-rate schedule threw at step " +
-                                           std::to_string(state_->scheduled_steps_) + " (not a std::exception)");
+    return fail(Errc::function_failed,
+                "the learning-rate schedule threw at step " + std::to_string(step) + " (not a std::exception)");
   }
   if (auto set = state_->set_lr(rate); !set) {
     Error error = std::move(set.error());
-    error.message =
-        "the learning-rate schedule at step " + std::to_string(state_->scheduled_steps_) + ": " + error.message;
+    error.message = "the learning-rate schedule at step " + std::to_string(step) + ": " + error.message;
     return std::unexpected(std::move(error));
   }
   return {};
@@ -218,7 +236,8 @@ Result<void> Optimizer::take_scheduled_lr() {
 
 void Optimizer::count_scheduled_step() noexcept {
   if (state_ == nullptr || !state_->schedule_) return;
-  if (state_->scheduled_steps_ < max_scheduled_steps) ++state_->scheduled_steps_;  // never overflows
+  const std::int64_t counted = state_->scheduled_steps_.load();
+  if (counted < max_scheduled_steps) state_->scheduled_steps_.store(counted + 1);  // never overflows
 }
 
 const at::Tensor& Optimizer::grad_norm() const noexcept {
@@ -325,7 +344,7 @@ Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static
   }
   params_ = std::move(params);
   static_grads_ = static_grads;
-  lr_ = lr;
+  lr_.store(lr);
   return {};
 }
 
@@ -418,7 +437,7 @@ Result<void> Optimizer::State::write_lr(double lr) {
   } catch (const std::exception& e) {
     return fail(Errc::backend_error, std::string("writing the learning rate: ") + e.what());
   }
-  lr_ = lr;
+  lr_.store(lr);
   return {};
 }
 
@@ -769,7 +788,7 @@ Result<void> OptimizerStep::operator()() const {
   // at another address is one it cannot read: both are refused rather than updated from stale
   // values.
   if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "OptimizerStep: the step was moved from");
-  const StepInUse in_use(optimizer_.state_->step_in_use_);
+  const StepInUse in_use(optimizer_.state_->in_use_);
   if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("OptimizerStep"));
   const auto& params = optimizer_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {

@@ -222,8 +222,8 @@ Result<void> Optimizer::State::save(::torch::serialize::OutputArchive& archive) 
     archive.write(std::string(kind_key), c10::IValue(std::string(kind())));
     archive.write(std::string(params_key), c10::IValue(static_cast<std::int64_t>(params_.size())));
     archive.write(std::string(state_key), c10::IValue(join(lists)));
-    archive.write(std::string(lr_key), c10::IValue(lr_));
-    archive.write(std::string(scheduled_steps_key), c10::IValue(scheduled_steps_));
+    archive.write(std::string(lr_key), c10::IValue(lr_.load()));
+    archive.write(std::string(scheduled_steps_key), c10::IValue(scheduled_steps_.load()));
     // The state is on the device (make_adam/make_sgd take CUDA parameters only): `to(kCPU)` is a
     // copy, ordered after the steps queued on the current stream, and the archive owns it.
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -344,19 +344,27 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
   // Everything is checked: from here on only the device can fail.
   if (auto copied = copy_all(copies, function); !copied) return copied;
   if (auto set = prefixed(function, write_lr(*lr)); !set) return set;
-  scheduled_steps_ = *scheduled;
+  scheduled_steps_.store(*scheduled);
   return {};
 }
 
+// The members below hold the state while they copy it (OperationInUse): while another thread's
+// graphed step runs they fail with concurrent_use, having read or written nothing.
 Result<void> Optimizer::save(::torch::serialize::OutputArchive& archive) const {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::save"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::save"));
   return state_->save(archive);
 }
 
 Result<void> Optimizer::save(const std::string& path) const {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::save"));
   ::torch::serialize::OutputArchive archive;
-  if (auto saved = state_->save(archive); !saved) return saved;
+  {
+    const OperationInUse in_use(state_->in_use_);
+    if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::save"));
+    if (auto saved = state_->save(archive); !saved) return saved;
+  }
   try {
     archive.save_to(path);
   } catch (const std::exception& e) {
@@ -367,6 +375,8 @@ Result<void> Optimizer::save(const std::string& path) const {
 
 Result<void> Optimizer::load(::torch::serialize::InputArchive& archive) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::load"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::load"));
   return state_->load(archive);
 }
 
@@ -374,6 +384,8 @@ Result<void> Optimizer::load(const std::string& path) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::load"));
   ::torch::serialize::InputArchive archive;
   if (auto opened = open_file(archive, path, "Optimizer::load"); !opened) return opened;
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::load"));
   return state_->load(archive);
 }
 

@@ -4,12 +4,15 @@ module;
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -76,6 +79,56 @@ class LossScale {
   at::Tensor skipped_;         // int64: the steps skipped so far
 };
 
+// Who is using an optimizer's state, one thread at a time: a graphed step (TrainingStep,
+// OptimizerStep) for its whole call, or one of the optimizer's members that change or copy the
+// state (set_lr, set_schedule, step, zero_grad, attach_grads, save, load) for its own. A graphed
+// step changes the state before its pool's own one-caller check and runs the program's loss
+// function for as long as that takes: while one runs, another thread is turned away before it
+// changes anything, and the step's own thread passes (its function zeroes and steps the
+// optimizer; the loss function or a schedule may call the optimizer too). A member's hold is short
+// and never waits for a step: another thread's step or member waits for it instead of failing.
+class StateInUse {
+ public:
+  enum class Claim : std::uint8_t { step, operation };
+  enum class Outcome : std::uint8_t {
+    taken,    // the caller holds the state until it gives it back
+    inside,   // this thread holds it already (a graphed step's function calls a member): go on
+    refused,  // a graphed step runs on another thread, or this is a step inside one on this thread
+  };
+  [[nodiscard]] Outcome take(Claim claim) {
+    const std::thread::id self = std::this_thread::get_id();
+    std::unique_lock lock(mutex_);
+    while (true) {
+      if (!held_) {
+        held_ = true;
+        claim_ = claim;
+        thread_ = self;
+        return Outcome::taken;
+      }
+      if (thread_ == self) return claim == Claim::step ? Outcome::refused : Outcome::inside;
+      if (claim_ == Claim::step) return Outcome::refused;
+      given_back_.wait(lock);  // a member on another thread: short, and waiting for nothing of ours
+    }
+  }
+  // REQUIRES: this thread took the state (`taken`).
+  void give_back() {
+    {
+      const std::lock_guard lock(mutex_);
+      held_ = false;
+      thread_ = std::thread::id();
+    }
+    given_back_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable given_back_;  // notified by `give_back`
+  // Under mutex_: set by `take`, cleared by `give_back`.
+  bool held_ = false;
+  Claim claim_ = Claim::operation;
+  std::thread::id thread_;
+};
+
 // What every optimizer keeps: the parameters, their gradients and step counts, and the rules of
 // `step`, `zero_grad` and `attach_grads`. Shared by the user's handle and the steps' pool
 // functions (see cgt.torch-optim.inc); its lists are filled when make_adam/make_sgd make it and
@@ -132,12 +185,14 @@ class Optimizer::State {
   bool static_grads_ = true;
   // The learning rate, where the update reads it: a float32 scalar on each device of the
   // parameters (the fused kernels read a float there), and per parameter its device's; `lr_` is
-  // the value last written.
+  // the value last written (by `adopt` and `write_lr`, under `in_use_`; read from any thread).
   std::vector<at::Tensor> lr_by_device_;
   std::vector<at::Tensor> lrs_;
-  double lr_ = 0;
+  std::atomic<double> lr_{0};
+  // Written by set_schedule under `in_use_`, read by a graphed step's call under it.
   LrSchedule schedule_;
-  std::int64_t scheduled_steps_ = 0;  // set_schedule, count_scheduled_step and load write it
+  // Written by set_schedule, count_scheduled_step and load under `in_use_`; read from any thread.
+  std::atomic<std::int64_t> scheduled_steps_{0};
   // Clipping by norm (0: none), and the norm before the last clip, on the first parameter's device.
   double max_grad_norm_ = 0;
   double grad_norm_type_ = 2;
@@ -145,8 +200,8 @@ class Optimizer::State {
   // Dynamic loss scaling; null without. `step` unscales before the clip and updates the scale
   // after the update; the updates skip where its flag is set.
   std::unique_ptr<LossScale> loss_scale_;
-  // A graphed step of this optimizer is running (`StepInUse`).
-  std::atomic<bool> step_in_use_{false};
+  // Who is using the state (`StepInUse`, `OperationInUse`).
+  StateInUse in_use_;
 
  protected:
   // Scales `grads` by min(1, max_norm / (norm + 1e-6)) on the device, keeping the norm; nothing
@@ -166,20 +221,43 @@ class Optimizer::State {
 // here, before it changes anything. Held for the call.
 class StepInUse {
  public:
-  // `flag`: the optimizer state's `step_in_use_`.
-  explicit StepInUse(std::atomic<bool>& flag) noexcept
-      : flag_(flag), taken_(!flag.exchange(true, std::memory_order_acquire)) {}
+  // `in_use`: the optimizer state's `in_use_`.
+  explicit StepInUse(StateInUse& in_use)
+      : in_use_(in_use), taken_(in_use.take(StateInUse::Claim::step) == StateInUse::Outcome::taken) {}
   StepInUse(const StepInUse&) = delete;
   StepInUse& operator=(const StepInUse&) = delete;
   ~StepInUse() {
-    if (taken_) flag_.store(false, std::memory_order_release);
+    if (taken_) in_use_.give_back();
   }
-  // False: another step of the optimizer is running; the call fails with `concurrent_use`.
+  // False: another graphed step of the optimizer is running (on another thread, or this call is
+  // inside it); the call fails with `concurrent_use`.
   [[nodiscard]] bool taken() const noexcept { return taken_; }
 
  private:
-  std::atomic<bool>& flag_;
+  StateInUse& in_use_;
   bool taken_;
+};
+
+// A member of Optimizer that changes or copies the state holds it so for its duration; see
+// StateInUse.
+class OperationInUse {
+ public:
+  explicit OperationInUse(StateInUse& in_use) : in_use_(in_use), outcome_(in_use.take(StateInUse::Claim::operation)) {}
+  OperationInUse(const OperationInUse&) = delete;
+  OperationInUse& operator=(const OperationInUse&) = delete;
+  ~OperationInUse() {
+    if (outcome_ == StateInUse::Outcome::taken) in_use_.give_back();
+  }
+  // A graphed step of the optimizer runs on another thread: the member fails (`concurrent_use`, or
+  // a c10::Error where it returns nothing) before it changes anything.
+  [[nodiscard]] bool refused() const noexcept { return outcome_ == StateInUse::Outcome::refused; }
+  // Called from inside this thread's graphed step: its function's own zero_grad and step, or the
+  // program's loss function or schedule.
+  [[nodiscard]] bool inside() const noexcept { return outcome_ == StateInUse::Outcome::inside; }
+
+ private:
+  StateInUse& in_use_;
+  StateInUse::Outcome outcome_;
 };
 
 // The `concurrent_use` message of a step (`what`) turned away by `StepInUse`.
@@ -187,6 +265,13 @@ class StepInUse {
   return std::string(what) +
          ": another graphed step of this optimizer is running (on another thread, or this call is inside it); "
          "one step of an optimizer at a time";
+}
+
+// The message of a member (`what`) turned away by `OperationInUse`.
+[[nodiscard]] inline std::string used_by_another_thread(std::string_view what) {
+  return std::string(what) +
+         ": another thread's graphed step of this optimizer (a TrainingStep or OptimizerStep call) is running; "
+         "call it between steps (from that step's own function, on its thread, it works)";
 }
 
 class Adam::State final : public Optimizer::State {

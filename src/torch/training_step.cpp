@@ -325,7 +325,7 @@ Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
   // `.grad` set to none between steps: the graph still writes the optimizer's tensors; put them
   // back. Per-step gradients: a `.grad` the program set between steps is not the graph's; drop it.
   if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "TrainingStep: the step was moved from");
-  const StepInUse in_use(optimizer_.state_->step_in_use_);
+  const StepInUse in_use(optimizer_.state_->in_use_);
   if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("TrainingStep"));
   if (!optimizer_.has_static_grads()) optimizer_.zero_grad(true);
   if (auto attached = optimizer_.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
