@@ -155,11 +155,17 @@ std::string moved_from(const std::string& what) {
 // Each member below that changes or copies the state holds it for its duration (OperationInUse):
 // while another thread's graphed step runs it changes nothing, and fails (or throws, where it
 // returns nothing).
+//
+// The program's step and zero_grad take or drop the gradients a training step has accumulated so
+// far: they end its step in progress. Called inside a step's function (its own zero_grad and step,
+// at warm-up and recording) they leave the progress to TrainingStep's call, which keeps it for
+// replays too.
 void Optimizer::step() {
   TORCH_CHECK(state_ != nullptr, moved_from("Optimizer::step"));
   const OperationInUse in_use(state_->in_use_);
   TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::step"));
   state_->step();
+  if (!in_use.inside()) state_->progress_.clear();
 }
 
 void Optimizer::step(std::span<const at::Tensor> grads) {
@@ -167,6 +173,7 @@ void Optimizer::step(std::span<const at::Tensor> grads) {
   const OperationInUse in_use(state_->in_use_);
   TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::step"));
   state_->step(grads);
+  if (!in_use.inside()) state_->progress_.clear();
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
@@ -174,6 +181,7 @@ void Optimizer::zero_grad(bool set_to_none) {
   const OperationInUse in_use(state_->in_use_);
   TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::zero_grad"));
   state_->zero_grad(set_to_none);
+  if (!in_use.inside()) state_->progress_.clear();
 }
 
 Result<void> Optimizer::attach_grads() {
@@ -790,6 +798,10 @@ Result<void> OptimizerStep::operator()() const {
   if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "OptimizerStep: the step was moved from");
   const StepInUse in_use(optimizer_.state_->in_use_);
   if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("OptimizerStep"));
+  if (const StepProgress& progress = optimizer_.state_->progress_; progress.owner() != 0) {
+    return fail(Errc::invalid_argument, step_in_progress("OptimizerStep", progress.taken(),
+                                                         "this update would apply before the step's last micro-batch"));
+  }
   const auto& params = optimizer_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& grad = params[i].grad();

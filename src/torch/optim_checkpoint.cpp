@@ -373,10 +373,23 @@ Result<void> Optimizer::save(const std::string& path) const {
   return {};
 }
 
+namespace {
+
+// Why a load must wait: the gradients a training step has accumulated so far would be added to the
+// checkpoint's next step.
+Result<void> refuse_mid_step(const StepProgress& progress) {
+  if (progress.owner() == 0) return {};
+  return fail(Errc::invalid_argument,
+              step_in_progress("Optimizer::load", progress.taken(), "the checkpoint's next step would get"));
+}
+
+}  // namespace
+
 Result<void> Optimizer::load(::torch::serialize::InputArchive& archive) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::load"));
   const OperationInUse in_use(state_->in_use_);
   if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::load"));
+  if (auto refused = refuse_mid_step(state_->progress_); !refused) return refused;
   return state_->load(archive);
 }
 
@@ -386,6 +399,7 @@ Result<void> Optimizer::load(const std::string& path) {
   if (auto opened = open_file(archive, path, "Optimizer::load"); !opened) return opened;
   const OperationInUse in_use(state_->in_use_);
   if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::load"));
+  if (auto refused = refuse_mid_step(state_->progress_); !refused) return refused;
   return state_->load(archive);
 }
 

@@ -129,6 +129,38 @@ class StateInUse {
   std::thread::id thread_;
 };
 
+// The step in progress of a training step with micro-batches one per call: which training step
+// owns it and how many micro-batches it took. Kept with the gradients it describes (the
+// optimizer's shared state, not the TrainingStep), so that what else reads or changes those
+// gradients knows: another training step, a graphed update and `load` are refused while a step is
+// in progress, and the program's `step()` and `zero_grad()` end it (they take or drop its
+// gradients). Written under the state's hold (StateInUse): by TrainingStep's call, `restart_step`
+// and destructor, and by the program's step and zero_grad (never by the calls inside a step's
+// function: replays never run them, so the call keeps the count); read from any thread.
+class StepProgress {
+ public:
+  // The training step that owns the step in progress (TrainingStep's id), or 0: none.
+  [[nodiscard]] std::uint64_t owner() const noexcept { return owner_.load(); }
+  // The micro-batches taken in the step in progress, whoever owns it.
+  [[nodiscard]] std::int64_t taken() const noexcept { return taken_.load(); }
+  // Those `step` has taken: 0 where it does not own the step in progress.
+  [[nodiscard]] std::int64_t taken_by(std::uint64_t step) const noexcept { return owner() == step ? taken() : 0; }
+  // `step` has taken `taken` micro-batches of its step.
+  void take(std::uint64_t step, std::int64_t taken) noexcept {
+    taken_.store(taken);  // before the owner: a reader that sees the owner sees this count or a later one
+    owner_.store(step);
+  }
+  // No step is in progress: the next call of a training step begins one.
+  void clear() noexcept {
+    owner_.store(0);
+    taken_.store(0);
+  }
+
+ private:
+  std::atomic<std::uint64_t> owner_{0};
+  std::atomic<std::int64_t> taken_{0};
+};
+
 // What every optimizer keeps: the parameters, their gradients and step counts, and the rules of
 // `step`, `zero_grad` and `attach_grads`. Shared by the user's handle and the steps' pool
 // functions (see cgt.torch-optim.inc); its lists are filled when make_adam/make_sgd make it and
@@ -202,6 +234,8 @@ class Optimizer::State {
   std::unique_ptr<LossScale> loss_scale_;
   // Who is using the state (`StepInUse`, `OperationInUse`).
   StateInUse in_use_;
+  // The step in progress of a training step with micro-batches one per call.
+  StepProgress progress_;
 
  protected:
   // Scales `grads` by min(1, max_norm / (norm + 1e-6)) on the device, keeping the norm; nothing
@@ -265,6 +299,14 @@ class OperationInUse {
   return std::string(what) +
          ": another graphed step of this optimizer is running (on another thread, or this call is inside it); "
          "one step of an optimizer at a time";
+}
+
+// The message of `what`, refused while a training step's step is in progress (`taken` micro-batches
+// accumulated in the gradients), which it `would` change.
+[[nodiscard]] inline std::string step_in_progress(std::string_view what, std::int64_t taken, std::string_view would) {
+  return std::string(what) + ": a training step of this optimizer is in the middle of its step (" +
+         std::to_string(taken) + " micro-batches taken, their gradients accumulated), which " + std::string(would) +
+         "; finish that step, or call restart_step() on it";
 }
 
 // The message of a member (`what`) turned away by `OperationInUse`.

@@ -7,7 +7,9 @@ module;
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <expected>
 #include <memory>
 #include <optional>
@@ -321,30 +323,89 @@ Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& op
                                            std::move(options));
 }
 
+namespace {
+
+// A TrainingStep's id: which step owns the optimizer's step in progress (StepProgress; 0 is none).
+std::uint64_t new_step_id() noexcept {
+  static std::atomic<std::uint64_t> last{0};
+  return last.fetch_add(1) + 1;
+}
+
+}  // namespace
+
+TrainingStep::TrainingStep(Function function, Optimizer optimizer) noexcept
+    : function_(std::move(function)), id_(new_step_id()), optimizer_(std::move(optimizer)) {}
+
+TrainingStep::~TrainingStep() {
+  give_up_step();
+}
+
+TrainingStep& TrainingStep::operator=(TrainingStep&& other) noexcept {
+  if (this == &other) return *this;
+  give_up_step();  // this step's step in progress goes with it
+  function_ = std::move(other.function_);
+  first_ = std::move(other.first_);
+  middle_ = std::move(other.middle_);
+  micro_batches_ = other.micro_batches_;
+  id_ = other.id_;
+  optimizer_ = std::move(other.optimizer_);  // the moved-from step holds no state: it gives up nothing
+  return *this;
+}
+
+void TrainingStep::give_up_step() noexcept {
+  if (!optimizer_.has_state()) return;
+  Optimizer::State& state = *optimizer_.state_;
+  // Refused: another thread's graphed step runs, which began only because this step owned no step
+  // in progress (its call refuses another owner's), so there is nothing to give up.
+  const OperationInUse in_use(state.in_use_);
+  if (!in_use.refused() && state.progress_.owner() == id_) state.progress_.clear();
+}
+
+std::int64_t TrainingStep::micro_batches_taken() const noexcept {
+  return optimizer_.has_state() ? optimizer_.state_->progress_.taken_by(id_) : 0;
+}
+
+Result<void> TrainingStep::restart_step() {
+  if (!optimizer_.has_state())
+    return fail(Errc::invalid_argument, "TrainingStep::restart_step: the step was moved from");
+  Optimizer::State& state = *optimizer_.state_;
+  const OperationInUse in_use(state.in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("TrainingStep::restart_step"));
+  if (state.progress_.owner() == id_) state.progress_.clear();
+  return {};
+}
+
 Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
+  if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "TrainingStep: the step was moved from");
+  Optimizer::State& state = *optimizer_.state_;
+  const StepInUse in_use(state.in_use_);
+  if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("TrainingStep"));
+  // Another step's micro-batches are in the gradients this call would zero, add to or step on.
+  if (const std::uint64_t owner = state.progress_.owner(); owner != 0 && owner != id_) {
+    return fail(Errc::invalid_argument,
+                step_in_progress("TrainingStep", state.progress_.taken(), "this call would zero, add to or step on"));
+  }
   // `.grad` set to none between steps: the graph still writes the optimizer's tensors; put them
   // back. Per-step gradients: a `.grad` the program set between steps is not the graph's; drop it.
-  if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "TrainingStep: the step was moved from");
-  const StepInUse in_use(optimizer_.state_->in_use_);
-  if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("TrainingStep"));
-  if (!optimizer_.has_static_grads()) optimizer_.zero_grad(true);
-  if (auto attached = optimizer_.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  if (!state.static_grads_) state.zero_grad(true);
+  if (auto attached = state.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   // Micro-batches one per call: the first of a step, the middle ones, then the one that steps.
-  const bool steps = !first_.has_value() || taken_ == micro_batches_ - 1;
+  const std::int64_t taken = state.progress_.taken_by(id_);
+  const bool steps = !first_.has_value() || taken == micro_batches_ - 1;
   if (!steps) {
-    const std::optional<Function>& phase = taken_ == 0 ? first_ : middle_;
+    const std::optional<Function>& phase = taken == 0 ? first_ : middle_;
     if (!phase.has_value()) {  // made for every micro-batch count that calls it
-      return fail(Errc::invariant_violation, "TrainingStep: no function for micro-batch " + std::to_string(taken_));
+      return fail(Errc::invariant_violation, "TrainingStep: no function for micro-batch " + std::to_string(taken));
     }
     auto out = (*phase)(args);
-    if (out) ++taken_;
+    if (out) state.progress_.take(id_, taken + 1);
     return out;
   }
   if (auto rate = optimizer_.take_scheduled_lr(); !rate) return std::unexpected(std::move(rate.error()));
   auto out = function_(args);
   if (out) {
     optimizer_.count_scheduled_step();
-    taken_ = 0;
+    state.progress_.clear();
   }
   return out;
 }
