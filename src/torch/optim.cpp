@@ -459,14 +459,19 @@ std::vector<at::Tensor> Optimizer::State::pick(const std::vector<at::Tensor>& al
 }
 
 void Optimizer::State::step() {
+  step_only(all_);
+}
+
+void Optimizer::State::step_only(const std::vector<std::size_t>& among) {
   const c10::NoGradGuard no_grad;
   // Host decisions about which parameters have a gradient: in a graph they are taken once, when
-  // it is recorded (the training step attaches every gradient first, so all of them take part).
+  // it is recorded (the training step attaches every gradient first, and passes the parameters
+  // its backward reached).
   std::vector<std::size_t> with_grad;
   std::vector<at::Tensor> grads;
-  with_grad.reserve(params_.size());
-  grads.reserve(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
+  with_grad.reserve(among.size());
+  grads.reserve(among.size());
+  for (const std::size_t i : among) {
     const at::Tensor& p = params_[i];
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
@@ -477,7 +482,10 @@ void Optimizer::State::step() {
     with_grad.push_back(i);
     grads.push_back(p.grad());
   }
-  if (with_grad.empty()) return;
+  if (with_grad.empty()) {
+    if (clips_gradients()) grad_norm_.zero_();  // clip_grad_norm_ over no gradients: 0
+    return;
+  }
   if (loss_scale_) loss_scale_->unscale(grads);
   clip(grads);
   update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
@@ -514,6 +522,24 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
     update(all_, std::move(given));
   }
   if (loss_scale_) loss_scale_->update();
+}
+
+std::vector<std::int64_t> Optimizer::State::grad_versions() const {
+  std::vector<std::int64_t> versions;
+  if (!static_grads_) return versions;
+  versions.reserve(grads_.size());
+  for (const at::Tensor& grad : grads_) versions.push_back(grad._version());
+  return versions;
+}
+
+std::vector<bool> Optimizer::State::reached_since(const std::vector<std::int64_t>& versions) const {
+  std::vector<bool> reached(versions.size(), false);
+  for (std::size_t i = 0; i < versions.size(); ++i) {
+    const at::Tensor& grad = params_[i].grad();
+    // A backward with create_graph puts a new tensor in `.grad` instead of adding in place.
+    reached[i] = grad.defined() && (!grad.is_same(grads_[i]) || grads_[i]._version() != versions[i]);
+  }
+  return reached;
 }
 
 void Optimizer::State::zero_grad(bool set_to_none) {

@@ -191,8 +191,19 @@ class Optimizer::State {
   // nothing to clip, and no norm tensor).
   [[nodiscard]] bool clips_gradients() const noexcept { return max_grad_norm_ > 0 && !params_.empty(); }
   void step();
+  // `step()` over the parameters at `among` only (a training step's: those its backward reached,
+  // as eager libtorch after zero_grad(set_to_none=true) steps only those with a gradient). The
+  // gradients' unscaling and clipping, and the update, take those parameters alone.
+  void step_only(const std::vector<std::size_t>& among);
   void step(std::span<const at::Tensor> grads);
   void zero_grad(bool set_to_none);
+  // The static gradients' versions (empty without static gradients). AccumulateGrad adds into an
+  // existing `.grad` in place, which moves its version: `reached_since` compares them after a
+  // backward to tell the parameters it reached (a host decision, taken where the backward runs).
+  [[nodiscard]] std::vector<std::int64_t> grad_versions() const;
+  // Per parameter, whether a backward wrote its gradient since `versions` (grad_versions) were
+  // read: the version moved, or `.grad` is another tensor (a backward with create_graph).
+  [[nodiscard]] std::vector<bool> reached_since(const std::vector<std::int64_t>& versions) const;
   [[nodiscard]] Result<void> attach_grads();
   // The checkpoint (src/torch/optim_checkpoint.cpp; see Optimizer::save and load).
   [[nodiscard]] Result<void> save(::torch::serialize::OutputArchive& archive) const;
