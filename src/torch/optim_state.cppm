@@ -81,7 +81,8 @@ class LossScale {
 
 // Who is using an optimizer's state, one thread at a time: a graphed step (TrainingStep,
 // OptimizerStep) for its whole call, or one of the optimizer's members that change or copy the
-// state (set_lr, set_schedule, step, zero_grad, attach_grads, save, load) for its own. A graphed
+// state (set_lr, set_schedule, step, zero_grad, attach_grads, save, load; TrainingStep's
+// restart_step and destructor, which change the step in progress) for its own. A graphed
 // step changes the state before its pool's own one-caller check and runs the program's loss
 // function for as long as that takes: while one runs, another thread is turned away before it
 // changes anything, and the step's own thread passes (its function zeroes and steps the

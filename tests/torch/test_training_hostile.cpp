@@ -285,9 +285,10 @@ TEST_CASE("training/hostile: schedules count steps below 0 as 0 and stay finite 
 // Optimizer::load reads and checks the whole file before it changes anything: a file that is
 // broken (truncated, empty, not an archive, a directory), not an optimizer's, of another kind, or
 // whose every key is right but one (format, kind, count, lists, a rate that is NaN, negative,
-// beyond float32's range or not a number, a negative step count) fails with invalid_argument naming what differs, and
-// the rate and the schedule's count stay. The same file untampered, and with a key more (a later version's), loads. An
-// optimizer over no parameters needs no device.
+// beyond float32's range or not a number, a step count below 0 or above 2^62) fails with
+// invalid_argument naming what differs, and the rate and the schedule's count stay. The same file
+// untampered, with a key more (a later version's), and with a count of 2^62, loads. An optimizer
+// over no parameters needs no device.
 TEST_CASE("training/hostile: broken and tampered optimizer files change nothing", "[training][hostile]") {
   const TempFile good("hostile_file_good");
   {
@@ -915,9 +916,9 @@ void eager_scaled_step(Mlp& model, cgt::torch::Adam& adam, int seed, double fact
 // from the good one in one thing, found after the first parameters' tensors fit (a load that
 // copied as it read would have changed those): a later parameter's moment of another shape, a
 // step count of another dtype, a tensor left out, the rate (NaN, or finite but beyond float32's
-// range) or the count out of range, the loss
-// scale's tensors of another shape or dtype; and whole files: truncated, of fewer parameters, of
-// float64 parameters, of SGD. A save inside a recording is refused too. The good file then loads.
+// range) or the count out of range, the loss scale's tensors of another shape or dtype; and whole
+// files: truncated, of fewer parameters, of float64 parameters, of SGD. A save inside a recording is refused too. The
+// good file then loads.
 TEST_CASE("training/hostile: optimizer files that do not fit leave every state tensor as it was",
           "[gpu][training][hostile]") {
   REQUIRE_GPU();
