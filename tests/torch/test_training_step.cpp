@@ -861,9 +861,9 @@ ReachRun reach_graph(const ReachMode& mode, bool sgd, const ReachData& data) {
     torch::serialize::InputArchive archive;
     archive.load_from(file.path);
     for (std::size_t i = 0; i < params.size(); ++i) {
-      torch::Tensor buffer;
+      c10::IValue buffer;
       archive.read("param." + std::to_string(i) + ".momentum_buffer", buffer);
-      run.first_moments.push_back(buffer);
+      run.first_moments.push_back(buffer.toTensor());
     }
   }
   return run;
