@@ -74,12 +74,11 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
   return {};
 }
 
-// A learning rate the device's float32 rate tensor holds: finite, not below 0, within float32.
+}  // namespace
+
 bool is_rate(double lr) noexcept {
   return std::isfinite(lr) && lr >= 0 && lr <= std::numeric_limits<float>::max();
 }
-
-}  // namespace
 
 Result<std::unique_ptr<LossScale>> LossScale::make(const LossScaleOptions& options, const at::Device& device) {
   if (!std::isfinite(options.init_scale) || options.init_scale <= 0 || !std::isfinite(options.growth_factor) ||
@@ -153,72 +152,100 @@ std::string moved_from(const std::string& what) {
 
 }  // namespace
 
+// Each member below that changes or copies the state holds it for its duration (OperationInUse):
+// while another thread's graphed step runs it changes nothing, and fails (or throws, where it
+// returns nothing).
+//
+// The program's step and zero_grad take or drop the gradients a training step has accumulated so
+// far: they end its step in progress. Called inside a step's function (its own zero_grad and step,
+// at warm-up and recording) they leave the progress to TrainingStep's call, which keeps it for
+// replays too.
 void Optimizer::step() {
   TORCH_CHECK(state_ != nullptr, moved_from("Optimizer::step"));
+  const OperationInUse in_use(state_->in_use_);
+  TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::step"));
   state_->step();
+  if (!in_use.inside()) state_->progress_.clear();
 }
 
 void Optimizer::step(std::span<const at::Tensor> grads) {
   TORCH_CHECK(state_ != nullptr, moved_from("Optimizer::step"));
+  const OperationInUse in_use(state_->in_use_);
+  TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::step"));
   state_->step(grads);
+  if (!in_use.inside()) state_->progress_.clear();
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
-  if (state_ != nullptr) state_->zero_grad(set_to_none);  // without state there is nothing to zero
+  if (state_ == nullptr) return;  // without state there is nothing to zero
+  const OperationInUse in_use(state_->in_use_);
+  TORCH_CHECK(!in_use.refused(), used_by_another_thread("Optimizer::zero_grad"));
+  state_->zero_grad(set_to_none);
+  if (!in_use.inside()) state_->progress_.clear();
 }
 
 Result<void> Optimizer::attach_grads() {
   if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::attach_grads"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::attach_grads"));
   return state_->attach_grads();
 }
 
 Result<void> Optimizer::set_lr(double lr) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::set_lr"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::set_lr"));
   return state_->set_lr(lr);
 }
 
 double Optimizer::lr() const noexcept {
-  return state_ != nullptr ? state_->lr_ : 0;
+  return state_ != nullptr ? state_->lr_.load() : 0;
 }
 
 Result<void> Optimizer::set_schedule(LrSchedule schedule, std::int64_t start) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::set_schedule"));
-  if (start < 0) {
-    return fail(Errc::invalid_argument,
-                "set_schedule: the step to start from is " + std::to_string(start) + "; steps count from 0");
+  if (start < 0 || start > max_scheduled_steps) {
+    return fail(Errc::invalid_argument, "Optimizer::set_schedule: the step to start from is " + std::to_string(start) +
+                                            "; a schedule counts steps from 0 to 2^62");
   }
-  state_->schedule_ = std::move(schedule);
-  state_->scheduled_steps_ = start;
+  LrSchedule replaced;  // destroyed after the hold is given back: its destructor is the program's code
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::set_schedule"));
+  replaced = std::exchange(state_->schedule_, std::move(schedule));
+  state_->scheduled_steps_.store(start);
   return {};
 }
 
 std::int64_t Optimizer::scheduled_steps() const noexcept {
-  return state_ != nullptr ? state_->scheduled_steps_ : 0;
+  return state_ != nullptr ? state_->scheduled_steps_.load() : 0;
 }
 
+// A graphed step's call holds the state (StepInUse) around this and `count_scheduled_step`.
 Result<void> Optimizer::take_scheduled_lr() {
   if (state_ == nullptr || !state_->schedule_) return {};
+  const std::int64_t step = state_->scheduled_steps_.load();
   double rate = 0;
   try {
-    rate = state_->schedule_(state_->scheduled_steps_);
+    rate = state_->schedule_(step);
   } catch (const std::exception& e) {
-    return fail(Errc::function_failed, "the learning-rate schedule threw at step " +
-                                           std::to_string(state_->scheduled_steps_) + ": " + e.what());
+    return fail(Errc::function_failed,
+                "the learning-rate schedule threw at step " + std::to_string(step) + ": " + e.what());
   } catch (...) {  // whatever the program's function throws comes back as an error, as a pool function's does
-    return fail(Errc::function_failed, "the learning-rate schedule threw at step " +
-                                           std::to_string(state_->scheduled_steps_) + " (not a std::exception)");
+    return fail(Errc::function_failed,
+                "the learning-rate schedule threw at step " + std::to_string(step) + " (not a std::exception)");
   }
   if (auto set = state_->set_lr(rate); !set) {
     Error error = std::move(set.error());
-    error.message =
-        "the learning-rate schedule at step " + std::to_string(state_->scheduled_steps_) + ": " + error.message;
+    error.message = "the learning-rate schedule at step " + std::to_string(step) + ": " + error.message;
     return std::unexpected(std::move(error));
   }
   return {};
 }
 
 void Optimizer::count_scheduled_step() noexcept {
-  if (state_ != nullptr && state_->schedule_) ++state_->scheduled_steps_;
+  if (state_ == nullptr || !state_->schedule_) return;
+  const std::int64_t counted = state_->scheduled_steps_.load();
+  if (counted < max_scheduled_steps) state_->scheduled_steps_.store(counted + 1);  // never overflows
 }
 
 const at::Tensor& Optimizer::grad_norm() const noexcept {
@@ -227,7 +254,7 @@ const at::Tensor& Optimizer::grad_norm() const noexcept {
 }
 
 bool Optimizer::clips_gradients() const noexcept {
-  return state_ != nullptr && state_->max_grad_norm_ > 0;
+  return state_ != nullptr && state_->clips_gradients();
 }
 
 const at::Tensor& Optimizer::loss_scale() const noexcept {
@@ -325,7 +352,7 @@ Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static
   }
   params_ = std::move(params);
   static_grads_ = static_grads;
-  lr_ = lr;
+  lr_.store(lr);
   return {};
 }
 
@@ -371,16 +398,30 @@ Result<void> Optimizer::State::scale_loss(const LossScaleOptions& options) {
 
 // PyTorch's clip_grad_norm_ (torch/nn/utils/clip_grad.py), op for op, without its host decisions:
 // the norms of the gradients, their norm, the coefficient clamped at 1, every gradient scaled by it.
+// As there, the gradients are taken a device at a time (a foreach kernel reads one device's
+// tensors, and the coefficient of one device cannot scale another's): the norms are moved to the
+// first device for the total, and the coefficient to each device for its gradients.
 void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
-  if (max_grad_norm_ == 0 || grads.empty()) return;
-  std::vector<at::Tensor> norms = at::_foreach_norm(grads, grad_norm_type_);
-  for (at::Tensor& norm : norms) norm = norm.to(grad_norm_.device());  // the first device's, as PyTorch's
+  if (!clips_gradients() || grads.empty()) return;
+  std::vector<std::vector<at::Tensor>> by_device;
+  for (const at::Tensor& grad : grads) {
+    auto group =
+        std::ranges::find_if(by_device, [&grad](const auto& g) { return g.front().device() == grad.device(); });
+    if (group == by_device.end()) group = by_device.insert(by_device.end(), std::vector<at::Tensor>{});
+    group->push_back(grad);
+  }
+  std::vector<at::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& group : by_device) {
+    for (const at::Tensor& norm : at::_foreach_norm(group, grad_norm_type_))
+      norms.push_back(norm.to(grad_norm_.device()));
+  }
   const at::Tensor total = at::linalg_vector_norm(at::stack(norms), grad_norm_type_);
   grad_norm_.copy_(total);
   const at::Tensor coefficient = at::full_like(total, max_grad_norm_);  // in-place ops below: const handle
   coefficient.div_(total.add(1e-6));
   coefficient.clamp_max_(1.0);
-  at::_foreach_mul_(grads, coefficient);
+  for (const auto& group : by_device) at::_foreach_mul_(group, coefficient.to(group.front().device()));
 }
 
 Result<void> Optimizer::State::set_lr(double lr) {
@@ -388,6 +429,10 @@ Result<void> Optimizer::State::set_lr(double lr) {
     return fail(Errc::invalid_argument,
                 "the learning rate must be finite, >= 0 and within float32's range, not " + std::to_string(lr));
   }
+  return write_lr(lr);
+}
+
+Result<void> Optimizer::State::write_lr(double lr) {
   for (const at::Tensor& rate : lr_by_device_) {
     if (!is_capturing(rate.device())) continue;
     return fail(Errc::invalid_argument,
@@ -400,7 +445,7 @@ Result<void> Optimizer::State::set_lr(double lr) {
   } catch (const std::exception& e) {
     return fail(Errc::backend_error, std::string("writing the learning rate: ") + e.what());
   }
-  lr_ = lr;
+  lr_.store(lr);
   return {};
 }
 
@@ -414,14 +459,19 @@ std::vector<at::Tensor> Optimizer::State::pick(const std::vector<at::Tensor>& al
 }
 
 void Optimizer::State::step() {
+  step_only(all_);
+}
+
+void Optimizer::State::step_only(const std::vector<std::size_t>& among) {
   const c10::NoGradGuard no_grad;
   // Host decisions about which parameters have a gradient: in a graph they are taken once, when
-  // it is recorded (the training step attaches every gradient first, so all of them take part).
+  // it is recorded (the training step attaches every gradient first, and passes the parameters
+  // its backward reached).
   std::vector<std::size_t> with_grad;
   std::vector<at::Tensor> grads;
-  with_grad.reserve(params_.size());
-  grads.reserve(params_.size());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
+  with_grad.reserve(among.size());
+  grads.reserve(among.size());
+  for (const std::size_t i : among) {
     const at::Tensor& p = params_[i];
     const at::Tensor& grad = p.grad();
     if (!grad.defined()) continue;
@@ -432,7 +482,10 @@ void Optimizer::State::step() {
     with_grad.push_back(i);
     grads.push_back(p.grad());
   }
-  if (with_grad.empty()) return;
+  if (with_grad.empty()) {
+    if (clips_gradients()) grad_norm_.zero_();  // clip_grad_norm_ over no gradients: 0
+    return;
+  }
   if (loss_scale_) loss_scale_->unscale(grads);
   clip(grads);
   update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
@@ -443,6 +496,7 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
   const c10::NoGradGuard no_grad;
   TORCH_CHECK(grads.size() == params_.size(), "the optimizer has ", params_.size(), " parameters but was given ",
               grads.size(), " gradients");
+  if (params_.empty()) return;  // nothing to update (the foreach kernels refuse empty lists)
   std::vector<at::Tensor> given;
   given.reserve(grads.size());
   for (std::size_t i = 0; i < grads.size(); ++i) {
@@ -468,6 +522,24 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
     update(all_, std::move(given));
   }
   if (loss_scale_) loss_scale_->update();
+}
+
+std::vector<std::int64_t> Optimizer::State::grad_versions() const {
+  std::vector<std::int64_t> versions;
+  if (!static_grads_) return versions;
+  versions.reserve(grads_.size());
+  for (const at::Tensor& grad : grads_) versions.push_back(grad._version());
+  return versions;
+}
+
+std::vector<bool> Optimizer::State::reached_since(const std::vector<std::int64_t>& versions) const {
+  std::vector<bool> reached(versions.size(), false);
+  for (std::size_t i = 0; i < versions.size(); ++i) {
+    const at::Tensor& grad = params_[i].grad();
+    // A backward with create_graph puts a new tensor in `.grad` instead of adding in place.
+    reached[i] = grad.defined() && (!grad.is_same(grads_[i]) || grads_[i]._version() != versions[i]);
+  }
+  return reached;
 }
 
 void Optimizer::State::zero_grad(bool set_to_none) {
@@ -750,8 +822,12 @@ Result<void> OptimizerStep::operator()() const {
   // at another address is one it cannot read: both are refused rather than updated from stale
   // values.
   if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "OptimizerStep: the step was moved from");
-  const StepInUse in_use(optimizer_.state_->step_in_use_);
+  const StepInUse in_use(optimizer_.state_->in_use_);
   if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("OptimizerStep"));
+  if (const StepProgress& progress = optimizer_.state_->progress_; progress.owner() != 0) {
+    return fail(Errc::invalid_argument, step_in_progress("OptimizerStep", progress.taken(),
+                                                         "this update would apply before the step's last micro-batch"));
+  }
   const auto& params = optimizer_.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& grad = params[i].grad();

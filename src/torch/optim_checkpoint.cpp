@@ -14,7 +14,6 @@ module;
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -223,8 +222,8 @@ Result<void> Optimizer::State::save(::torch::serialize::OutputArchive& archive) 
     archive.write(std::string(kind_key), c10::IValue(std::string(kind())));
     archive.write(std::string(params_key), c10::IValue(static_cast<std::int64_t>(params_.size())));
     archive.write(std::string(state_key), c10::IValue(join(lists)));
-    archive.write(std::string(lr_key), c10::IValue(lr_));
-    archive.write(std::string(scheduled_steps_key), c10::IValue(scheduled_steps_));
+    archive.write(std::string(lr_key), c10::IValue(lr_.load()));
+    archive.write(std::string(scheduled_steps_key), c10::IValue(scheduled_steps_.load()));
     // The state is on the device (make_adam/make_sgd take CUDA parameters only): `to(kCPU)` is a
     // copy, ordered after the steps queued on the current stream, and the archive owns it.
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -316,14 +315,15 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
   }
   auto lr = prefixed(function, read<double>(archive, lr_key));
   if (!lr) return std::unexpected(std::move(lr.error()));
-  if (!std::isfinite(*lr) || *lr < 0) {
-    return fail(Errc::invalid_argument, std::string(function) + ": the file's learning rate is " + std::to_string(*lr));
+  if (!is_rate(*lr)) {  // checked with the rest: `set_lr` after the copies would refuse it too late
+    return fail(Errc::invalid_argument, std::string(function) + ": the file's learning rate is " + std::to_string(*lr) +
+                                            "; a rate is finite, >= 0 and within float32's range");
   }
   auto scheduled = prefixed(function, read<std::int64_t>(archive, scheduled_steps_key));
   if (!scheduled) return std::unexpected(std::move(scheduled.error()));
-  if (*scheduled < 0) {
-    return fail(Errc::invalid_argument,
-                std::string(function) + ": the file's scheduled steps are " + std::to_string(*scheduled));
+  if (*scheduled < 0 || *scheduled > max_scheduled_steps) {
+    return fail(Errc::invalid_argument, std::string(function) + ": the file's scheduled steps are " +
+                                            std::to_string(*scheduled) + "; a schedule counts from 0 to 2^62");
   }
 
   // The loss scale where this optimizer scales the loss; a file of one that did not leaves it as it is.
@@ -341,21 +341,30 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
     }
   }
 
+  // Everything is checked: from here on only the device can fail.
   if (auto copied = copy_all(copies, function); !copied) return copied;
-  if (auto set = prefixed(function, set_lr(*lr)); !set) return set;
-  scheduled_steps_ = *scheduled;
+  if (auto set = prefixed(function, write_lr(*lr)); !set) return set;
+  scheduled_steps_.store(*scheduled);
   return {};
 }
 
+// The members below hold the state while they copy it (OperationInUse): while another thread's
+// graphed step runs they fail with concurrent_use, having read or written nothing.
 Result<void> Optimizer::save(::torch::serialize::OutputArchive& archive) const {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::save"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::save"));
   return state_->save(archive);
 }
 
 Result<void> Optimizer::save(const std::string& path) const {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::save"));
   ::torch::serialize::OutputArchive archive;
-  if (auto saved = state_->save(archive); !saved) return saved;
+  {
+    const OperationInUse in_use(state_->in_use_);
+    if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::save"));
+    if (auto saved = state_->save(archive); !saved) return saved;
+  }
   try {
     archive.save_to(path);
   } catch (const std::exception& e) {
@@ -364,8 +373,23 @@ Result<void> Optimizer::save(const std::string& path) const {
   return {};
 }
 
+namespace {
+
+// Why a load must wait: the gradients a training step has accumulated so far would be added to the
+// checkpoint's next step.
+Result<void> refuse_mid_step(const StepProgress& progress) {
+  if (progress.owner() == 0) return {};
+  return fail(Errc::invalid_argument,
+              step_in_progress("Optimizer::load", progress.taken(), "the checkpoint's next step would get"));
+}
+
+}  // namespace
+
 Result<void> Optimizer::load(::torch::serialize::InputArchive& archive) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::load"));
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::load"));
+  if (auto refused = refuse_mid_step(state_->progress_); !refused) return refused;
   return state_->load(archive);
 }
 
@@ -373,6 +397,9 @@ Result<void> Optimizer::load(const std::string& path) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, no_state("Optimizer::load"));
   ::torch::serialize::InputArchive archive;
   if (auto opened = open_file(archive, path, "Optimizer::load"); !opened) return opened;
+  const OperationInUse in_use(state_->in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("Optimizer::load"));
+  if (auto refused = refuse_mid_step(state_->progress_); !refused) return refused;
   return state_->load(archive);
 }
 

@@ -7,7 +7,9 @@ module;
 #include <c10/core/GradMode.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <expected>
 #include <memory>
 #include <optional>
@@ -123,91 +125,9 @@ Values run_loss(Callable& loss, Inputs in, std::optional<at::ScalarType> autocas
   return loss(in);
 }
 
-// What the backward starts from: the loss times the optimizer's loss scale where it scales the
-// loss (GradScaler's `scale(loss)`; the step unscales the gradients), else the loss.
-at::Tensor scaled_loss(const at::Tensor& loss, const Optimizer& optimizer) {
-  return optimizer.scales_loss() ? loss.mul(optimizer.loss_scale()) : loss;
-}
-
-// What one call of a training step's function does with the gradients: zero them first (the
-// first micro-batch of a step), step the optimizer after (the last), and the factor of the loss
-// before its backward (1 / micro-batches).
-struct Phase {
-  bool zeroes = true;
-  bool steps = true;
-  double loss_factor = 1;
-  std::optional<at::ScalarType> autocast;  // TrainingStepOptions::autocast
-};
-
-// After the loss function ran: its values detached, and the norm of a step that clipped last.
-void finish_outputs(Values& out, Optimizer& optimizer, bool stepped) {
-  for (at::Tensor& value : out) {
-    if (value.defined()) value = value.detach();
-  }
-  // The optimizer's norm tensor is rewritten by every step: the call hands out this step's.
-  if (stepped && optimizer.clips_gradients()) out.push_back(optimizer.grad_norm().clone());
-}
-
 void check_loss(const Values& out) {
   TORCH_CHECK(!out.empty() && out[0].defined() && out[0].numel() == 1,
               "a training step's loss function returns the loss (one element) first");
-}
-
-// One micro-batch, or a whole batch (`Phase{}`), as a pool function's body.
-Callable phase_body(Optimizer optimizer, std::shared_ptr<Callable> loss, Phase phase) {
-  return [optimizer = std::move(optimizer), loss = std::move(loss), phase](Inputs in) mutable -> Values {
-    const c10::AutoGradMode grad_on(true);
-    // Static gradients are zeroed in place, at their addresses; per-step ones are set to none, so
-    // that the backward allocates them in this call (see cgt.torch-optim.inc).
-    const bool static_grads = optimizer.has_static_grads();
-    if (phase.zeroes) optimizer.zero_grad(!static_grads);
-    Values out = run_loss(*loss, in, phase.autocast);
-    check_loss(out);
-    scaled_loss(phase.loss_factor == 1 ? out[0] : out[0].mul(phase.loss_factor), optimizer).backward();
-    if (phase.steps) {
-      optimizer.step();
-      if (!static_grads) optimizer.zero_grad(true);  // they die here, inside the step's graph
-    }
-    finish_outputs(out, optimizer, phase.steps);
-    return out;
-  };
-}
-
-// All micro-batches in one call: every tensor input split into `parts` along its first dimension.
-Callable all_in_one_body(Optimizer optimizer, std::shared_ptr<Callable> loss, std::int64_t parts,
-                         std::optional<at::ScalarType> autocast) {
-  return [optimizer = std::move(optimizer), loss = std::move(loss), parts, autocast](Inputs in) mutable -> Values {
-    const c10::AutoGradMode grad_on(true);
-    const bool static_grads = optimizer.has_static_grads();
-    optimizer.zero_grad(!static_grads);
-    std::vector<std::vector<at::Tensor>> chunks(in.size());
-    for (std::size_t j = 0; j < in.size(); ++j) {
-      if (!in[j].defined()) continue;  // a scalar argument: the same for every micro-batch
-      TORCH_CHECK(in[j].dim() > 0 && in[j].size(0) % parts == 0, "input ", j, " has ",
-                  in[j].dim() > 0 ? in[j].size(0) : 0, " rows along its first dimension, which ", parts,
-                  " micro-batches cannot share equally");
-      chunks[j] = in[j].chunk(parts, 0);
-    }
-    std::vector<std::int64_t> scalars(in.size());
-    for (std::size_t j = 0; j < in.size(); ++j) scalars[j] = in.scalar(j);
-    Values out;
-    at::Tensor total;
-    for (std::int64_t part = 0; part < parts; ++part) {
-      std::vector<at::Tensor> values(in.size());
-      for (std::size_t j = 0; j < in.size(); ++j) {
-        if (!chunks[j].empty()) values[j] = chunks[j][static_cast<std::size_t>(part)];
-      }
-      out = run_loss(*loss, Inputs(values, scalars), autocast);
-      check_loss(out);
-      scaled_loss(out[0].div(static_cast<double>(parts)), optimizer).backward();
-      total = part == 0 ? out[0].detach() : total.add(out[0].detach());
-    }
-    optimizer.step();
-    if (!static_grads) optimizer.zero_grad(true);
-    out[0] = total.div(static_cast<double>(parts));
-    finish_outputs(out, optimizer, true);
-    return out;
-  };
 }
 
 // The name of one phase's function: the step's own name for the one that steps.
@@ -218,6 +138,144 @@ FunctionOptions phase_options(const FunctionOptions& options, const char* phase)
 }
 
 }  // namespace
+
+// The bodies of a training step's pool functions. A member of TrainingStep, Optimizer's friend,
+// so that they reach the optimizer's state behind its handle: a step updates only the parameters
+// its backward reached, as eager libtorch after zero_grad(set_to_none=true) steps only those with
+// a gradient. The static gradients are zeroed in place, so a parameter the loss never reaches
+// still has one (zeros), which AdamW's decay or SGD's momentum would move it by; the body tells
+// the reached ones by their gradients' versions (Optimizer::State::reached_since). Which
+// parameters a graph updates is a host decision taken when its body runs (warm-up, recording),
+// baked into the graph with the autograd graph that decided it.
+class TrainingStep::Body {
+ public:
+  using State = Optimizer::State;
+
+  // Which call of a step a body is: all of it, or (micro-batches one per call) the first, a middle
+  // or the last micro-batch. The first zeroes the gradients, the last steps.
+  enum class Part : std::uint8_t { whole, first, middle, last };
+  struct Phase {
+    Part part = Part::whole;
+    double loss_factor = 1;                  // 1 / micro-batches, before the backward
+    std::optional<at::ScalarType> autocast;  // TrainingStepOptions::autocast
+  };
+  // The parameters the first and the middle calls' backward reached when their bodies last ran
+  // (replays run none), for the last call to update what any micro-batch of its step reached.
+  // Every kind of call runs its body (warm-up) before the first step's last call does. Written
+  // and read by the bodies, under the optimizer's hold (StepInUse).
+  struct Reached {
+    std::vector<bool> first;
+    std::vector<bool> middle;
+  };
+
+  static std::shared_ptr<State> state_of(const Optimizer& optimizer) { return optimizer.state_; }
+
+  // One micro-batch, or a whole batch (`Part::whole`).
+  static Callable phase(std::shared_ptr<State> state, std::shared_ptr<Callable> loss, Phase phase,
+                        std::shared_ptr<Reached> reached) {
+    return [state = std::move(state), loss = std::move(loss), phase, reached = std::move(reached)](Inputs in) {
+      const c10::AutoGradMode grad_on(true);
+      const bool zeroes = phase.part == Part::whole || phase.part == Part::first;
+      const bool steps = phase.part == Part::whole || phase.part == Part::last;
+      // Static gradients are zeroed in place, at their addresses; per-step ones are set to none,
+      // so that the backward allocates them in this call (see cgt.torch-optim.inc).
+      if (zeroes) state->zero_grad(!state->static_grads_);
+      const std::vector<std::int64_t> versions = state->grad_versions();
+      Values out = run_loss(*loss, in, phase.autocast);
+      check_loss(out);
+      backward(*state, phase.loss_factor == 1 ? out[0] : out[0].mul(phase.loss_factor));
+      std::vector<bool> reached_here = state->reached_since(versions);
+      if (phase.part == Part::first) reached->first = reached_here;
+      if (phase.part == Part::middle) reached->middle = reached_here;
+      if (steps) {
+        if (phase.part == Part::last) {
+          add(reached_here, reached->first);
+          add(reached_here, reached->middle);
+        }
+        step_reached(*state, reached_here);
+      }
+      finish_outputs(out, *state, steps);
+      return out;
+    };
+  }
+
+  // All micro-batches in one call: every tensor input split into `parts` along its first
+  // dimension; the step updates what any of them reached.
+  static Callable all_in_one(std::shared_ptr<State> state, std::shared_ptr<Callable> loss, std::int64_t parts,
+                             std::optional<at::ScalarType> autocast) {
+    return [state = std::move(state), loss = std::move(loss), parts, autocast](Inputs in) {
+      const c10::AutoGradMode grad_on(true);
+      state->zero_grad(!state->static_grads_);
+      std::vector<std::vector<at::Tensor>> chunks(in.size());
+      for (std::size_t j = 0; j < in.size(); ++j) {
+        if (!in[j].defined()) continue;  // a scalar argument: the same for every micro-batch
+        TORCH_CHECK(in[j].dim() > 0 && in[j].size(0) % parts == 0, "input ", j, " has ",
+                    in[j].dim() > 0 ? in[j].size(0) : 0, " rows along its first dimension, which ", parts,
+                    " micro-batches cannot share equally");
+        chunks[j] = in[j].chunk(parts, 0);
+      }
+      std::vector<std::int64_t> scalars(in.size());
+      for (std::size_t j = 0; j < in.size(); ++j) scalars[j] = in.scalar(j);
+      const std::vector<std::int64_t> versions = state->grad_versions();
+      Values out;
+      at::Tensor total;
+      for (std::int64_t part = 0; part < parts; ++part) {
+        std::vector<at::Tensor> values(in.size());
+        for (std::size_t j = 0; j < in.size(); ++j) {
+          if (!chunks[j].empty()) values[j] = chunks[j][static_cast<std::size_t>(part)];
+        }
+        out = run_loss(*loss, Inputs(values, scalars), autocast);
+        check_loss(out);
+        backward(*state, out[0].div(static_cast<double>(parts)));
+        total = part == 0 ? out[0].detach() : total.add(out[0].detach());
+      }
+      step_reached(*state, state->reached_since(versions));
+      out[0] = total.div(static_cast<double>(parts));
+      finish_outputs(out, *state, true);
+      return out;
+    };
+  }
+
+ private:
+  // The backward from the loss, times the optimizer's loss scale where it scales the loss
+  // (GradScaler's `scale(loss)`; the step unscales the gradients). An optimizer over no parameters
+  // trains nothing: no backward (its loss may be of constants, which have none).
+  static void backward(const State& state, const at::Tensor& loss) {
+    if (state.params_.empty()) return;
+    (state.loss_scale_ ? loss.mul(state.loss_scale_->scale()) : loss).backward();
+  }
+
+  // `into` |= `more`, where `more` was found (an empty list: its body has not run).
+  static void add(std::vector<bool>& into, const std::vector<bool>& more) {
+    if (more.size() != into.size()) return;
+    for (std::size_t i = 0; i < into.size(); ++i) into[i] = into[i] || more[i];
+  }
+
+  // The optimizer's step over the parameters reached. Per-step gradients need no list: the
+  // parameters the backward did not reach have no `.grad`, which the step skips; they are set to
+  // none after, so that they die inside the step's graph.
+  static void step_reached(State& state, const std::vector<bool>& reached) {
+    if (!state.static_grads_) {
+      state.step();
+      state.zero_grad(true);
+      return;
+    }
+    std::vector<std::size_t> among;
+    for (std::size_t i = 0; i < reached.size(); ++i) {
+      if (reached[i]) among.push_back(i);
+    }
+    state.step_only(among);
+  }
+
+  // After the loss function ran: its values detached, and the norm of a step that clipped last.
+  static void finish_outputs(Values& out, const State& state, bool stepped) {
+    for (at::Tensor& value : out) {
+      if (value.defined()) value = value.detach();
+    }
+    // The optimizer's norm tensor is rewritten by every step: the call hands out this step's.
+    if (stepped && state.clips_gradients()) out.push_back(state.grad_norm_.clone());
+  }
+};
 
 // The step's function and the step itself hold handles of their own on the optimizer's state
 // (`Optimizer::share`): the user's handle may move (out of a Result, into a vector) or go.
@@ -243,31 +301,31 @@ Result<TrainingStep> make_training_step(Pool& pool, Optimizer& optimizer, Callab
                 ".grad across calls: make the optimizer with static_grads = true (or pass all micro-batches in "
                 "one call: all_in_one_call)");
   }
+  using Body = TrainingStep::Body;
   auto shared_loss = std::make_shared<Callable>(std::move(loss));
+  auto reached = std::make_shared<Body::Reached>();
   const double factor = 1.0 / static_cast<double>(parts);
-  Callable last =
-      parts > 1 && options.all_in_one_call
-          ? all_in_one_body(optimizer.share(), shared_loss, parts, options.autocast)
-          : phase_body(optimizer.share(), shared_loss,
-                       {.zeroes = !per_call, .steps = true, .loss_factor = factor, .autocast = options.autocast});
-  // A phase of a step that does not step: the first micro-batch zeroes the gradients, the middle
+  const auto body = [&](Body::Part part) {
+    return Body::phase(Body::state_of(optimizer), shared_loss,
+                       {.part = part, .loss_factor = factor, .autocast = options.autocast}, reached);
+  };
+  Callable last = parts > 1 && options.all_in_one_call
+                      ? Body::all_in_one(Body::state_of(optimizer), shared_loss, parts, options.autocast)
+                      : body(per_call ? Body::Part::last : Body::Part::whole);
+  // A call of a step that does not step: the first micro-batch zeroes the gradients, the middle
   // ones only accumulate.
-  const auto add_phase = [&](bool zeroes, const char* suffix) {
-    return add_training_step(
-        pool, optimizer,
-        phase_body(optimizer.share(), shared_loss,
-                   {.zeroes = zeroes, .steps = false, .loss_factor = factor, .autocast = options.autocast}),
-        phase_options(options.function, suffix));
+  const auto add_phase = [&](Body::Part part, const char* suffix) {
+    return add_training_step(pool, optimizer, body(part), phase_options(options.function, suffix));
   };
   std::optional<Function> first;
   std::optional<Function> middle;
   if (per_call) {
     // Made first: a failure leaves nothing of the step in the pool but what is made already.
-    auto made = add_phase(true, ".first");
+    auto made = add_phase(Body::Part::first, ".first");
     if (!made) return std::unexpected(std::move(made.error()));
     first = std::move(*made);
     if (parts > 2) {
-      made = add_phase(false, ".middle");
+      made = add_phase(Body::Part::middle, ".middle");
       if (!made) return std::unexpected(std::move(made.error()));
       middle = std::move(*made);
     }
@@ -319,30 +377,89 @@ Result<TrainingStep> make_training_step_from_gradients(Pool& pool, Optimizer& op
                                            std::move(options));
 }
 
+namespace {
+
+// A TrainingStep's id: which step owns the optimizer's step in progress (StepProgress; 0 is none).
+std::uint64_t new_step_id() noexcept {
+  static std::atomic<std::uint64_t> last{0};
+  return last.fetch_add(1) + 1;
+}
+
+}  // namespace
+
+TrainingStep::TrainingStep(Function function, Optimizer optimizer) noexcept
+    : function_(std::move(function)), id_(new_step_id()), optimizer_(std::move(optimizer)) {}
+
+TrainingStep::~TrainingStep() {
+  give_up_step();
+}
+
+TrainingStep& TrainingStep::operator=(TrainingStep&& other) noexcept {
+  if (this == &other) return *this;
+  give_up_step();  // this step's step in progress goes with it
+  function_ = std::move(other.function_);
+  first_ = std::move(other.first_);
+  middle_ = std::move(other.middle_);
+  micro_batches_ = other.micro_batches_;
+  id_ = other.id_;
+  optimizer_ = std::move(other.optimizer_);  // the moved-from step holds no state: it gives up nothing
+  return *this;
+}
+
+void TrainingStep::give_up_step() noexcept {
+  if (!optimizer_.has_state()) return;
+  Optimizer::State& state = *optimizer_.state_;
+  // Refused: another thread's graphed step runs, which began only because this step owned no step
+  // in progress (its call refuses another owner's), so there is nothing to give up.
+  const OperationInUse in_use(state.in_use_);
+  if (!in_use.refused() && state.progress_.owner() == id_) state.progress_.clear();
+}
+
+std::int64_t TrainingStep::micro_batches_taken() const noexcept {
+  return optimizer_.has_state() ? optimizer_.state_->progress_.taken_by(id_) : 0;
+}
+
+Result<void> TrainingStep::restart_step() {
+  if (!optimizer_.has_state())
+    return fail(Errc::invalid_argument, "TrainingStep::restart_step: the step was moved from");
+  Optimizer::State& state = *optimizer_.state_;
+  const OperationInUse in_use(state.in_use_);
+  if (in_use.refused()) return fail(Errc::concurrent_use, used_by_another_thread("TrainingStep::restart_step"));
+  if (state.progress_.owner() == id_) state.progress_.clear();
+  return {};
+}
+
 Owning<Outputs> TrainingStep::operator()(std::span<const Arg> args) const {
+  if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "TrainingStep: the step was moved from");
+  Optimizer::State& state = *optimizer_.state_;
+  const StepInUse in_use(state.in_use_);
+  if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("TrainingStep"));
+  // Another step's micro-batches are in the gradients this call would zero, add to or step on.
+  if (const std::uint64_t owner = state.progress_.owner(); owner != 0 && owner != id_) {
+    return fail(Errc::invalid_argument,
+                step_in_progress("TrainingStep", state.progress_.taken(), "this call would zero, add to or step on"));
+  }
   // `.grad` set to none between steps: the graph still writes the optimizer's tensors; put them
   // back. Per-step gradients: a `.grad` the program set between steps is not the graph's; drop it.
-  if (!optimizer_.has_state()) return fail(Errc::invalid_argument, "TrainingStep: the step was moved from");
-  const StepInUse in_use(optimizer_.state_->step_in_use_);
-  if (!in_use.taken()) return fail(Errc::concurrent_use, step_in_use("TrainingStep"));
-  if (!optimizer_.has_static_grads()) optimizer_.zero_grad(true);
-  if (auto attached = optimizer_.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
+  if (!state.static_grads_) state.zero_grad(true);
+  if (auto attached = state.attach_grads(); !attached) return std::unexpected(std::move(attached.error()));
   // Micro-batches one per call: the first of a step, the middle ones, then the one that steps.
-  const bool steps = !first_.has_value() || taken_ == micro_batches_ - 1;
+  const std::int64_t taken = state.progress_.taken_by(id_);
+  const bool steps = !first_.has_value() || taken == micro_batches_ - 1;
   if (!steps) {
-    const std::optional<Function>& phase = taken_ == 0 ? first_ : middle_;
+    const std::optional<Function>& phase = taken == 0 ? first_ : middle_;
     if (!phase.has_value()) {  // made for every micro-batch count that calls it
-      return fail(Errc::invariant_violation, "TrainingStep: no function for micro-batch " + std::to_string(taken_));
+      return fail(Errc::invariant_violation, "TrainingStep: no function for micro-batch " + std::to_string(taken));
     }
     auto out = (*phase)(args);
-    if (out) ++taken_;
+    if (out) state.progress_.take(id_, taken + 1);
     return out;
   }
   if (auto rate = optimizer_.take_scheduled_lr(); !rate) return std::unexpected(std::move(rate.error()));
   auto out = function_(args);
   if (out) {
     optimizer_.count_scheduled_step();
-    taken_ = 0;
+    state.progress_.clear();
   }
   return out;
 }

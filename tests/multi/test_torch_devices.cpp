@@ -1,7 +1,8 @@
 // cgt.torch with several pools: two pools on one device (runs on any GPU), and pools on two devices
 // ([multi-gpu]: SKIPPED with fewer than two GPUs) — calls alternating, device 0's outputs moved to
-// device 1's functions, an input on the wrong device, the replay's device switch, and the shared
-// scenario suite on device 1.
+// device 1's functions, an input on the wrong device, the replay's device switch, the shared
+// scenario suite on device 1, and an optimizer clipping the gradients of a model split across
+// the two devices.
 #include <torch/torch.h>
 #ifndef CATCH_TEST_MACROS_HPP_INCLUDED
 #undef CHECK
@@ -10,8 +11,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "scenario/spec.hpp"
@@ -139,5 +144,74 @@ TEST_CASE("multi/torch: a replay from a thread on the other device launches on t
     CHECK(attributes.device == 1);
     CHECK(y[7].item<float>() == 8);
     if (call >= 2) CHECK(out.kind() == cgt::CallKind::replay);
+  }
+}
+
+// A model split across two devices (fc1 on device 0, fc2 on device 1), trained by cgt's SGD with
+// momentum and clipping (`max_grad_norm`), stepped eagerly, against libtorch's SGD after PyTorch's
+// clip_grad_norm_ (torch/nn/utils/clip_grad.py), which takes the gradients a device at a time: the
+// norms moved to the first device for the total, the coefficient moved to each device. (libtorch's
+// C++ clip_grad_norm_ stacks the norms of both devices and throws here: the reference writes the
+// Python one out.) Every step clips (the norm is far above 0.1), the norms agree, and so do the
+// parameters on both devices.
+TEST_CASE("multi/torch: clipping the gradients of parameters on two devices scales each device's as clip_grad_norm_",
+          "[gpu][multi-gpu]") {
+  require_gpus(2);
+  const at::Device d0(at::kCUDA, 0);
+  const at::Device d1(at::kCUDA, 1);
+  constexpr double max_norm = 0.1;
+  constexpr double rate = 0.1;
+  constexpr int steps = 5;
+  torch::manual_seed(0);
+  const std::vector<at::Tensor> initial{torch::randn({32, 16}, d0) * 0.3, torch::randn({32}, d0) * 0.1,
+                                        torch::randn({8, 32}, d1) * 0.3, torch::randn({8}, d1) * 0.1};
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+  for (int t = 0; t < steps; ++t) batches.emplace_back(torch::randn({16, 16}, d0), 3 * torch::randn({16, 8}, d1));
+  const auto fresh = [&initial] {
+    std::vector<at::Tensor> params;
+    for (const at::Tensor& t : initial) params.push_back(t.clone().requires_grad_());
+    return params;
+  };
+  const auto loss_of = [](const std::vector<at::Tensor>& p, const at::Tensor& x, const at::Tensor& y) {
+    const at::Tensor hidden = torch::tanh(torch::nn::functional::linear(x, p[0], p[1])).to(p[2].device());
+    return torch::mse_loss(torch::nn::functional::linear(hidden, p[2], p[3]), y);
+  };
+
+  const std::vector<at::Tensor> params = fresh();
+  auto sgd = must(cgt::torch::make_sgd(params, {.lr = rate, .momentum = 0.9, .max_grad_norm = max_norm}));
+  REQUIRE(sgd.clips_gradients());
+  const std::vector<at::Tensor> reference = fresh();
+  torch::optim::SGD eager(reference, torch::optim::SGDOptions(rate).momentum(0.9));
+  for (int t = 0; t < steps; ++t) {
+    INFO("step " << t);
+    const auto& [x, y] = batches[static_cast<std::size_t>(t)];
+    sgd.zero_grad();
+    loss_of(params, x, y).backward();
+    REQUIRE_NOTHROW(sgd.step());
+    const double norm = sgd.grad_norm().item<double>();
+
+    eager.zero_grad();
+    loss_of(reference, x, y).backward();
+    std::vector<at::Tensor> norms;
+    for (const at::Tensor& p : reference) norms.push_back(at::linalg_vector_norm(p.grad(), 2).to(d0));
+    const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+    const at::Tensor coefficient = at::clamp(max_norm / (total + 1e-6), std::nullopt, 1.0);
+    for (const at::Tensor& p : reference) p.grad().mul_(coefficient.to(p.device()));
+    eager.step();
+    const double eager_norm = total.item<double>();
+
+    INFO("norm " << norm << ", clip_grad_norm_'s " << eager_norm);
+    CHECK(eager_norm > 2 * max_norm);
+    // Both sum the same squares per tensor, in other kernels (a foreach reduction against one
+    // tensor's): they round apart by a few float32 ulps.
+    CHECK(std::abs(norm - eager_norm) <= 1e-5 * eager_norm);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(params[i].device() == reference[i].device());
+      CHECK(sgd.grads()[i].device() == params[i].device());
+      // The same SGD in other kernels (p - lr * buf against p + (-lr) * buf), the coefficient as
+      // above: a few float32 ulps of values below 1 a step.
+      CHECK((params[i].detach() - reference[i].detach()).abs().max().item<double>() <= 1e-6);
+    }
   }
 }

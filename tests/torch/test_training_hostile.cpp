@@ -30,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -55,6 +56,8 @@ using training_test::TempFile;
 using Catch::Matchers::ContainsSubstring;
 
 constexpr double not_a_number = std::numeric_limits<double>::quiet_NaN();
+// The most steps a schedule counts (cgt.torch-optim.inc, Optimizer::scheduled_steps).
+constexpr std::int64_t most_scheduled_steps = std::int64_t{1} << 62;
 constexpr double infinity = std::numeric_limits<double>::infinity();
 
 // ---- helpers ------------------------------------------------------------------------------------
@@ -202,7 +205,8 @@ TEST_CASE("training/hostile: optimizer handles without state refuse every new me
   // The handles the states moved into are the optimizers, untouched by all of the above.
   CHECK(moved.lr() == 0.25);
   CHECK(moved.scheduled_steps() == 3);
-  CHECK(moved.clips_gradients());
+  CHECK(moved.options().max_grad_norm == 1.0);
+  CHECK_FALSE(moved.clips_gradients());  // over no parameters: nothing to clip
   CHECK(sgd_moved.lr() == 0.5);
   CHECK(sgd_moved.scheduled_steps() == 0);
 
@@ -218,6 +222,32 @@ TEST_CASE("training/hostile: optimizer handles without state refuse every new me
   must(sliced.save(sliced_file.path));
   expect_error(moved.load(sliced_file.path), cgt::Errc::invalid_argument, "'sgd'");
   CHECK(moved.lr() == 0.25);
+}
+
+// An optimizer over no parameters is valid (cgt.torch-optim.inc, Optimizer): its steps update
+// nothing, eager or from given gradients (an empty list: the foreach kernels would refuse it), and
+// with `max_grad_norm` it clips nothing: `clips_gradients()` is false and `grad_norm()` undefined,
+// so no training step hands out a norm that no step writes. Needs no device.
+TEST_CASE("training/hostile: an optimizer over no parameters steps and clips nothing", "[training][hostile]") {
+  auto adam = must(cgt::torch::make_adam({}, {.lr = 0.25, .max_grad_norm = 1.0, .loss_scale = {.dynamic = true}}));
+  auto sgd = must(cgt::torch::make_sgd({}, {.lr = 0.5, .momentum = 0.9, .max_grad_norm = 1.0}));
+  for (cgt::torch::Optimizer* none : std::initializer_list<cgt::torch::Optimizer*>{&adam, &sgd}) {
+    CHECK(none->has_state());
+    CHECK(none->params().empty());
+    CHECK_FALSE(none->clips_gradients());
+    CHECK_FALSE(none->grad_norm().defined());
+    CHECK_FALSE(none->scales_loss());
+    CHECK_NOTHROW(none->step());
+    CHECK_NOTHROW(none->step(std::span<const torch::Tensor>{}));
+    CHECK_NOTHROW(none->zero_grad());
+    CHECK_NOTHROW(none->zero_grad(true));
+    must(none->attach_grads());
+    // A gradient for a parameter it does not have is still a mistake.
+    const std::vector<torch::Tensor> one{torch::zeros({2})};
+    CHECK_THROWS_AS(none->step(std::span<const torch::Tensor>(one)), c10::Error);
+  }
+  CHECK(adam.lr() == 0.25);
+  CHECK(sgd.lr() == 0.5);
 }
 
 // ---- schedules (no device) -----------------------------------------------------------------------
@@ -254,10 +284,11 @@ TEST_CASE("training/hostile: schedules count steps below 0 as 0 and stay finite 
 
 // Optimizer::load reads and checks the whole file before it changes anything: a file that is
 // broken (truncated, empty, not an archive, a directory), not an optimizer's, of another kind, or
-// whose every key is right but one (format, kind, count, lists, a rate that is NaN or negative or
-// not a number, a negative step count) fails with invalid_argument naming what differs, and the
-// rate and the schedule's count stay. The same file untampered, and with a key more (a later
-// version's), loads. An optimizer over no parameters needs no device.
+// whose every key is right but one (format, kind, count, lists, a rate that is NaN, negative,
+// beyond float32's range or not a number, a step count below 0 or above 2^62) fails with
+// invalid_argument naming what differs, and the rate and the schedule's count stay. The same file
+// untampered, with a key more (a later version's), and with a count of 2^62, loads. An optimizer
+// over no parameters needs no device.
 TEST_CASE("training/hostile: broken and tampered optimizer files change nothing", "[training][hostile]") {
   const TempFile good("hostile_file_good");
   {
@@ -304,9 +335,14 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(not_a_number)), "learning rate");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(-1.0)), "learning rate");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(infinity)), "learning rate");
+  refused_with(replacing("cgt.optimizer.lr", c10::IValue(1e300)), "learning rate");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(std::string("0.1"))), "'cgt.optimizer.lr' is not a number");
   refused_with(dropping("cgt.optimizer.lr"), "'cgt.optimizer.lr'");
   refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(std::int64_t{-3})), "scheduled steps");
+  // Counts above 2^62 (the most a schedule counts: the count could overflow) are refused.
+  refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(std::numeric_limits<std::int64_t>::max())),
+               "scheduled steps");
+  refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(most_scheduled_steps + 1)), "scheduled steps");
   refused_with(replacing("cgt.optimizer.format", c10::IValue(std::int64_t{2})), "newer");
   refused_with(dropping("cgt.optimizer.format"), "'cgt.optimizer.format'");
   refused_with(dropping("cgt.optimizer.kind"), "not a checkpoint of a cgt optimizer");
@@ -319,6 +355,26 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
   must(adam.load(tampered.path));
   CHECK(adam.lr() == 0.01);
   CHECK(adam.scheduled_steps() == 7);
+  // The most a schedule counts loads.
+  rewrite(good.path, tampered.path, replacing("cgt.optimizer.scheduled_steps", c10::IValue(most_scheduled_steps)));
+  must(adam.load(tampered.path));
+  CHECK(adam.scheduled_steps() == most_scheduled_steps);
+}
+
+// A schedule counts steps from 0 to 2^62 (cgt.torch-optim.inc, Optimizer::set_schedule): a start
+// above (INT64_MAX would overflow at the next step) fails with invalid_argument naming the
+// function, and the schedule's count stays; 2^62 itself is taken.
+TEST_CASE("training/hostile: a schedule may not start above 2^62 steps", "[training][hostile]") {
+  auto sgd = must(cgt::torch::make_sgd({}, {.lr = 0.5}));
+  must(sgd.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), 5));
+  for (const std::int64_t start : {std::numeric_limits<std::int64_t>::max(), most_scheduled_steps + 1}) {
+    INFO("start " << start);
+    expect_error(sgd.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), start), cgt::Errc::invalid_argument,
+                 "Optimizer::set_schedule");
+    CHECK(sgd.scheduled_steps() == 5);
+  }
+  must(sgd.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), most_scheduled_steps));
+  CHECK(sgd.scheduled_steps() == most_scheduled_steps);
 }
 
 // load_parameters_in_place reads and checks the whole file first: a file whose first layers fit
@@ -610,7 +666,7 @@ TEST_CASE("training/hostile: restart_step drops the micro-batches taken and begi
         must(step({data[i].first, data[i].second}));
       }
       CHECK(step.micro_batches_taken() == 2);
-      step.restart_step();
+      must(step.restart_step());
       CHECK(step.micro_batches_taken() == 0);
     }
     for (std::size_t i = 0; i < 6; ++i) {
@@ -742,6 +798,34 @@ TEST_CASE("training/hostile: a schedule that throws a non-std exception fails th
   CHECK(w.detach().abs().max().item<double>() == 0);
 }
 
+// The schedule's count stops at 2^62 (cgt.torch-optim.inc, Optimizer::scheduled_steps), so that it
+// never overflows: a schedule resumed there is asked for the rate of step 2^62 at every step, each
+// step trains at that rate, and the count stays.
+TEST_CASE("training/hostile: the schedule's count stops at 2^62", "[gpu][training][hostile]") {
+  REQUIRE_GPU();
+  auto w = torch::zeros({8}, gpu).requires_grad_();
+  auto sgd = must(cgt::torch::make_sgd({w}, {.lr = 0.5}));
+  std::vector<std::int64_t> asked;
+  must(sgd.set_schedule(
+      [&asked](std::int64_t t) {
+        asked.push_back(t);
+        return 0.25;
+      },
+      most_scheduled_steps));
+  auto pool = must(cgt::torch::make_pool({.device = 0}));
+  auto step = must(cgt::torch::make_training_step(
+      pool, sgd, [&w](cgt::torch::Inputs in) { return cgt::torch::Values{(w * in[0]).sum()}; }));
+  const auto x = torch::ones({8}, gpu);
+  for (int t = 0; t < 3; ++t) {
+    pool.mark_step_begin();
+    must(step({x}));
+    CHECK(sgd.scheduled_steps() == most_scheduled_steps);
+  }
+  CHECK(asked == std::vector<std::int64_t>(3, most_scheduled_steps));
+  CHECK(w.detach().max().item<double>() == -0.75);  // three steps at 0.25 (exact in float32)
+  CHECK(w.detach().min().item<double>() == -0.75);
+}
+
 // The rate lives on the device as a float32: a rate that is finite as a double but beyond float32's
 // range (1e300) cannot be written there. It is a bad argument like a negative rate: set_lr, a
 // schedule and make_adam refuse it with invalid_argument, and the rate before stays (host and
@@ -831,9 +915,10 @@ void eager_scaled_step(Mlp& model, cgt::torch::Adam& adam, int seed, double fact
 // counts, both moments, the rate, the schedule's count, the scale and the skips. Each file differs
 // from the good one in one thing, found after the first parameters' tensors fit (a load that
 // copied as it read would have changed those): a later parameter's moment of another shape, a
-// step count of another dtype, a tensor left out, the rate or the count out of range, the loss
-// scale's tensors of another shape or dtype; and whole files: truncated, of fewer parameters, of
-// float64 parameters, of SGD. A save inside a recording is refused too. The good file then loads.
+// step count of another dtype, a tensor left out, the rate (NaN, or finite but beyond float32's
+// range) or the count out of range, the loss scale's tensors of another shape or dtype; and whole
+// files: truncated, of fewer parameters, of float64 parameters, of SGD. A save inside a recording is refused too. The
+// good file then loads.
 TEST_CASE("training/hostile: optimizer files that do not fit leave every state tensor as it was",
           "[gpu][training][hostile]") {
   REQUIRE_GPU();
@@ -877,6 +962,11 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
   refused_with(dropping("param." + std::to_string(last) + ".exp_avg_sq"),
                "'param." + std::to_string(last) + ".exp_avg_sq'");
   refused_with(replacing("cgt.optimizer.lr", c10::IValue(not_a_number)), "learning rate");
+  // A rate finite as a double but beyond float32's range, which the device's rate cannot hold: it
+  // is refused with the rest of the file, before the step counts and moments are copied.
+  refused_with(replacing("cgt.optimizer.lr", c10::IValue(1e300)), "learning rate");
+  refused_with(replacing("cgt.optimizer.lr", c10::IValue(2.0 * static_cast<double>(std::numeric_limits<float>::max()))),
+               "learning rate");
   refused_with(replacing("cgt.optimizer.scheduled_steps", c10::IValue(std::int64_t{-1})), "scheduled steps");
   refused_with(replacing("cgt.scaler.scale", c10::IValue(torch::ones({2}))), "loss scale's scale");
   refused_with(replacing("cgt.scaler.skipped", c10::IValue(torch::zeros({}))), "loss scale's skipped");
@@ -1154,11 +1244,12 @@ TEST_CASE("training/hostile: a parameter whose elements overlap is refused when 
 
 // ---- threads (GPU) -------------------------------------------------------------------------------
 
-// set_lr from another thread while one trains (warm-up, recording and replays included): the
-// optimizer's handles may be used from any thread between calls, and a write of the rate lands
-// before or after a step, never in between: every step moves every weight by one of the two rates
-// the other thread writes, exactly (SGD on (w * x).sum(), x = 1), no call fails, nothing falls
-// back to eager, and once the threads are done the rate set last is the one the next step takes.
+// set_lr from another thread while one trains (warm-up, recording and replays included): a write
+// of the rate lands before or after a step, never in between: a set_lr while a step's call runs
+// fails with concurrent_use and writes nothing, and a step called while set_lr writes waits for it.
+// Every step moves every weight by one of the two rates the other thread writes, exactly (SGD on
+// (w * x).sum(), x = 1), no step fails, nothing falls back to eager, and once the threads are done
+// the rate set last is the one the next step takes.
 TEST_CASE("training/hostile: set_lr from another thread while steps run takes effect between steps",
           "[gpu][training][hostile]") {
   REQUIRE_GPU();
@@ -1174,14 +1265,19 @@ TEST_CASE("training/hostile: set_lr from another thread while steps run takes ef
   std::atomic<bool> done{false};
   std::atomic<int> written{0};
   std::atomic<int> refused{0};
+  std::atomic<int> other_errors{0};
   std::thread writer([&] {
     bool flip = false;
     while (!done.load()) {
       flip = !flip;
-      if (sgd.set_lr(flip ? fast : slow)) {
+      const double before = sgd.lr();
+      const auto set = sgd.set_lr(flip ? fast : slow);
+      if (set) {
         ++written;
+      } else if (set.error().code == cgt::Errc::concurrent_use && sgd.lr() == before) {
+        ++refused;  // a step's call was running: nothing written
       } else {
-        ++refused;
+        ++other_errors;
       }
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
@@ -1207,8 +1303,9 @@ TEST_CASE("training/hostile: set_lr from another thread while steps run takes ef
   CHECK(failed_calls == 0);
   CHECK(other_moves == 0);
   CHECK(torn == 0);
-  CHECK(refused.load() == 0);
+  CHECK(other_errors.load() == 0);
   CHECK(written.load() > 0);
+  WARN(written.load() << " rates written, " << refused.load() << " refused while a step ran");
   CHECK((sgd.lr() == slow || sgd.lr() == fast));
   must(sgd.set_lr(5e-3));
   pool.mark_step_begin();
@@ -1312,6 +1409,209 @@ TEST_CASE("training/hostile: a step called from two threads at once fails with c
   const auto [raced_losses, raced_params] = run(true);
   CHECK(max_difference(alone_losses, raced_losses) <= 1e-6);
   CHECK(max_difference(alone_params, raced_params) <= 1e-6);
+}
+
+// While a graphed step runs on one thread (held inside its loss function, at the stepping call's
+// warm-up and its recording, with a micro-batch's gradients accumulated), another thread calls
+// every member of the optimizer that changes or copies its state (cgt.torch-optim.inc, Optimizer,
+// Threads): those that return Result fail with concurrent_use, step() and zero_grad() throw
+// c10::Error naming the other thread's step, a save writes no file, and a second training step and
+// a graphed update of the same optimizer are turned away. Nothing changed: the rate, the
+// schedule's count, the micro-batches taken and `.grad` are as they were, and the training equals
+// a run in which no other thread called anything (a load of the step-0 checkpoint, a rate of 1, a
+// schedule from step 0, a zero_grad or a step would each have changed it). On the step's own
+// thread (inside its loss function, at the first call's warm-up) the same members work.
+TEST_CASE("training/hostile: optimizer members called from another thread while a step runs change nothing",
+          "[gpu][training][hostile]") {
+  REQUIRE_GPU();
+  const auto data = micro_batch_data();
+  const auto schedule = cgt::torch::lr::warmup_cosine(3e-3, 2, 10, 3e-4);
+  const auto run = [&](bool intrude) {
+    torch::manual_seed(0);
+    Mlp model;
+    model->to(gpu);
+    auto adam = must(cgt::torch::make_adam(model->parameters(), {.lr = 3e-3}));
+    must(adam.set_schedule(schedule));
+    const TempFile start_file(intrude ? "hostile_threads_start_intruded" : "hostile_threads_start");
+    must(adam.save(start_file.path));  // the state of step 0, which a load would put back
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool hold = false;
+    bool inside = false;
+    bool released = false;
+    bool call_from_inside = true;
+    std::vector<std::optional<cgt::Errc>> from_inside;  // the members called inside the loss function
+    const auto loss = [&](cgt::torch::Inputs in) {
+      if (std::exchange(call_from_inside, false)) {
+        from_inside.push_back(error_of(adam.attach_grads()));
+        from_inside.push_back(error_of(adam.set_lr(adam.lr())));
+        from_inside.push_back(error_of(adam.set_schedule(schedule, adam.scheduled_steps())));
+        torch::serialize::OutputArchive archive;
+        from_inside.push_back(error_of(adam.save(archive)));
+      }
+      if (hold) {
+        std::unique_lock lock(mutex);
+        inside = true;
+        changed.notify_all();
+        changed.wait_for(lock, std::chrono::seconds(20), [&] { return released; });
+      }
+      return mse(model, in);
+    };
+    auto step =
+        must(cgt::torch::make_training_step(pool, adam, loss, cgt::torch::TrainingStepOptions{.micro_batches = 2}));
+    auto other_pool = must(cgt::torch::make_pool({.device = 0}));
+    const auto other_step = must(cgt::torch::make_training_step(other_pool, adam, loss));
+    const auto update = must(cgt::torch::make_optimizer_step(other_pool, adam));
+    const TempFile never(intrude ? "hostile_threads_never_intruded" : "hostile_threads_never");
+    const auto thrown = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const c10::Error& e) {
+        return std::string(e.what_without_backtrace());
+      }
+      return std::string("(nothing thrown)");
+    };
+    std::vector<double> losses;
+    for (int i = 0; i < 8; ++i) {
+      INFO("call " << i);
+      const auto& [x, y] = data[static_cast<std::size_t>(i)];
+      pool.mark_step_begin();
+      if (!intrude || (i != 1 && i != 3)) {  // calls 1 and 3: the stepping call's warm-up and recording
+        auto out = step({x, y});
+        if (!out) FAIL(out.error().describe());
+        losses.push_back(must(out->take(0)).item<double>());
+        continue;
+      }
+      // Made before the other thread records: nothing below calls CUDA while it captures.
+      torch::serialize::OutputArchive out_archive;
+      torch::serialize::InputArchive in_archive;
+      in_archive.load_from(start_file.path);
+      const std::vector<torch::Tensor> gradients = adam.grads();
+      hold = true;
+      inside = false;
+      released = false;
+      std::optional<cgt::Errc> first_error;
+      double first_loss = 0;
+      std::thread first([&] {  // no Catch2 assertion on this thread
+        auto out = step({x, y});
+        first_error = error_of(out);
+        if (!out) return;
+        auto taken = out->take(0);
+        if (taken) first_loss = taken->item<double>();
+      });
+      {
+        std::unique_lock lock(mutex);
+        changed.wait_for(lock, std::chrono::seconds(20), [&] { return inside; });
+      }
+      CHECK(inside);
+      const double rate = adam.lr();
+      const std::int64_t counted = adam.scheduled_steps();
+      CHECK(counted == i / 2);
+      CHECK(step.micro_batches_taken() == 1);
+      // CHECK, not REQUIRE: the other thread must be released whatever fails here.
+      const auto refused = [](const cgt::Result<void>& result, const char* member) {
+        INFO(member);
+        CHECK(error_of(result) == cgt::Errc::concurrent_use);
+        if (result) return;
+        CHECK_THAT(result.error().message, ContainsSubstring(member));
+        CHECK_THAT(result.error().message, ContainsSubstring("another thread"));
+      };
+      refused(adam.set_lr(1.0), "Optimizer::set_lr");
+      refused(adam.set_schedule(cgt::torch::lr::linear(1.0, 1.0, 1)), "Optimizer::set_schedule");
+      refused(adam.attach_grads(), "Optimizer::attach_grads");
+      refused(adam.save(never.path), "Optimizer::save");
+      CHECK_FALSE(std::filesystem::exists(never.path));
+      refused(adam.save(out_archive), "Optimizer::save");
+      refused(adam.load(start_file.path), "Optimizer::load");
+      refused(adam.load(in_archive), "Optimizer::load");
+      for (const auto& [what, call] : std::vector<std::pair<const char*, std::function<void()>>>{
+               {"Optimizer::step", [&] { adam.step(); }},
+               {"Optimizer::step", [&] { adam.step(std::span<const torch::Tensor>(gradients)); }},
+               {"Optimizer::zero_grad", [&] { adam.zero_grad(); }},
+               {"Optimizer::zero_grad", [&] { adam.zero_grad(true); }}}) {
+        INFO(what);
+        const std::string message = thrown(call);
+        CHECK_THAT(message, ContainsSubstring(what));
+        CHECK_THAT(message, ContainsSubstring("another thread's graphed step"));
+      }
+      CHECK(error_of(other_step({x, y})) == cgt::Errc::concurrent_use);
+      CHECK(error_of(update()) == cgt::Errc::concurrent_use);
+      CHECK(adam.lr() == rate);
+      CHECK(adam.scheduled_steps() == counted);
+      CHECK(step.micro_batches_taken() == 1);
+      for (std::size_t p = 0; p < adam.params().size(); ++p) {
+        CHECK(adam.params()[p].grad().is_same(adam.grads()[p]));  // zero_grad(true) undid nothing
+      }
+      {
+        const std::lock_guard lock(mutex);
+        released = true;
+      }
+      changed.notify_all();
+      first.join();
+      hold = false;
+      CHECK(first_error == std::nullopt);
+      losses.push_back(first_loss);
+    }
+    REQUIRE(from_inside.size() == 4);
+    for (const std::optional<cgt::Errc>& error : from_inside) CHECK(error == std::nullopt);
+    CHECK(adam.scheduled_steps() == 4);
+    CHECK(pool.stats().recordings == 2);
+    CHECK(pool.stats().eager_calls == 0);
+    return std::make_pair(losses, host_copies(model->parameters()));
+  };
+  const auto [alone_losses, alone_params] = run(false);
+  const auto [raced_losses, raced_params] = run(true);
+  CHECK(max_difference(alone_losses, raced_losses) <= 1e-6);
+  CHECK(max_difference(alone_params, raced_params) <= 1e-6);
+}
+
+// ---- an optimizer over no parameters (GPU) --------------------------------------------------------
+
+// A training step over an optimizer of no parameters with clipping on, whose loss is of constant
+// tensors: every kind of step (whole, micro-batches one per call and all in one call, from given
+// gradients) runs the loss function and no backward (a constant has none), updates nothing and
+// hands out the loss alone (no norm: the optimizer clips nothing), at warm-up, recording and
+// replays; the schedule counts its steps.
+TEST_CASE("training/hostile: a training step over no parameters runs its loss function and updates nothing",
+          "[gpu][training][hostile]") {
+  REQUIRE_GPU();
+  const auto constant_loss = [](cgt::torch::Inputs in) { return cgt::torch::Values{(in[0] * 2).sum()}; };
+  const auto x = torch::arange(8, torch::TensorOptions(gpu).dtype(torch::kFloat));
+  const double expected = 2.0 * 28.0;  // 2 * (0 + 1 + ... + 7)
+  struct Kind {
+    const char* what;
+    std::int64_t micro_batches;
+    bool all_in_one;
+    bool from_gradients;
+  };
+  for (const Kind kind :
+       {Kind{"whole step", 1, false, false}, Kind{"2 micro-batches one per call", 2, false, false},
+        Kind{"2 micro-batches in one call", 2, true, false}, Kind{"from gradients", 1, false, true}}) {
+    INFO(kind.what);
+    auto adam = must(cgt::torch::make_adam({}, {.lr = 1e-3, .max_grad_norm = 1.0}));
+    must(adam.set_schedule([](std::int64_t) { return 1e-3; }));
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    auto step =
+        kind.from_gradients
+            ? must(cgt::torch::make_training_step_from_gradients(pool, adam, constant_loss))
+            : must(cgt::torch::make_training_step(pool, adam, constant_loss,
+                                                  cgt::torch::TrainingStepOptions{.micro_batches = kind.micro_batches,
+                                                                                  .all_in_one_call = kind.all_in_one}));
+    for (int call = 0; call < 6; ++call) {
+      INFO("call " << call);
+      pool.mark_step_begin();
+      auto out = step({x});
+      if (!out) FAIL(out.error().describe());
+      REQUIRE(out->size() == 1);  // the loss alone: no norm
+      // In one call the loss is the mean of the micro-batches': each sums half of x, doubled.
+      CHECK(must(out->take(0)).item<double>() == (kind.all_in_one ? expected / 2 : expected));
+    }
+    const std::int64_t per_step = kind.all_in_one ? 1 : kind.micro_batches;
+    CHECK(adam.scheduled_steps() == 6 / per_step);
+    CHECK(step.micro_batches_taken() == 0);
+    CHECK(pool.stats().eager_calls == 0);
+  }
 }
 
 // ---- clipping at the edges (GPU) ------------------------------------------------------------------

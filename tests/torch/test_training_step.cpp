@@ -742,3 +742,224 @@ TEST_CASE("training/pool_and_optimizer_handles_dropped_in_every_order", "[gpu][t
   adam.step();
   CHECK_FALSE(torch::equal(model->fc1->weight.detach(), before));
 }
+
+namespace {
+
+// A model whose loss reaches some parameters only: w1 [16, 32] and w2 [32, 8] always, `sometimes`
+// [8] (a bias on the output) in batches of 8 rows only, `never` [8] not at all.
+constexpr std::size_t sometimes = 2;
+constexpr std::size_t never = 3;
+
+std::vector<torch::Tensor> reach_initial() {
+  torch::manual_seed(5);
+  return {torch::randn({16, 32}, gpu) * 0.3, torch::randn({32, 8}, gpu) * 0.3, torch::randn({8}, gpu) * 0.1,
+          torch::randn({8}, gpu)};
+}
+
+torch::Tensor reach_loss(const std::vector<torch::Tensor>& p, const torch::Tensor& x, const torch::Tensor& y) {
+  torch::Tensor out = torch::tanh(x.matmul(p[0])).matmul(p[1]);
+  // A host decision on the shape, which each shape's graph bakes in with its autograd graph.
+  if (x.size(0) == 8) out = out + p[sometimes];
+  return torch::mse_loss(out, y);
+}
+
+enum class Accumulation : std::uint8_t { none, per_call, in_one_call };
+
+struct ReachMode {
+  const char* what;
+  Accumulation accumulation;
+  int micro_batches;
+};
+
+constexpr int reach_steps = 8;
+
+// The rows of micro-batch `m` of step `t`, which decide whether it reaches `sometimes`: without
+// accumulation and in one call, the even steps do; one per call, the middle micro-batch of every
+// step does (and no other: the stepping call must update what an earlier call of its step reached).
+std::int64_t reach_rows(const ReachMode& mode, int t, int m) {
+  if (mode.accumulation == Accumulation::per_call) return m == 1 ? 8 : 16;
+  return t % 2 == 0 ? 8 : 16;
+}
+
+using ReachData = std::vector<std::vector<std::pair<torch::Tensor, torch::Tensor>>>;  // [step][micro-batch]
+
+ReachData reach_data(const ReachMode& mode) {
+  torch::manual_seed(6);
+  ReachData data(reach_steps);
+  for (int t = 0; t < reach_steps; ++t) {
+    for (int m = 0; m < mode.micro_batches; ++m) {
+      const std::int64_t rows = reach_rows(mode, t, m);
+      data[static_cast<std::size_t>(t)].emplace_back(torch::randn({rows, 16}, gpu), torch::randn({rows, 8}, gpu));
+    }
+  }
+  return data;
+}
+
+// What a run leaves per parameter, on the host: its value, how many steps updated it, and its
+// optimizer state (Adam's moments; SGD's momentum buffer, no second).
+struct ReachRun {
+  std::vector<double> losses;
+  std::vector<torch::Tensor> params;
+  std::vector<double> steps;
+  std::vector<torch::Tensor> first_moments;
+  std::vector<torch::Tensor> second_moments;
+};
+
+constexpr double reach_lr_adam = 1e-2;
+constexpr double reach_lr_sgd = 5e-2;
+constexpr double reach_decay = 0.1;
+
+ReachRun reach_graph(const ReachMode& mode, bool sgd, const ReachData& data) {
+  std::vector<torch::Tensor> params;
+  for (const auto& t : reach_initial()) params.push_back(t.clone().requires_grad_());
+  std::optional<cgt::torch::Adam> adam;
+  std::optional<cgt::torch::SGD> momentum;
+  if (sgd) {
+    momentum.emplace(
+        must(cgt::torch::make_sgd(params, {.lr = reach_lr_sgd, .momentum = 0.9, .weight_decay = reach_decay})));
+  } else {
+    adam.emplace(must(cgt::torch::make_adam(
+        params, {.lr = reach_lr_adam, .weight_decay = reach_decay, .decoupled_weight_decay = true})));
+  }
+  cgt::torch::Optimizer& optimizer = sgd ? static_cast<cgt::torch::Optimizer&>(*momentum) : *adam;
+  auto pool = must(cgt::torch::make_pool({.device = 0}));
+  auto step = must(cgt::torch::make_training_step(
+      pool, optimizer,
+      [&params](cgt::torch::Inputs in) { return cgt::torch::Values{reach_loss(params, in[0], in[1])}; },
+      cgt::torch::TrainingStepOptions{.micro_batches = mode.micro_batches,
+                                      .all_in_one_call = mode.accumulation == Accumulation::in_one_call}));
+  ReachRun run;
+  for (const auto& micro : data) {
+    if (mode.accumulation == Accumulation::per_call) {
+      for (const auto& [x, y] : micro) {
+        pool.mark_step_begin();
+        auto out = step({x, y});
+        if (!out) FAIL(out.error().describe());
+        run.losses.push_back(must(out->take(0)).item<double>());
+      }
+      continue;
+    }
+    std::vector<torch::Tensor> xs, ys;
+    for (const auto& [x, y] : micro) {
+      xs.push_back(x);
+      ys.push_back(y);
+    }
+    pool.mark_step_begin();
+    auto out = step({torch::cat(xs), torch::cat(ys)});
+    if (!out) FAIL(out.error().describe());
+    run.losses.push_back(must(out->take(0)).item<double>());
+  }
+  CHECK(pool.stats().eager_calls == 0);
+  run.params = training_test::host_copies(params);
+  for (const auto& count : optimizer.steps()) run.steps.push_back(count.item<double>());
+  if (adam) {
+    run.first_moments = training_test::host_copies(adam->exp_avgs());
+    run.second_moments = training_test::host_copies(adam->exp_avg_sqs());
+  } else {  // SGD's buffers are not public: its checkpoint has them
+    const training_test::TempFile file("step_reach_sgd");
+    training_test::must(optimizer.save(file.path));
+    torch::serialize::InputArchive archive;
+    archive.load_from(file.path);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      c10::IValue buffer;
+      archive.read("param." + std::to_string(i) + ".momentum_buffer", buffer);
+      run.first_moments.push_back(buffer.toTensor());
+    }
+  }
+  return run;
+}
+
+// Eager libtorch: zero_grad() (set to none, its default), each micro-batch's loss divided by their
+// number before its backward, a step. A parameter no backward of the step reached has no `.grad`,
+// and the step skips it.
+ReachRun reach_libtorch(const ReachMode& mode, bool sgd, const ReachData& data) {
+  std::vector<torch::Tensor> params;
+  for (const auto& t : reach_initial()) params.push_back(t.clone().requires_grad_());
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (sgd) {
+    optimizer = std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(reach_lr_sgd).momentum(0.9).weight_decay(reach_decay));
+  } else {
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        params, torch::optim::AdamWOptions(reach_lr_adam).weight_decay(reach_decay));
+  }
+  ReachRun run;
+  run.steps.assign(params.size(), 0);
+  for (const auto& micro : data) {
+    optimizer->zero_grad();
+    std::vector<double> losses;
+    for (const auto& [x, y] : micro) {
+      const auto loss = reach_loss(params, x, y);
+      (loss / mode.micro_batches).backward();
+      losses.push_back(loss.item<double>());
+    }
+    if (mode.accumulation == Accumulation::per_call) {
+      run.losses.insert(run.losses.end(), losses.begin(), losses.end());
+    } else {
+      double sum = 0;
+      for (const double l : losses) sum += l;
+      run.losses.push_back(sum / static_cast<double>(losses.size()));
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (params[i].grad().defined()) run.steps[i] += 1;
+    }
+    optimizer->step();
+  }
+  run.params = training_test::host_copies(params);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto found = optimizer->state().find(params[i].unsafeGetTensorImpl());
+    if (found == optimizer->state().end()) {  // never stepped
+      run.first_moments.push_back(torch::zeros_like(params[i]).cpu());
+      if (!sgd) run.second_moments.push_back(torch::zeros_like(params[i]).cpu());
+      continue;
+    }
+    if (sgd) {
+      run.first_moments.push_back(
+          static_cast<torch::optim::SGDParamState&>(*found->second).momentum_buffer().detach().cpu());
+    } else {
+      const auto& state = static_cast<torch::optim::AdamWParamState&>(*found->second);
+      CHECK(static_cast<double>(state.step()) == run.steps[i]);  // libtorch's count is ours
+      run.first_moments.push_back(state.exp_avg().detach().cpu());
+      run.second_moments.push_back(state.exp_avg_sq().detach().cpu());
+    }
+  }
+  return run;
+}
+
+}  // namespace
+
+// A parameter the loss never reaches stays as eager libtorch leaves it after zero_grad() (set to
+// none): not decayed by AdamW, not moved by SGD's momentum and weight decay, its step count and
+// moments 0; one the loss reaches in some steps only is updated in those only. Whole steps
+// (`sometimes` in even steps), micro-batches one per call (`sometimes` by the middle micro-batch
+// of each step only, which the stepping call must count) and all in one call (`sometimes` in even
+// steps), each against eager libtorch over 8 steps; each row shape records its own graphs.
+TEST_CASE("training/parameters_the_loss_does_not_reach_are_not_updated_as_in_eager", "[gpu][training]") {
+  REQUIRE_GPU();
+  const std::vector<torch::Tensor> initial = training_test::host_copies(reach_initial());
+  for (const ReachMode& mode : {ReachMode{"whole steps", Accumulation::none, 1},
+                                ReachMode{"3 micro-batches one per call", Accumulation::per_call, 3},
+                                ReachMode{"2 micro-batches in one call", Accumulation::in_one_call, 2}}) {
+    for (const bool sgd : {false, true}) {
+      INFO(mode.what << ", " << (sgd ? "SGD with momentum and weight decay" : "AdamW"));
+      const ReachData data = reach_data(mode);
+      const ReachRun graph = reach_graph(mode, sgd, data);
+      const ReachRun eager = reach_libtorch(mode, sgd, data);
+      // The parameter never reached: exactly as it was, never counted, no state.
+      CHECK(torch::equal(graph.params[never], initial[never]));
+      CHECK(graph.steps[never] == 0);
+      CHECK(graph.first_moments[never].abs().max().item<double>() == 0);
+      if (!sgd) CHECK(graph.second_moments[never].abs().max().item<double>() == 0);
+      // The one reached sometimes: counted as often as eager stepped it (half the steps, or all
+      // through the middle micro-batch).
+      CHECK(eager.steps[sometimes] == (mode.accumulation == Accumulation::per_call ? reach_steps : reach_steps / 2));
+      CHECK(graph.steps == eager.steps);
+      // Values: AdamW's fused kernel (or cgt's SGD formula) against libtorch's per-op one round
+      // apart by a few float32 ulps of values below 1 a step; 1e-5 as the 100-step tests above.
+      CHECK(training_test::max_difference(graph.losses, eager.losses) <= 1e-5);
+      CHECK(training_test::max_difference(graph.params, eager.params) <= 1e-5);
+      CHECK(training_test::max_difference(graph.first_moments, eager.first_moments) <= 1e-5);
+      if (!sgd) CHECK(training_test::max_difference(graph.second_moments, eager.second_moments) <= 1e-5);
+    }
+  }
+}
