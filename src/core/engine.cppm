@@ -614,10 +614,6 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
   return read(*ref);
 }
 
-/// Splits the path liveness into the indices where two snapshots differ (PyTorch's
-/// `_get_different_indices`): outputs live in `before` and dead in `after`.
-[[nodiscard]] std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
-                                                       const std::vector<std::vector<bool>>& after);
 
 /// `error` from the device, told in terms of the call: which function, doing what, on which node.
 [[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);
@@ -669,7 +665,10 @@ CallOutputs Engine::lease_outputs(const CallFrame& frame, CallKind kind, std::in
   out.kind = kind;
   out.node = node;
   out.leases = LeaseArray(count, [&](LeaseCore* at, std::size_t i) noexcept {
-    ledger_.lease_at(at, cell_of(i), value_of(i), function, static_cast<std::uint32_t>(i), generation);
+    Cell* cell = cell_of(i);
+    const void* value = value_of(i);
+    ledger_.take_lease(cell, value, generation);
+    ::new (at) LeaseCore(EngineRef::adopt(this), cell, value, function, static_cast<std::uint32_t>(i));
     if constexpr (!std::is_same_v<Owner, NoOwner>) at->owner = owner;
   });
   // Every lease's reference, counted at once, once the array exists (its allocation may throw; the

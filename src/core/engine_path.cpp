@@ -20,25 +20,6 @@ import :engine;
 
 namespace cgt::detail {
 
-CellRef make_cell(const backend::StorageHandle& storage, std::uint32_t function) {
-  return CellRef(new Cell(storage, function));  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
-}
-
-std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
-                                         const std::vector<std::vector<bool>>& after) {
-  std::vector<PathIndex> indices;
-  const std::size_t depth = std::min(before.size(), after.size());
-  for (std::size_t d = 0; d < depth; ++d) {
-    const std::size_t outputs = std::min(before[d].size(), after[d].size());
-    for (std::size_t i = 0; i < outputs; ++i) {
-      if (before[d][i] != after[d][i]) {
-        indices.push_back({static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)});
-      }
-    }
-  }
-  return indices;
-}
-
 void Engine::reclaim_path() {
   end_path_for_new_generation();
   release_ended_path();

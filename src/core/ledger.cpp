@@ -11,7 +11,7 @@ module;
 #include <vector>
 
 module cgt.core;
-import :engine;
+import :ledger;
 
 namespace cgt::detail {
 

@@ -73,11 +73,11 @@ class LedgerEffects {
 ///    state is free by then). Deferred drops exist only while some thread holds the state.
 class Ledger {
  public:
-  /// The ledger of `engine`, whose leases it hands out; `effects` (the engine) outlives it.
+  /// A ledger whose deaths `effects` (the engine's device side) hears of; `effects` outlives it.
   /// `stamper`: the device where it stamps the values handed out (`Device::stamps_values`), or null.
   /// `releases_unowned`: the device's `releases_unowned_storage()` (see `LedgerEffects::cell_died`).
-  inline Ledger(Engine& engine, LedgerEffects& effects, backend::Device* stamper, bool releases_unowned) noexcept
-      : engine_(&engine), effects_(&effects), stamper_(stamper), releases_unowned_(releases_unowned) {}
+  inline Ledger(LedgerEffects& effects, backend::Device* stamper, bool releases_unowned) noexcept
+      : effects_(&effects), stamper_(stamper), releases_unowned_(releases_unowned) {}
   Ledger(const Ledger&) = delete;
   Ledger& operator=(const Ledger&) = delete;
 
@@ -108,17 +108,15 @@ class Ledger {
 
   // --- leases ---
 
-  /// Makes a lease at `at` (memory for one, not constructed) on `cell` (null: a value that is not
-  /// pool memory) handing out `value`, output `output` of `function`, in `generation`: the
-  /// replay's hot path, filling a call's lease array in place. REQUIRES: the state is held; the
-  /// caller counts the lease's reference to the engine (`retain(engine, n)` for a call's n leases,
-  /// once its array is made), and keeps the engine alive until then: the lease adopts it. ENSURES: the cell has one
-  /// lease more; the first lease after none gives it the next life, which is stamped on `value` where the device stamps
-  /// values. (Inline: a replay makes one lease per output.)
-  inline void lease_at(LeaseCore* at, Cell* cell, const void* value, std::uint32_t function, std::uint32_t output,
-                       std::uint64_t generation) noexcept {
-    take_lease(cell, value, generation);
-    ::new (at) LeaseCore(EngineRef::adopt(engine_), cell, value, function, output);
+  /// The cell's side of a new lease on `cell` (null: a value that is not pool memory) handing out
+  /// `value` in `generation`; the engine makes the `LeaseCore` beside it (`Engine::lease_outputs`).
+  /// REQUIRES: the state is held. ENSURES: the cell has one lease more; the first lease after none
+  /// gives it the next life, which is stamped on `value` where the device stamps values. (Inline: a
+  /// replay takes one lease per output.)
+  inline void take_lease(Cell* cell, const void* value, std::uint64_t generation) noexcept {
+    if (cell == nullptr) return;
+    cell->add_lease(lives_, generation);
+    if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
   }
   /// Drops one lease on each of `cells`, any thread, never waiting. ENSURES: applied now if this
   /// thread holds the state or can take it; otherwise deferred to the holder, which applies it
@@ -152,12 +150,6 @@ class Ledger {
   void apply_deferred() noexcept;
 
  private:
-  /// The cell's side of a new lease on it (`lease_at`).
-  inline void take_lease(Cell* cell, const void* value, std::uint64_t generation) noexcept {
-    if (cell == nullptr) return;
-    cell->add_lease(lives_, generation);
-    if (stamper_ != nullptr) stamper_->stamp(value, cell->life());
-  }
   // One lease on `cell` goes, under the state.
   inline void apply_drop(Cell* cell) noexcept {
     if (cell->drop_lease() && !cell->is_reclaimed() && device_hears_of_death(*cell)) effects_->cell_died(*cell);
@@ -165,7 +157,6 @@ class Ledger {
   }
   void apply_deferred_drops() noexcept;
 
-  Engine* engine_;            ///< the engine each lease refers to
   LedgerEffects* effects_;    ///< the engine's device effects
   backend::Device* stamper_;  ///< stamps the values handed out, or null
   bool releases_unowned_;     ///< the device's `releases_unowned_storage()`, read once

@@ -22,7 +22,7 @@ Engine::Engine(std::unique_ptr<backend::Device> device, Options options)
       device_index_(device_->device_index()),
       stamps_values_(device_->stamps_values()),
       scopes_calls_(device_->scopes_calls()),
-      ledger_(*this, *this, stamps_values_ ? device_.get() : nullptr, device_->releases_unowned_storage()) {}
+      ledger_(*this, stamps_values_ ? device_.get() : nullptr, device_->releases_unowned_storage()) {}
 
 Engine::~Engine() {
   // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are

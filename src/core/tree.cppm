@@ -117,6 +117,11 @@ class CellRef {
 
 [[nodiscard]] CellRef make_cell(const backend::StorageHandle& storage, std::uint32_t function);
 
+/// Splits the path liveness into the indices where two snapshots differ (PyTorch's
+/// `_get_different_indices`): outputs live in `before` and dead in `after`.
+[[nodiscard]] std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
+                                                       const std::vector<std::vector<bool>>& after);
+
 /// How an output of a recording relates to other memory (PyTorch's `OutputAliasInfo`).
 enum class AliasKind : std::uint8_t {
   none,             ///< no value (undefined tensor, empty buffer)
@@ -279,11 +284,12 @@ class TreeNode {
   /// earlier graph's (`Tree::match` takes such a child at once: a root, most often).
   [[nodiscard]] inline bool fits_every_call() const noexcept { return fits_every_call_; }
 
-  // --- replay (engine_replay.cpp: the hot path) ---
-  /// Points each output at the storage this replay writes (a new cell where the last one is
-  /// still held or was reclaimed), and tells the recording if that changed.
-  inline void bind_outputs_for_replay(Engine& engine) {
-    if (!is_bound_as_is()) rebind_outputs(engine);
+  // --- replay (the hot path) ---
+  /// Points each output at the storage this replay writes (a new cell of `function`'s where the
+  /// last one is still held or was reclaimed, prepared by `device`), and tells the recording if
+  /// that changed.
+  inline void bind_outputs_for_replay(backend::Device& device, std::uint32_t function) {
+    if (!is_bound_as_is()) rebind_outputs(device, function);
   }
 
  private:
@@ -299,7 +305,7 @@ class TreeNode {
     }
     return true;
   }
-  void rebind_outputs(Engine& engine);
+  void rebind_outputs(backend::Device& device, std::uint32_t function);
   /// Sets `fits_every_call_` from the inputs, aliases and liveness taken so far.
   void decide_fits_every_call() noexcept;
 

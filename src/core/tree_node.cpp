@@ -11,9 +11,28 @@ module;
 #include <vector>
 
 module cgt.core;
-import :engine;
+import :tree;
 
 namespace cgt::detail {
+
+CellRef make_cell(const backend::StorageHandle& storage, std::uint32_t function) {
+  return CellRef(new Cell(storage, function));  // NOLINT(cppcoreguidelines-owning-memory): owned by CellRef counting
+}
+
+std::vector<PathIndex> differing_indices(const std::vector<std::vector<bool>>& before,
+                                         const std::vector<std::vector<bool>>& after) {
+  std::vector<PathIndex> indices;
+  const std::size_t depth = std::min(before.size(), after.size());
+  for (std::size_t d = 0; d < depth; ++d) {
+    const std::size_t outputs = std::min(before[d].size(), after[d].size());
+    for (std::size_t i = 0; i < outputs; ++i) {
+      if (before[d][i] != after[d][i]) {
+        indices.push_back({static_cast<std::uint32_t>(d), static_cast<std::uint32_t>(i)});
+      }
+    }
+  }
+  return indices;
+}
 
 Children::Entry& Children::entry_of(std::uint32_t variant) {
   const auto at = std::ranges::lower_bound(entries_, variant, {}, &Entry::variant);
@@ -175,6 +194,41 @@ std::vector<std::vector<bool>> liveness_of(std::span<TreeNode* const> nodes) {
     liveness.push_back(std::move(outputs));
   }
   return liveness;
+}
+
+void TreeNode::rebind_outputs(backend::Device& device, std::uint32_t function) {
+  bool changed = bound_.size() != output_count_;
+  bound_.resize(output_count_, nullptr);
+  bound_native_.resize(output_count_, nullptr);
+  for (std::size_t i = 0; i < output_count_; ++i) {
+    const OutputAlias& alias = aliases_[i];
+    switch (alias.kind) {
+      case AliasKind::new_storage: {
+        Cell* cell = cells_[i].get();
+        // A storage reclaimed by a new generation may still be referenced by stale leases: use a new cell.
+        if (cell == nullptr || cell->is_reclaimed() || cell->leases() > 0) {
+          const backend::StorageHandle storage{
+              .address = output_storage_[i], .bytes = output_bytes_[i], .owned_by_allocator = false};
+          cells_[i] = make_cell(storage, function);
+          device.adopt(cells_[i]->storage);
+        } else {
+          cell->storage.owned_by_allocator = false;  // a replay allocates nothing
+          if (cell->storage.native == nullptr) device.adopt(cell->storage);
+        }
+        break;
+      }
+      case AliasKind::alias_of_output: cells_[i] = cells_[alias.output]; break;
+      case AliasKind::alias_of_prior: cells_[i] = cell_at(alias.prior); break;
+      case AliasKind::external:
+      case AliasKind::none: cells_[i] = CellRef(); break;
+    }
+    backend::StorageHandle* storage = cells_[i] ? &cells_[i]->storage : nullptr;
+    const void* native = storage != nullptr ? storage->native : nullptr;
+    if (bound_[i] != storage || bound_native_[i] != native) changed = true;
+    bound_[i] = storage;
+    bound_native_[i] = native;
+  }
+  if (changed) recording_->bind_outputs(bound_);
 }
 
 }  // namespace cgt::detail
