@@ -19,7 +19,8 @@ cgt_check_headers(cgt_test_headers_host cgt_host
   host/forwarding.hpp
   stress/config.hpp stress/model.hpp stress/functions.hpp)
 if(CGT_HAVE_CUDA)
-  cgt_check_headers(cgt_test_headers_cuda cgt_cuda cuda/kernels.hpp cuda/harness.hpp launch/memset_script.hpp)
+  cgt_check_headers(cgt_test_headers_cuda cgt_cuda cuda/kernels.hpp cuda/harness.hpp launch/memset_script.hpp
+                    gpu_context.hpp)
 endif()
 if(CGT_HAVE_TORCH)
   cgt_check_headers(cgt_test_headers_torch cgt_torch torch/harness.hpp torch/training_harness.hpp)

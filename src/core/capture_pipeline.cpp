@@ -23,24 +23,27 @@ import :engine;
 namespace cgt::detail {
 namespace {
 
+// An error of a kind the engine acts on (`cause`), about the function's recording.
+Error recording_error(Cause cause, std::string message, std::int32_t input = -1) {
+  return Error{.code = Errc::function_failed, .message = std::move(message), .cause = cause, .input = input};
+}
+
 // A capture the function broke would break again at these shapes, whatever the function returned:
 // that is the cause the engine acts on (it runs those shapes eagerly from then on).
 Error broken_capture(const backend::CaptureOutcome& outcome) {
   std::string message = "capture failed: " + outcome.broken_because;
   if (!outcome.work) message += "; the function reported: " + outcome.work.error().message;
-  return Error{.code = Errc::function_failed, .message = std::move(message), .cause = Cause::uncapturable};
+  return recording_error(Cause::uncapturable, std::move(message));
 }
 
 // A call of another pool on this thread was refused while the function ran under capture: the
 // graph lacks that call's work, whatever the function made of the refusal. Given up before it
 // ran; the engine runs these shapes eagerly from then on, where the inner call works.
 Error refused_inner_call() {
-  return Error{.code = Errc::function_failed,
-               .message =
-                   "it called a function of another pool while its own pool recorded it (that call failed "
-                   "with nested_capture); one pool's graph cannot hold another pool's call: give both "
-                   "functions one pool to graph them together",
-               .cause = Cause::nested_pool};
+  return recording_error(Cause::nested_pool,
+                         "it called a function of another pool while its own pool recorded it (that call failed "
+                         "with nested_capture); one pool's graph cannot hold another pool's call: give both "
+                         "functions one pool to graph them together");
 }
 
 // Captures the function, watched for calls of other pools. One that failed in an intact capture
@@ -102,19 +105,16 @@ Result<void> place_graph(backend::Capture& capture, const backend::RecordPlan& p
 // that overlapped its capture (the graph may read what that call computed this once).
 std::optional<Error> not_kept_because(std::span<const std::uint32_t> copied_written, OtherPoolCalls others) {
   if (!copied_written.empty()) {
-    return Error{.code = Errc::function_failed,
-                 .message = "input " + std::to_string(copied_written.front()) +
-                            " was written in place, but the graph reads it through a copy",
-                 .cause = Cause::wrote_copied_input,
-                 .input = static_cast<std::int32_t>(copied_written.front())};
+    return recording_error(Cause::wrote_copied_input,
+                           "input " + std::to_string(copied_written.front()) +
+                               " was written in place, but the graph reads it through a copy",
+                           static_cast<std::int32_t>(copied_written.front()));
   }
   if (others == OtherPoolCalls::overlapped) {
-    return Error{.code = Errc::function_failed,
-                 .message =
-                     "a call of another pool on another thread overlapped its capture (it waited its "
-                     "Options::wait_for_other_captures); the graph may read what that call computed once, so "
-                     "it ran for this call and is not kept",
-                 .cause = Cause::nested_pool};
+    return recording_error(Cause::nested_pool,
+                           "a call of another pool on another thread overlapped its capture (it waited its "
+                           "Options::wait_for_other_captures); the graph may read what that call computed once, "
+                           "so it ran for this call and is not kept");
   }
   return std::nullopt;
 }

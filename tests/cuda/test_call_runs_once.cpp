@@ -5,9 +5,7 @@
 // graph; a call from a thread whose current context is one the program made runs in the pool's
 // and puts the program's back. Tagged [gpu]; SKIPPED without a device.
 #include <catch2/catch_test_macros.hpp>
-#include <catch2/generators/catch_generators.hpp>
 
-#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -21,6 +19,7 @@ import cgt;
 import cgt.cuda;
 
 #include "cuda/harness.hpp"
+#include "gpu_context.hpp"
 
 using H = CudaHarness;
 using K = cgt::CallKind;
@@ -132,64 +131,16 @@ TEST_CASE("cuda/an input that differs only in a size-1 dimension's stride replay
 
 namespace {
 
-template <class F>
-F driver(const char* name) {
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return reinterpret_cast<F>(entry);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-}
-
-CUcontext current_context() {
-  static const auto get = driver<CUresult (*)(CUcontext*)>("cuCtxGetCurrent");
-  CUcontext context = nullptr;
-  REQUIRE(get(&context) == CUDA_SUCCESS);
-  return context;
-}
-
-}  // namespace
-
-namespace {
-
-// Three calls (warm-up, recording, replay) from a thread whose current context is `none` or one
-// the program made: each leaves that context current, and computes the values.
+// Calls of y = 2x + 1 from a thread whose context is none, or one the program made.
 void calls_keep_the_callers_context(bool own_context) {
-  const auto create = driver<CUresult (*)(CUcontext*, unsigned int, CUdevice)>("cuCtxCreate");
-  const auto destroy = driver<CUresult (*)(CUcontext)>("cuCtxDestroy");
-  const auto set = driver<CUresult (*)(CUcontext)>("cuCtxSetCurrent");
-  const auto get_device = driver<CUresult (*)(CUdevice*, int)>("cuDeviceGet");
-  REQUIRE(set != nullptr);
   auto pool = must(H::make_pool({}));
   auto f = must(H::add(pool, scenario::unary("f", scenario::in(0) * 2 + 1)));
   const H::Value x = H::make(HostTensor::iota({32}));
-  const CUcontext primary = current_context();
-  CUcontext caller = nullptr;  // none
-  if (own_context) {
-    CUdevice device = 0;
-    REQUIRE(get_device(&device, 0) == CUDA_SUCCESS);
-    if (create == nullptr || create(&caller, 0, device) != CUDA_SUCCESS) {
-      REQUIRE(set(primary) == CUDA_SUCCESS);
-      SKIP("the device takes no second context in this process (an exclusive compute mode)");
-    }
-  }
-  std::vector<K> kinds;
-  for (int call = 0; call < 3; ++call) {
-    REQUIRE(set(caller) == CUDA_SUCCESS);
-    auto out = f({x});
-    CHECK(current_context() == caller);
-    REQUIRE(set(primary) == CUDA_SUCCESS);
-    REQUIRE(out);
-    kinds.push_back(out->kind());
-    std::vector<double> expected = H::read(x).data;
-    for (double& v : expected) v = v * 2 + 1;
-    CHECK(H::read(must(out->get(0)).get()).data == expected);
-  }
-  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay});
-  if (caller != nullptr) REQUIRE(destroy(caller) == CUDA_SUCCESS);
-  REQUIRE(set(primary) == CUDA_SUCCESS);
+  std::vector<double> expected = H::read(x).data;
+  for (double& v : expected) v = v * 2 + 1;
+  gpu_context::calls_keep_the_callers_context(
+      own_context, [&] { return f({x}); },
+      [&](const cgt::cuda::Outputs& out) { CHECK(H::read(must(out.get(0)).get()).data == expected); });
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -57,6 +58,23 @@ cgt::host::Function counted_plus_one(cgt::host::Pool& pool, Runs& runs, cgt::Fun
         return Values{y};
       },
       std::move(options)));
+}
+
+// y = 2 * what `inner_value(x)` gives, in a kernel that counts itself: a function whose work
+// depends on another pool's call.
+cgt::host::Function doubling_inner(cgt::host::Pool& pool, Runs& runs, std::function<Buffer(const Buffer&)> inner_value) {
+  return must(pool.add_function(
+      [&runs, inner_value = std::move(inner_value)](Context& ctx, Inputs in) {
+        ++runs.bodies;
+        const Buffer code = inner_value(in[0]);
+        const Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([code, y, &runs] {
+          ++runs.kernels;
+          for (std::size_t i = 0; i < code.numel(); ++i) y.set(i, code.get(i) * 2);
+        });
+        return Values{y};
+      },
+      {.name = "outer"}));
 }
 
 }  // namespace
@@ -174,20 +192,10 @@ TEST_CASE("a call of another pool refused on the recording's thread: each pool's
   Runs inner_runs;
   Runs outer_runs;
   auto inner = counted_plus_one(inner_pool, inner_runs, {.name = "inner"});
-  auto outer = must(outer_pool.add_function(
-      [&](Context& ctx, Inputs in) {
-        ++outer_runs.bodies;
-        auto got = inner({in[0]});
-        // Swallows a refusal: without the inner call's work, its own kernel still runs.
-        const Buffer code = got ? must(got->take(0)) : in[0];
-        const Buffer y = ctx.allocate_like(in[0]);
-        ctx.launch([code, y, &outer_runs] {
-          ++outer_runs.kernels;
-          for (std::size_t i = 0; i < code.numel(); ++i) y.set(i, code.get(i) * 2);
-        });
-        return Values{y};
-      },
-      {.name = "outer"}));
+  auto outer = doubling_inner(outer_pool, outer_runs, [&](const Buffer& x) {
+    auto got = inner({x});
+    return got ? must(got->take(0)) : x;  // swallows a refusal: its own kernel still runs
+  });
   for (int call = 1; call <= 4; ++call) {
     auto out = must(outer({filled({4}, call)}));
     CHECK(output_values(out, 0) == repeat(2.0 * (call + 1)));
@@ -206,20 +214,12 @@ TEST_CASE("a call of another pool on a helper thread during a recording: the gra
   Runs inner_runs;
   Runs outer_runs;
   auto inner = counted_plus_one(inner_pool, inner_runs, {.name = "inner"});
-  auto outer = must(outer_pool.add_function(
-      [&](Context& ctx, Inputs in) {
-        ++outer_runs.bodies;
-        Buffer code;
-        std::thread helper([&] { code = must(must(inner({in[0]})).take(0)); });  // waits, then runs
-        helper.join();
-        const Buffer y = ctx.allocate_like(in[0]);
-        ctx.launch([code, y, &outer_runs] {
-          ++outer_runs.kernels;
-          for (std::size_t i = 0; i < code.numel(); ++i) y.set(i, code.get(i) * 2);
-        });
-        return Values{y};
-      },
-      {.name = "outer"}));
+  auto outer = doubling_inner(outer_pool, outer_runs, [&](const Buffer& x) {
+    Buffer code;
+    std::thread helper([&] { code = must(must(inner({x})).take(0)); });  // waits at the gate, then runs
+    helper.join();
+    return code;
+  });
   std::vector<K> kinds;
   for (int call = 1; call <= 4; ++call) {
     auto out = must(outer({filled({4}, call)}));

@@ -13,8 +13,6 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <cuda.h>
-#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <expected>
@@ -27,6 +25,7 @@
 import cgt;
 import cgt.torch;
 
+#include "gpu_context.hpp"
 #include "torch/harness.hpp"
 
 using H = TorchHarness;
@@ -213,67 +212,15 @@ TEST_CASE("torch/a call inside the program's own CUDA graph capture is refused, 
 
 namespace {
 
-// The driver's entry points the context test needs, through the runtime (the test binary links no
-// driver, so that it starts on a machine without one).
-template <class F>
-F driver(const char* name) {
-  void* entry = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    return nullptr;
-  }
-  return reinterpret_cast<F>(entry);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-}
-
-CUcontext current_context() {
-  static const auto get = driver<CUresult (*)(CUcontext*)>("cuCtxGetCurrent");
-  CUcontext context = nullptr;
-  REQUIRE(get(&context) == CUDA_SUCCESS);
-  return context;
-}
-
-}  // namespace
-
-namespace {
-
-// Three calls (warm-up, recording, replay) from a thread whose current context is `none` or one
-// the program made: each leaves that context current, and computes the values.
+// Calls of y = 2x + 1 from a thread whose context is none, or one the program made.
 void calls_keep_the_callers_context(bool own_context) {
-  const auto create = driver<CUresult (*)(CUcontext*, unsigned int, CUdevice)>("cuCtxCreate");
-  const auto destroy = driver<CUresult (*)(CUcontext)>("cuCtxDestroy");
-  const auto set = driver<CUresult (*)(CUcontext)>("cuCtxSetCurrent");
-  const auto get_device = driver<CUresult (*)(CUdevice*, int)>("cuDeviceGet");
-  REQUIRE(set != nullptr);
   auto pool = quiet_pool();
   auto f = must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] * 2 + 1}; },
                                   {.name = "f"}));
   const at::Tensor x = at::arange(32, cuda());
-  const CUcontext primary = current_context();
-  CUcontext caller = nullptr;  // none
-  if (own_context) {
-    CUdevice device = 0;
-    REQUIRE(get_device(&device, 0) == CUDA_SUCCESS);
-    if (create == nullptr || create(&caller, 0, device) != CUDA_SUCCESS) {
-      REQUIRE(set(primary) == CUDA_SUCCESS);
-      SKIP("the device takes no second context in this process (an exclusive compute mode)");
-    }
-  }
-  std::vector<at::Tensor> results;
-  std::vector<K> kinds;
-  for (int call = 0; call < 3; ++call) {
-    REQUIRE(set(caller) == CUDA_SUCCESS);
-    auto out = f({x});
-    CHECK(current_context() == caller);  // the program's context (or none) is current again
-    REQUIRE(set(primary) == CUDA_SUCCESS);
-    REQUIRE(out);
-    kinds.push_back(out->kind());
-    results.push_back(must(out->take(0)));
-  }
-  CHECK(kinds == std::vector{K::warmup, K::recording, K::replay});
-  for (const at::Tensor& result : results) CHECK(at::equal(result, x * 2 + 1));
-  if (caller != nullptr) REQUIRE(destroy(caller) == CUDA_SUCCESS);
-  REQUIRE(set(primary) == CUDA_SUCCESS);
+  gpu_context::calls_keep_the_callers_context(
+      own_context, [&] { return f({x}); },
+      [&](const cgt::torch::Outputs& out) { CHECK(at::equal(must(out.take(0)), x * 2 + 1)); });
 }
 
 }  // namespace
