@@ -33,65 +33,9 @@ import :handles;
 import :tree;
 import :path;
 import :ledger;
+import :functions;
 
 namespace cgt::detail {
-
-/// One function at one shape key (PyTorch's FunctionID): nodes of the tree belong to a variant.
-/// A plain struct, reached only through the engine's private `variants_`: each field has one
-/// writer among the engine's steps, named beside it.
-struct Variant {
-  // Set by `select_variant`, which makes the variant.
-  std::uint32_t id = 0;
-  std::uint32_t function = 0;
-  std::vector<std::int64_t> key;
-  bool warmed_up = false;  ///< set by `warm_up` and `keep_as_warmup`
-  /// Its capture broke at shapes that had not warmed up of their own (`warm_up_each_shape =
-  /// false`): the next decision warms them up. Set by `after_failed_recording`, cleared by `warm_up`.
-  bool needs_own_warmup = false;
-  /// Its recording failed for a reason that will not change at these shapes (a synchronisation
-  /// inside the function, a call of another pool, an output a graph cannot hand out): it runs
-  /// eagerly from then on, for `capture_failure_reason` (`Reason::capture_failed`, `nested_pool`
-  /// or `unsupported_output`), with the message kept here. Both set by `run_eagerly_from_now_on`.
-  std::optional<std::string> capture_failure;
-  Reason capture_failure_reason = Reason::capture_failed;
-  /// Re-recorded somewhere in the tree (`ChildFacts::rerecords`): only then does a call look its
-  /// count up. Set by `run_tree`.
-  bool rerecorded = false;
-};
-
-/// The argument signature a function is held to: set by its first call.
-struct Signature {
-  std::vector<backend::ArgKind> kinds;
-  std::vector<std::uint16_t> dtypes;
-  std::vector<std::uint8_t> ranks;
-};
-
-/// A registered function. A plain struct, reached only through the engine's private `functions_`:
-/// each field has one writer among the engine's steps, named beside it (`is_mutated` two).
-struct FunctionRecord {
-  // Set by `add_function`; `shutdown()` takes the invoker.
-  std::uint32_t id = 0;
-  std::string name;
-  std::unique_ptr<backend::Invoker> invoker;
-  FunctionOptions options;
-  // Set by `check_signature`, at the first call.
-  std::optional<Signature> signature;
-  std::vector<bool> is_static;  ///< per input, from options.static_inputs
-  /// Per input: declared in options.mutated_inputs (`check_signature`), or seen written by a run
-  /// (`note_write`).
-  std::vector<bool> is_mutated;
-  bool mutates_an_input = false;  ///< some `is_mutated` is set: calls check their inputs for it
-  // Set by `select_variant`.
-  std::map<std::vector<std::int64_t>, std::uint32_t> variants;  ///< shape key -> variant id
-  std::uint32_t last_variant = UINT32_MAX;                      ///< the last key seen: the fast path
-  bool warned_mutation = false;                                 ///< set by `mutates_unmanaged_input`
-  bool warned_many_keys = false;                                ///< set by `select_variant`
-  bool warned_pending_backward = false;                         ///< set by `warn_if_pending_backward_repeats`
-  bool warned_padded_output = false;                            ///< set by `warn_if_padding_shows`
-  /// Some shape of it has warmed up (see `warm_up_each_shape`); set by `warm_up`.
-  bool warmed_up_once = false;
-  std::set<Reason> logged;  ///< reasons already printed by the default sink; added to by `log`
-};
 
 /// The part `function` plays for the generation rule (its `FunctionOptions::mode`).
 [[nodiscard]] inline CallRole role_of(const FunctionRecord& function) noexcept {
@@ -101,18 +45,6 @@ struct FunctionRecord {
     case FunctionMode::inference: break;
   }
   return CallRole::inference;
-}
-
-/// Kernels may assume this alignment of their inputs (PyTorch's ALIGNMENT); a static input that
-/// lacks it is copied into an aligned slot instead of being baked in mis-addressed.
-inline constexpr std::uintptr_t kInputAlignment = 16;
-
-/// Whether input `i` is a static input a graph can use in place: declared static, and aligned.
-/// A misaligned one is copied into a slot, so it is no longer static (a mutation of it would go
-/// to the slot: such a call runs eagerly, as PyTorch drops misaligned inputs from the static set).
-[[nodiscard]] inline bool is_usable_in_place(const FunctionRecord& function, std::size_t i,
-                                             const backend::ArgDesc& desc) noexcept {
-  return function.is_static[i] && desc.data % kInputAlignment == 0;
 }
 
 /// The allocator as it was before a warm-up or recording: what a failed one puts back.
@@ -197,7 +129,7 @@ class Engine final : public LedgerEffects {
   /// Runs a call of `function` (`call_locked`). REQUIRES: this caller set busy and holds the state,
   /// as `detail::call` does.
   [[nodiscard]] inline Result<CallOutputs> call(std::uint32_t function, const ArgSource& source) {
-    return call_locked(*functions_[function], source);
+    return call_locked(functions_[function], source);
   }
   /// Registers a function (`detail::add_function`). Fails with `concurrent_use` during a call,
   /// `pool_shut_down` after `shutdown()`, `invalid_argument` for buckets that cannot be meant.
@@ -226,7 +158,7 @@ class Engine final : public LedgerEffects {
   [[nodiscard]] inline const Path& path() const noexcept { return path_; }
   /// The function whose variant `node` ran.
   [[nodiscard]] inline std::uint32_t function_of(const TreeNode& node) const noexcept {
-    return variants_[node.variant()]->function;
+    return functions_.variant(node.variant()).function;
   }
   /// A graph node of the tree or a warm-up node of the path, by id; null if there is none.
   [[nodiscard]] const TreeNode* find_node(std::int64_t id) const noexcept;
@@ -267,13 +199,12 @@ class Engine final : public LedgerEffects {
   /// Warns once per function when pending backwards make a forward repeat itself down the path
   /// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`).
   void warn_if_pending_backward_repeats(FunctionRecord& function);
-  Result<void> check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const;
   /// The call after its arguments are checked: picks its shape variant, then decides (`run_decided`).
   /// (Inline: a call with its function's last shape key, the common one, goes straight on.)
   [[clang::always_inline]] inline Result<CallOutputs> run_selected(CallFrame& frame) {
     // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
     if (frame.same_shapes_as_last) {
-      frame.variant = variants_[frame.function->last_variant].get();
+      frame.variant = &functions_.last_variant(*frame.function);
     } else {
       frame.variant = select_variant(frame);
     }
@@ -309,8 +240,9 @@ class Engine final : public LedgerEffects {
     if (variant.rerecorded && facts_for(variant.id).rerecords > options_.rerecord_limit) return Reason::rerecord_limit;
     return std::nullopt;
   }
-  /// The call's shape variant, made on its first call; null, with `CallFrame::unfit` set, where no
-  /// graph can serve the shape (an input on another device, a size not graphed, a key past the limit).
+  /// The call's shape variant (`Functions::select`), made on its first call; null, with
+  /// `CallFrame::unfit` set, where no graph can serve the shape. Warns once when a function's keys
+  /// pass the warn limit.
   Variant* select_variant(CallFrame& frame);
   /// The tree's part of a call: warm-up, replay or recording (PyTorch's `_run` after its fallbacks).
   Result<CallOutputs> run_tree(CallFrame& frame);
@@ -490,17 +422,10 @@ class Engine final : public LedgerEffects {
   /// ledger's one owner).
   Ledger ledger_;
 
-  /// Appended by `add_function` only. A record's fields are written by the steps of a call
-  /// (`check_signature`, `select_variant`, `note_write`, the warnings, `warm_up`), its callable
-  /// taken by `shutdown()`.
-  std::vector<std::unique_ptr<FunctionRecord>> functions_;
-  /// Guards the structure of `functions_` (not the records) for readers of a function's name that
-  /// must not wait for a call in flight (a `concurrent_use` report); never held across a call.
-  mutable std::mutex functions_mutex_;
-  /// Appended by `select_variant` only; a variant's fields are written by `warm_up` and
-  /// `keep_as_warmup` (`warmed_up`), `run_tree` (`rerecorded`), `after_failed_recording`
-  /// (`needs_own_warmup`) and `run_eagerly_from_now_on` (`capture_failure`).
-  std::vector<std::unique_ptr<Variant>> variants_;
+  /// The functions and their variants (functions.cppm, their one owner): `add_function` adds,
+  /// `shutdown()` takes the callables; the records' and variants' decisions are written by the
+  /// steps each field names.
+  Functions functions_;
   Tree tree_;  ///< the recordings, and which child a call replays: `add_to_tree` adds, `shutdown()` clears
   /// The node the program is at, its state and warm-up nodes, and the path a new generation ended
   /// (path.cppm, the path's one owner). Its ended record is set by `end_path_if_over` when a new

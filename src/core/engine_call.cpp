@@ -63,71 +63,6 @@ std::string in_quotes(const std::string& name) {
   return "'" + name + "'";
 }
 
-// A dimension's stride as the key sees it: that of a dimension of size 1 is never stepped along
-// (its index is always 0), so it is 0 whatever the tensor says. Without this, a column of one
-// element ([1], stride 8) and a fresh scalar tensor ([1], stride 1) recorded a graph each.
-std::int64_t key_stride(const backend::ArgDesc& desc, std::size_t d) noexcept {
-  return desc.sizes[d] == 1 ? 0 : desc.strides[d];
-}
-
-// The key of a call's input shapes: sizes, strides, broadcast dimensions and view bits of every
-// value, and every scalar (a scalar is baked into a graph, like PyTorch's int inputs). Strides and
-// view bits belong to it: a graph reads a static or pool-managed input in place, with the layout
-// it was recorded with, so a matrix and its transpose (or its lazy conjugate) at one address need
-// graphs of their own.
-std::int64_t key_layout_bits(const backend::ArgDesc& desc) noexcept {
-  return static_cast<std::int64_t>(desc.expanded) | (static_cast<std::int64_t>(desc.view) << 32);
-}
-
-// A key word that opens each argument: its kind, and for a value its device, element type and
-// rank. With it a key says the whole signature, so a call whose key is a known variant's needs no
-// signature check (the variant's first call passed it), and no device check (a variant is made
-// only for calls whose values are all on the pool's device).
-constexpr std::int64_t kScalarTag = std::int64_t{1} << 62;
-constexpr std::int64_t kValueTag = std::int64_t{1} << 61;
-std::int64_t opening_word(const backend::ArgDesc& desc) noexcept {
-  if (desc.kind == backend::ArgKind::scalar) return kScalarTag;
-  const auto device = static_cast<std::int64_t>(static_cast<std::uint32_t>(desc.device));  // -1: host memory
-  return kValueTag | (device << 24) | (static_cast<std::int64_t>(desc.dtype) << 8) | desc.rank;
-}
-
-void append_key(std::span<const backend::ArgDesc> descs, std::vector<std::int64_t>& key) {
-  for (const auto& desc : descs) {
-    key.push_back(opening_word(desc));
-    if (desc.kind == backend::ArgKind::scalar) {
-      key.push_back(desc.scalar);
-      continue;
-    }
-    key.insert(key.end(), desc.sizes, desc.sizes + desc.rank);
-    for (std::size_t d = 0; d < desc.rank; ++d) key.push_back(key_stride(desc, d));
-    key.push_back(key_layout_bits(desc));
-  }
-}
-
-// The same comparison without building a key: the fast path of a call with the last shapes. A key
-// word that equals the argument's opening word says how many words follow it in the key (one for
-// a scalar, 2 * rank + 1 for a value): only the opening words need a bound check.
-bool key_matches(const std::vector<std::int64_t>& key, std::span<const backend::ArgDesc> descs) noexcept {
-  std::size_t at = 0;
-  for (const auto& desc : descs) {
-    if (at >= key.size() || key[at] != opening_word(desc)) return false;
-    ++at;
-    if (desc.kind == backend::ArgKind::scalar) {
-      if (key[at] != desc.scalar) return false;
-      ++at;
-      continue;
-    }
-    const std::size_t rank = desc.rank;
-    for (std::size_t d = 0; d < rank; ++d) {  // ranks are small: a loop beats memcmp here
-      if (key[at + d] != desc.sizes[d] || key[at + rank + d] != key_stride(desc, d)) return false;
-    }
-    at += 2 * rank;
-    if (key[at] != key_layout_bits(desc)) return false;
-    ++at;
-  }
-  return at == key.size();
-}
-
 // Reads every argument's description into `slots` and `descs`; an error names the input.
 Result<void> describe_arguments(const ArgSource& source, const std::string& function, std::span<backend::ArgSlot> slots,
                                 std::span<backend::ArgDesc> descs, std::vector<std::shared_ptr<const void>>& keep) {
@@ -257,10 +192,11 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
     return std::unexpected(std::move(described.error()));
   }
   // The shapes of the last call: the signature is checked already (see `opening_word`).
-  const bool same_shapes =
-      function.last_variant != UINT32_MAX && key_matches(variants_[function.last_variant]->key, descs);
+  const bool same_shapes = functions_.same_shapes_as_last(function, descs);
   if (!same_shapes) {
-    if (auto checked = check_signature(function, descs); !checked) return std::unexpected(std::move(checked.error()));
+    if (auto checked = functions_.check_signature(function, descs, *device_); !checked) {
+      return std::unexpected(std::move(checked.error()));
+    }
   }
   CallFrame frame{.args = slots,
                   .descs = descs,
@@ -293,135 +229,12 @@ Result<CallOutputs> Engine::decide_again(CallFrame& frame) {
   return result;
 }
 
-Result<void> Engine::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs) const {
-  if (!function.signature) {
-    // The first call fixes the signature, and lets us check the options' input indices.
-    for (const std::size_t index : function.options.static_inputs) {
-      if (index >= descs.size()) {
-        return fail(Errc::invalid_argument,
-                    "static input " + std::to_string(index) + " of " + in_quotes(function.name) +
-                        " is out of range: the call has " + std::to_string(descs.size()) + " inputs",
-                    function.name);
-      }
-    }
-    for (const std::size_t index : function.options.mutated_inputs) {
-      if (index >= descs.size()) {
-        return fail(Errc::invalid_argument,
-                    "mutated input " + std::to_string(index) + " of " + in_quotes(function.name) +
-                        " is out of range: the call has " + std::to_string(descs.size()) + " inputs",
-                    function.name);
-      }
-    }
-    const bool has_buckets = !function.options.buckets.sizes.empty();
-    if (!function.options.graph_sizes.empty() || has_buckets) {
-      const SizeSource source = function.options.size_source;
-      if (source.input >= descs.size() || descs[source.input].kind != backend::ArgKind::value ||
-          source.dim >= descs[source.input].rank) {
-        return fail(Errc::invalid_argument,
-                    std::string(has_buckets ? "buckets" : "graph_sizes") + " of " + in_quotes(function.name) +
-                        " read dimension " + std::to_string(source.dim) + " of input " + std::to_string(source.input) +
-                        ", which the call does not have",
-                    function.name);
-      }
-    }
-    const auto out_of_range = [&](const char* field, std::size_t index) {
-      return fail(Errc::invalid_argument,
-                  std::string("buckets.") + field + " names input " + std::to_string(index) + " of " +
-                      in_quotes(function.name) + ", which is out of range: the call has " +
-                      std::to_string(descs.size()) + " inputs",
-                  function.name);
-    };
-    for (const auto& [index, pad] : function.options.buckets.per_input) {
-      if (index >= descs.size()) return out_of_range("per_input", index);
-    }
-    for (const std::size_t index : function.options.buckets.unpadded_inputs) {
-      if (index >= descs.size()) return out_of_range("unpadded_inputs", index);
-    }
-    Signature signature;
-    for (const auto& desc : descs) {
-      signature.kinds.push_back(desc.kind);
-      signature.dtypes.push_back(desc.dtype);
-      signature.ranks.push_back(desc.rank);
-    }
-    function.is_static.assign(descs.size(), false);
-    function.is_mutated.assign(descs.size(), false);
-    for (const std::size_t index : function.options.static_inputs) function.is_static[index] = true;
-    for (const std::size_t index : function.options.mutated_inputs) function.is_mutated[index] = true;
-    function.mutates_an_input = !function.options.mutated_inputs.empty();
-    function.signature = std::move(signature);
-    return {};
-  }
-  const Signature& signature = *function.signature;
-  if (descs.size() != signature.kinds.size()) {
-    return fail(Errc::wrong_input_count,
-                in_quotes(function.name) + " takes " + std::to_string(signature.kinds.size()) +
-                    " inputs (as in its first call), not " + std::to_string(descs.size()),
-                function.name);
-  }
-  for (std::size_t i = 0; i < descs.size(); ++i) {
-    const auto input = static_cast<std::int32_t>(i);
-    if (descs[i].kind != signature.kinds[i]) {
-      const bool was_scalar = signature.kinds[i] == backend::ArgKind::scalar;
-      return fail(Errc::wrong_input_type,
-                  "input " + std::to_string(i) + " of " + in_quotes(function.name) + " must be a " +
-                      (was_scalar ? "scalar" : "value") + ", as in its first call",
-                  function.name, -1, input);
-    }
-    if (descs[i].kind == backend::ArgKind::scalar) continue;
-    if (descs[i].dtype != signature.dtypes[i]) {
-      return fail(Errc::wrong_input_type,
-                  "input " + std::to_string(i) + " of " + in_quotes(function.name) + " has element type " +
-                      device_->type_name(descs[i].dtype) + ", but its first call had " +
-                      device_->type_name(signature.dtypes[i]),
-                  function.name, -1, input);
-    }
-    if (descs[i].rank != signature.ranks[i]) {
-      return fail(Errc::wrong_shape,
-                  "input " + std::to_string(i) + " of " + in_quotes(function.name) + " has " +
-                      std::to_string(descs[i].rank) + " dimensions, but its first call had " +
-                      std::to_string(signature.ranks[i]) + "; sizes may change between calls, ranks may not",
-                  function.name, -1, input);
-    }
-  }
-  return {};
-}
 
 Variant* Engine::select_variant(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
-  for (const auto& desc : frame.descs) {
-    if (desc.kind == backend::ArgKind::value && desc.device != device_index_) {
-      frame.unfit = Reason::input_on_other_device;
-      return nullptr;
-    }
-  }
-  if (!function.options.graph_sizes.empty()) {
-    const SizeSource source = function.options.size_source;
-    const std::int64_t size = frame.descs[source.input].sizes[source.dim];
-    if (std::ranges::find(function.options.graph_sizes, size) == function.options.graph_sizes.end()) {
-      frame.unfit = Reason::size_not_graphed;
-      return nullptr;
-    }
-  }
-  std::vector<std::int64_t> key;
-  append_key(frame.descs, key);
-  if (auto found = function.variants.find(key); found != function.variants.end()) {
-    function.last_variant = found->second;
-    return variants_[found->second].get();
-  }
-  if (options_.shape_key_limit != 0 && function.variants.size() >= options_.shape_key_limit) {
-    frame.unfit = Reason::shape_key_limit;
-    return nullptr;
-  }
-  auto variant = std::make_unique<Variant>();
-  variant->id = static_cast<std::uint32_t>(variants_.size());
-  variant->function = function.id;
-  variant->key = key;
-  function.variants.emplace(std::move(key), variant->id);
-  function.last_variant = variant->id;
-  variants_.push_back(std::move(variant));
-  if (options_.shape_key_warn_limit != 0 && function.variants.size() > options_.shape_key_warn_limit &&
-      !function.warned_many_keys) {
-    function.warned_many_keys = true;
+  const Selection selection = functions_.select(function, frame.descs, device_index_, options_);
+  frame.unfit = selection.unfit;
+  if (selection.passed_warn_limit) {
     ++stats_.by_reason[static_cast<std::size_t>(Reason::many_shape_keys)];
     log(EventKind::warning, Reason::many_shape_keys, function,
         in_quotes(function.name) + " has been called with " + std::to_string(function.variants.size()) +
@@ -429,7 +242,7 @@ Variant* Engine::select_variant(CallFrame& frame) {
             "strides and the value of every integer scalar argument: pad inputs to a few sizes (graph_sizes), "
             "and pass values that change every call (positions, lengths) as tensors, not integer scalars");
   }
-  return variants_.back().get();
+  return selection.variant;
 }
 
 bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept {

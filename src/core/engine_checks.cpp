@@ -85,7 +85,7 @@ void Engine::log(EventKind kind, Reason reason, FunctionRecord& function, const 
 std::string Engine::overwritten_message(const Cell& cell, std::uint32_t output) const {
   // Until the program marks generations, only a forward's call begins them (`FunctionMode::forward`).
   const bool by_forward = !generation_rule_.program_marks_generations();
-  return "output " + std::to_string(output) + " of '" + functions_[cell.function]->name +
+  return "output " + std::to_string(output) + " of '" + functions_[cell.function].name +
          "' was reclaimed when a new step began (" +
          (by_forward ? "a forward function was called, with no backward pending," : "mark_step_begin was called") +
          " after it was produced in step " + std::to_string(cell.generation()) +

@@ -46,7 +46,7 @@ void Engine::release_ended_path_now() noexcept {
   stats_.leases_copied_out += ended->leases_copied_out;
   stats_.leases_invalidated += ended->leases_invalidated;
   for (const CellRef& cell : ended->cells) {
-    device_->release(cell->storage, backend::Release::reclaimed, functions_[cell->function]->name);
+    device_->release(cell->storage, backend::Release::reclaimed, functions_[cell->function].name);
     cell->storage.owned_by_allocator = false;
   }
 }
@@ -108,7 +108,7 @@ void Engine::cell_died(Cell& cell) noexcept {  // NOLINT(readability-make-member
   if (shut_down_) return;
   // A replay's output on the host: nothing to free, nothing to poison (the ledger's rule).
   if (!ledger_.device_hears_of_death(cell)) return;
-  device_->release(cell.storage, backend::Release::dead, functions_[cell.function]->name);
+  device_->release(cell.storage, backend::Release::dead, functions_[cell.function].name);
   cell.storage.owned_by_allocator = false;
 }
 

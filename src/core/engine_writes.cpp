@@ -17,9 +17,7 @@ import :engine;
 namespace cgt::detail {
 
 void Engine::note_write(FunctionRecord& function, std::size_t input) {
-  if (input >= function.is_mutated.size() || function.is_mutated[input]) return;
-  function.is_mutated[input] = true;
-  function.mutates_an_input = true;
+  if (!Functions::note_write(function, input)) return;
   // Once per input: the next calls take the mutated-input path, which says why they run eagerly.
   ++stats_.by_reason[static_cast<std::size_t>(Reason::undeclared_write)];
   log(EventKind::warning, Reason::undeclared_write, function,

@@ -154,7 +154,7 @@ std::string Engine::to_dot() const {
   dot << "digraph cgt {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
   const std::span<TreeNode* const> on_path = path_.nodes();
   auto is_on_path = [&](const TreeNode* node) { return std::ranges::find(on_path, node) != on_path.end(); };
-  auto name_of = [&](const TreeNode* node) -> const std::string& { return functions_[function_of(*node)]->name; };
+  auto name_of = [&](const TreeNode* node) -> const std::string& { return functions_[function_of(*node)].name; };
   auto emit = [&](const TreeNode* node) {
     const char* label = node->kind() == NodeKind::graph ? "graph" : "warm-up";
     dot << "  n" << (node->id() < 0 ? "w" : "") << (node->id() < 0 ? -node->id() : node->id()) << " [label=\""

@@ -112,24 +112,13 @@ Result<std::uint32_t> Engine::add_function(std::unique_ptr<backend::Invoker> inv
   if (is_busy()) return fail(Errc::concurrent_use, "add_function while a call of the same pool is in flight");
   const StateLock lock(*this);
   if (shut_down_) return fail(Errc::pool_shut_down, "add_function after the pool was shut down; make a new pool");
-  auto record = std::make_unique<FunctionRecord>();
-  record->id = static_cast<std::uint32_t>(functions_.size());
-  record->name = options.name.empty() ? "function" + std::to_string(record->id) : options.name;
-  if (auto checked = check_buckets(*device_, options, record->name); !checked) {
-    return std::unexpected(std::move(checked.error()));
-  }
-  record->invoker = std::move(invoker);
-  record->options = std::move(options);
-  const std::lock_guard names(functions_mutex_);
-  functions_.push_back(std::move(record));
-  return functions_.back()->id;
+  std::string name = options.name.empty() ? "function" + std::to_string(functions_.size()) : options.name;
+  if (auto checked = check_buckets(*device_, options, name); !checked) return std::unexpected(std::move(checked.error()));
+  return functions_.add(std::move(name), std::move(invoker), std::move(options));
 }
 
 const std::string& Engine::function_name(std::uint32_t function) const noexcept {
-  // The record is on the heap, and its name never changes: it stays put when another thread adds
-  // a function. Only the vector's structure needs the (short) guard.
-  const std::lock_guard names(functions_mutex_);
-  return functions_[function]->name;
+  return functions_.name(function);
 }
 
 Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
@@ -145,8 +134,7 @@ backend::Device& device(Engine& engine) noexcept {
 }
 
 std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
-  std::vector<std::unique_ptr<backend::Invoker>> callables;
-  if (shut_down_) return callables;
+  if (shut_down_) return {};
   if (path_.node() != nullptr) reclaim_path();
   path_.end();
   tree_.clear();
@@ -155,8 +143,7 @@ std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
   // The callables go too: one that holds a Function (or lease) of this pool would keep the engine
   // alive for good. They are destroyed by the caller once the state is let go, since their
   // destructors may drop handles of this pool.
-  for (auto& function : functions_) callables.push_back(std::move(function->invoker));
-  return callables;
+  return functions_.take_invokers();
 }
 
 }  // namespace cgt::detail

@@ -1,6 +1,6 @@
-// Training: the engine's side of the generation rule (generation_rule.hpp owns the rule itself):
-// counting the generations forwards begin, and warning when pending backwards keep a forward off
-// the fast path (PyTorch's "Backward Generation Handling").
+// The generation a call runs in, the engine's side of the generation rule (generation_rule.hpp
+// owns the rule itself): counting the generations forwards begin, and warning when pending
+// backwards keep a forward off the fast path (PyTorch's "Backward Generation Handling").
 module;
 #include <algorithm>
 #include <atomic>
@@ -29,13 +29,13 @@ void Engine::warn_if_pending_backward_repeats(FunctionRecord& function) {
   std::size_t occurrences = 0;
   std::set<std::uint32_t> parents;
   for (const TreeNode* node : path_.nodes()) {
-    if (variants_[node->variant()]->function != function.id) continue;
+    if (functions_.variant(node->variant()).function != function.id) continue;
     ++occurrences;
-    if (node->parent() != nullptr) parents.insert(variants_[node->parent()->variant()]->function);
+    if (node->parent() != nullptr) parents.insert(functions_.variant(node->parent()->variant()).function);
   }
   if (occurrences <= 1) return;
   const TreeNode* parent = path_.node()->parent();
-  if (parent != nullptr) parents.insert(variants_[parent->variant()]->function);
+  if (parent != nullptr) parents.insert(functions_.variant(parent->variant()).function);
   if (parents.size() == occurrences) return;
   function.warned_pending_backward = true;
   ++stats_.by_reason[static_cast<std::size_t>(Reason::pending_backward)];
