@@ -34,6 +34,7 @@ import :tree;
 import :path;
 import :ledger;
 import :functions;
+import :pool_memory;
 
 namespace cgt::detail {
 
@@ -46,12 +47,6 @@ namespace cgt::detail {
   }
   return CallRole::inference;
 }
-
-/// The allocator as it was before a warm-up or recording: what a failed one puts back.
-struct PoolSnapshot {
-  std::unique_ptr<backend::Checkpoint> checkpoint;
-  std::vector<std::uintptr_t> owned_live;  ///< storages the allocator owned for live leases then
-};
 
 /// How a bucketed call padded its arguments (`CallFrame::padding`).
 struct Padding {
@@ -96,10 +91,10 @@ struct CallFrame {
 /// The engine of one pool (PyTorch's `CUDAGraphTreeManager`). Its state and the steps of a call
 /// (engine_*.cpp) are private. The public part is what the handles and the lease units reach: the
 /// handle count, the busy flag, the entry points, and read-only views; each says which lock it needs.
-class Engine final : public LedgerEffects {
+class Engine final {
  public:
   Engine(std::unique_ptr<backend::Device> device, Options options);
-  ~Engine() override;
+  ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -163,8 +158,8 @@ class Engine final : public LedgerEffects {
   /// A graph node of the tree or a warm-up node of the path, by id; null if there is none.
   [[nodiscard]] const TreeNode* find_node(std::int64_t id) const noexcept;
   [[nodiscard]] std::string to_dot() const;
-  /// PyTorch's `check_memory_pool`: the allocator's live blocks are exactly the memory of live leases.
-  [[nodiscard]] Result<void> check_memory() const;
+  /// The pool's memory as the path holds it (`PoolMemory::check` is PyTorch's `check_memory_pool`).
+  [[nodiscard]] inline const PoolMemory& pool_memory() const noexcept { return memory_; }
   /// What a lease on `cell`, reclaimed by a new step, says (`output_overwritten`).
   [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
 
@@ -237,7 +232,9 @@ class Engine final : public LedgerEffects {
     if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
     if (variant.capture_failure) [[unlikely]]
       return variant.capture_failure_reason;
-    if (variant.rerecorded && facts_for(variant.id).rerecords > options_.rerecord_limit) return Reason::rerecord_limit;
+    if (variant.rerecorded && path_.children(tree_.roots()).facts(variant.id).rerecords > options_.rerecord_limit) {
+      return Reason::rerecord_limit;
+    }
     return std::nullopt;
   }
   /// The call's shape variant (`Functions::select`), made on its first call; null, with
@@ -291,7 +288,6 @@ class Engine final : public LedgerEffects {
   /// error, told in terms of the call `doing` what, returned.
   template <class T, class Run, class OutputsOf>
   Result<T> run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of);
-  Result<PoolSnapshot> snapshot_pool(const FunctionRecord& function, const char* doing);
 
   // --- a call's leases (engine_leases: inline, below) ---
   /// The one way a call's outputs become leases: `count` leases made in place, lease `i` on
@@ -338,62 +334,7 @@ class Engine final : public LedgerEffects {
   /// After a run that wrote `written` (`RunResult::written_inputs`): notes them, and copies each
   /// write to a padded copy back into the caller's input.
   Result<void> take_writes(const CallFrame& frame, std::span<const std::uint32_t> written);
-  // --- the current path: ending it, reclaiming it, checkpoints (engine_path.cpp) ---
-  /// When the engine asks whether the current path is over.
-  enum class PathCheck : std::uint8_t {
-    call_start,     ///< before a call: a replaying path is kept, since a child of it may follow
-    no_child_fits,  ///< no child of the current node fits the call: a replaying path may end too
-  };
-  /// Ends the current path if it is over: reclaims it if a new generation began since it last ran, or
-  /// ends it if no output of the path is live (at `call_start`, only a path warming up or recording).
-  /// (Inline: a call asks at its start, where a replaying path of this generation is kept at once.)
-  [[clang::always_inline]] inline void end_path_if_over(std::uint64_t generation, PathCheck when) {
-    if (path_.node() == nullptr) return;
-    if (GenerationRule::is_new_generation(path_.generation(), generation)) {
-      end_path_for_new_generation();
-      return;
-    }
-    // A replaying path ends lazily (when no child fits); warm-ups and recordings are checked up front.
-    if (when == PathCheck::call_start && path_.state() == PathState::execution) return;
-    if (path_.all_outputs_dead()) path_.end();
-  }
-  /// Reclaims the whole path now (shutdown): leases read as reclaimed, memory released.
-  void reclaim_path();
-  /// Ends the path for a new generation (`Path::end_for_new_generation`): its live outputs read as
-  /// reclaimed from now on, or as their copies (`copy_out_on_new_step`); their memory stays
-  /// allocated until `release_ended_path`.
-  void end_path_for_new_generation();
-  /// Releases the memory of the path a new generation ended, if any: the call's work may reuse it now.
-  inline void release_ended_path() noexcept {
-    if (path_.has_ended()) release_ended_path_now();
-  }
-  void release_ended_path_now() noexcept;
-  /// The call that began a new generation failed before `release_ended_path`: the path and its leases
-  /// are as they were before the call (`Path::put_back_ended`).
-  void restore_ended_path() noexcept;
-  /// Before a warm-up or recording while the path has an ended record: makes its outputs' memory
-  /// allocated in the pool's allocator, so that the call's work allocates around it
-  /// (`Path::hold_ended_memory`: a replayed path's outputs are restored at its node's checkpoint).
-  Result<void> hold_ended_path_memory();
-  /// REQUIRES: a current graph node. ENSURES: the allocator is at its checkpoint, with the path's
-  /// live storages allocated (and owned by the allocator) and the ones that died since freed
-  /// (`restore_pool` at the node's checkpoint).
-  Result<void> restore_checkpoint();
-  /// The one way the allocator goes back to an earlier state: ENSURES: the allocator is at
-  /// `checkpoint`, in which the path's storages `allocated_then` were allocated; each of them
-  /// that is live now stays allocated (owned by the allocator from now on), each that is not is
-  /// freed once, and a live storage the checkpoint does not hold (a replay's output) is left as it
-  /// is. Before a warm-up or a recording after a replay (a node's checkpoint: the path's outputs
-  /// live right after its recording), and after a warm-up or a recording that failed (its
-  /// snapshot: the storages the allocator owned for live leases then).
-  Result<void> restore_pool(const backend::Checkpoint& checkpoint, std::span<const std::uintptr_t> allocated_then);
-  /// The ledger's effect of a death (`LedgerEffects`): releases the memory to the device
-  /// (`Release::dead`), unless the pool is shut down or nothing is there to free.
-  void cell_died(Cell& cell) noexcept override;
-  ChildFacts& facts_for(std::uint32_t variant);
-
-  // --- checks and reporting (engine_checks.cpp) ---
-  Result<void> debug_check(const char* where) const;
+  // --- reporting (engine_log.cpp) ---
   void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept;
 
   // --- the state: each field says who writes it. The ledger's state lock (`StateLock`) guards
@@ -430,9 +371,12 @@ class Engine final : public LedgerEffects {
   /// The node the program is at, its state and warm-up nodes, and the path a new generation ended
   /// (path.cppm, the path's one owner). Its ended record is set by `end_path_if_over` when a new
   /// generation ends a path with live outputs, and gone before the call does work that may reuse
-  /// their memory (`release_ended_path`: a replay, a recording's checkpoint, a warm-up or eager run
-  /// that succeeded), or when the call fails before that (`restore_ended_path`).
+  /// their memory (`PoolMemory::release_ended`: a replay, a recording's checkpoint, a warm-up or eager run
+  /// that succeeded), or when the call fails before that (`PoolMemory::put_back_ended`).
   Path path_;
+  /// What the path's changes do to the pool's memory, and what a death does (pool_memory.cppm, the
+  /// owner): the ledger's effects. Shut down by `shutdown()`.
+  PoolMemory memory_{path_, *device_, functions_, options_, stats_, ledger_};
 
   /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
   GenerationRule generation_rule_;
@@ -539,10 +483,6 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
   return read(*ref);
 }
 
-
-/// `error` from the device, told in terms of the call: which function, doing what, on which node.
-[[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);
-
 /// The capture pipeline (capture_pipeline.cpp): records `fn` over `args` into a graph on `device`,
 /// as `plan` says, and runs it once. Every backend's recording takes these decisions here, once:
 /// a broken capture fails with `Cause::uncapturable`; a function that failed in an intact capture
@@ -565,7 +505,7 @@ R read_engine(const EngineRef& ref, R empty, Read read) {
 
 template <class T, class Run, class OutputsOf>
 Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of) {
-  auto before = snapshot_pool(*frame.function, doing);
+  auto before = memory_.snapshot(*frame.function, doing);
   if (!before) return std::unexpected(std::move(before.error()));
   Result<T> ran = run();
   Result<void> ours = ran ? check_outputs_are_ours(outputs_of(*ran), frame) : Result<void>();
@@ -575,7 +515,7 @@ Result<T> Engine::run_in_pool(const CallFrame& frame, const char* doing, Run run
   Error error = !ran ? in_call(std::move(ran.error()), *frame.function, doing) : std::move(ours.error());
   ran = Result<T>();  // the outputs go before the pool is put back
   // A lease dropped inside the function freed its block, which the snapshot still counts.
-  if (auto restored = restore_pool(*before->checkpoint, before->owned_live); !restored) {
+  if (auto restored = memory_.roll_back(*before); !restored) {
     error.message += "; restoring the pool also failed: " + restored.error().message;
   }
   return std::unexpected(std::move(error));

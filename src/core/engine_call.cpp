@@ -131,7 +131,7 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
   // End the path first: a new generation reclaims (or copies out) the memory of leases the caller
   // may be passing in, and the arguments must be read after that. Its memory is released only
   // once the call's work may reuse it.
-  end_path_if_over(generation.generation, PathCheck::call_start);
+  memory_.end_path_if_over(generation.generation, PathCheck::call_start);
   SmallArray<backend::ArgSlot, 8> slots(source.size());
   SmallArray<backend::ArgDesc, 8> descs(source.size());
   std::vector<std::shared_ptr<const void>> keep;  // what keeps arguments alive (ArgSource::describe)
@@ -140,9 +140,9 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
     abandon_call(generation, reclaims_before);
     return out;
   }
-  release_ended_path();
+  memory_.release_ended();
   if (options_.debug_checks && out->kind != CallKind::eager) {
-    if (auto checked = debug_check("after the call"); !checked) {
+    if (auto checked = memory_.debug_check("after the call"); !checked) {
       return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
     }
   }
@@ -213,7 +213,7 @@ void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclai
   // A call that failed before its work (its arguments, its padding, its function) leaves the last
   // generation's outputs as they were, and a generation its forward began is not begun. A call
   // that failed after the new generation reclaimed them cannot undo that.
-  restore_ended_path();
+  memory_.put_back_ended();
   if (path_.reclaims() == reclaims_before && generation_rule_.take_back(generation)) --stats_.steps_begun_by_forward;
 }
 
@@ -228,7 +228,6 @@ Result<CallOutputs> Engine::decide_again(CallFrame& frame) {
   }
   return result;
 }
-
 
 Variant* Engine::select_variant(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
@@ -295,12 +294,12 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
   if (path_.state() == PathState::execution && path_.node() != nullptr && !frame.variant->rerecorded &&
       !path_.node()->children().has(frame.variant->id) && tree_.roots().has(frame.variant->id) &&
       !needs_warmup(*frame.function, *frame.variant)) {
-    end_path_if_over(frame.generation, PathCheck::no_child_fits);
+    memory_.end_path_if_over(frame.generation, PathCheck::no_child_fits);
   }
 
   if (needs_warmup(*frame.function, *frame.variant)) {
     if (path_.state() == PathState::execution) {
-      if (auto restored = restore_checkpoint(); !restored) {
+      if (auto restored = memory_.restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }
     }
@@ -317,11 +316,11 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
 
     // No child fits. If the function is also a root, the path may be over: try from the roots.
     if (path_.node() != nullptr && tree_.roots().has(frame.variant->id)) {
-      end_path_if_over(frame.generation, PathCheck::no_child_fits);
+      memory_.end_path_if_over(frame.generation, PathCheck::no_child_fits);
       if (path_.node() == nullptr) return run_tree(frame);
     }
     if (match.moved_managed_input >= 0) {
-      ChildFacts& facts = facts_for(frame.variant->id);
+      ChildFacts& facts = path_.children(tree_.roots()).facts(frame.variant->id);
       ++facts.rerecords;
       frame.variant->rerecorded = true;
       if (facts.rerecords > options_.rerecord_limit) {
@@ -343,9 +342,9 @@ Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
       reason = NodeReason::new_liveness_pattern;
     }
 
-    end_path_if_over(frame.generation, PathCheck::no_child_fits);
+    memory_.end_path_if_over(frame.generation, PathCheck::no_child_fits);
     if (path_.node() != nullptr) {
-      if (auto restored = restore_checkpoint(); !restored) {
+      if (auto restored = memory_.restore_checkpoint(); !restored) {
         return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
       }
     }

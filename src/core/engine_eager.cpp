@@ -85,7 +85,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));
   if (auto taken = take_writes(frame, result->written_inputs); !taken) return std::unexpected(std::move(taken.error()));
   if (auto ours = check_outputs_are_ours(*result, frame); !ours) return std::unexpected(std::move(ours.error()));
-  release_ended_path();
+  memory_.release_ended();
   // An eager run allocates outside the pool, but may return a view of an input that is a pool
   // output: its lease shares that output's cell, so it keeps the memory live and is reclaimed
   // with it, like any other lease on it.

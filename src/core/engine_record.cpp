@@ -148,7 +148,7 @@ TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
 
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   FunctionRecord& function = *frame.function;
-  if (auto held = hold_ended_path_memory(); !held) {
+  if (auto held = memory_.hold_ended(); !held) {
     return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
   auto node = std::make_unique<TreeNode>(NodeKind::graph, tree_.next_id(), reason, frame.variant->id, path_.node());
@@ -160,7 +160,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   if (!recorded) return after_failed_recording(frame, std::move(recorded.error()));
   if (const std::optional<Error>& not_kept = recorded->not_kept)
     return keep_first_run_only(frame, *recorded, *not_kept);
-  release_ended_path();  // before the checkpoint below: the last generation's outputs are dead in it
+  memory_.release_ended();  // before the checkpoint below: the last generation's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
   node->take_outputs(recorded->first_outputs.outputs, function.id);
   const TreeNode& made = *node;

@@ -24,7 +24,7 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
       return std::unexpected(in_call(std::move(takes.error()), function, "replaying", node.id()));
     }
   }
-  release_ended_path();  // the graph writes where the last generation's outputs were
+  memory_.release_ended();  // the graph writes where the last generation's outputs were
   node.bind_outputs_for_replay(*device_, function.id);
   if (auto replayed = recording.replay(frame.args); !replayed) [[unlikely]] {
     return std::unexpected(in_call(std::move(replayed.error()), function, "replaying", node.id()));

@@ -15,21 +15,8 @@ import :engine;
 
 namespace cgt::detail {
 
-// snapshot_pool changes the pool through `device` (a checkpoint): not const, whatever clang-tidy
+// memory_.snapshot changes the pool through `device` (a checkpoint): not const, whatever clang-tidy
 // infers from the pointer.
-Result<PoolSnapshot> Engine::snapshot_pool(  // NOLINT(readability-make-member-function-const)
-    const FunctionRecord& function, const char* doing) {
-  if (auto checked = debug_check(options_.debug_checks ? ("before " + std::string(doing)).c_str() : doing); !checked) {
-    return std::unexpected(in_call(std::move(checked.error()), function, "checking the pool"));
-  }
-  auto checkpoint = device_->checkpoint();
-  if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, doing));
-  PoolSnapshot snapshot{.checkpoint = std::move(*checkpoint), .owned_live = {}};
-  for (const Cell* cell : path_.live_cells()) {
-    if (cell->storage.owned_by_allocator) snapshot.owned_live.push_back(cell->storage.address);
-  }
-  return snapshot;
-}
 
 NodeReason Engine::warmup_reason(const Variant& variant) const noexcept {
   if (!variant.warmed_up) return NodeReason::first_call;
@@ -38,7 +25,7 @@ NodeReason Engine::warmup_reason(const Variant& variant) const noexcept {
 
 Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
-  if (auto held = hold_ended_path_memory(); !held) {
+  if (auto held = memory_.hold_ended(); !held) {
     return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
   auto result = run_in_pool<backend::RunResult>(
@@ -57,7 +44,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
 
 CallOutputs Engine::keep_as_warmup(CallFrame& frame, backend::RunResult& result, NodeReason reason) {
   Variant& variant = *frame.variant;
-  release_ended_path();  // the run allocated around the last generation's outputs: free them now
+  memory_.release_ended();  // the run allocated around the last generation's outputs: free them now
   std::unique_ptr<TreeNode> node = path_.make_warmup_node(reason, variant.id);
   node->take_outputs(result.outputs, frame.function->id);
   const TreeNode& made = *node;

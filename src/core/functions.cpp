@@ -24,6 +24,13 @@ std::string in_quotes(const std::string& name) {
 
 }  // namespace
 
+Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node) {
+  error.message = "'" + function.name + "' failed while " + doing + ": " + error.message;
+  error.function = function.name;
+  if (node >= 0) error.node = node;
+  return error;
+}
+
 std::vector<std::int64_t> shape_key(std::span<const backend::ArgDesc> descs) {
   std::vector<std::int64_t> key;
   for (const auto& desc : descs) {
@@ -58,7 +65,7 @@ const std::string& Functions::name(std::uint32_t id) const noexcept {
 }
 
 Result<void> Functions::check_signature(FunctionRecord& function, std::span<const backend::ArgDesc> descs,
-                                       const backend::Device& device) const {
+                                        const backend::Device& device) const {
   if (!function.signature) {
     // The first call fixes the signature, and lets us check the options' input indices.
     for (const std::size_t index : function.options.static_inputs) {
@@ -180,8 +187,8 @@ Selection Functions::select(FunctionRecord& function, std::span<const backend::A
   function.variants.emplace(std::move(key), variant->id);
   function.last_variant = variant->id;
   variants_.push_back(std::move(variant));
-  const bool passed = options.shape_key_warn_limit != 0 &&
-                      function.variants.size() > options.shape_key_warn_limit && !function.warned_many_keys;
+  const bool passed = options.shape_key_warn_limit != 0 && function.variants.size() > options.shape_key_warn_limit &&
+                      !function.warned_many_keys;
   if (passed) function.warned_many_keys = true;
   return {.variant = variants_.back().get(), .passed_warn_limit = passed};
 }

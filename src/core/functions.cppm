@@ -145,6 +145,9 @@ inline constexpr std::int64_t kValueTag = std::int64_t{1} << 61;
 /// layout bits, and every scalar's value, each argument opened by its `opening_word`.
 [[nodiscard]] std::vector<std::int64_t> shape_key(std::span<const backend::ArgDesc> descs);
 
+/// `error` from the device, told in terms of the call: which function, doing what, on which node.
+[[nodiscard]] Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node = -1);
+
 /// What `Functions::select` found for a call's shapes.
 struct Selection {
   Variant* variant = nullptr;   ///< null: no graph can serve these shapes (`unfit` says why)

@@ -2,8 +2,8 @@
 // generation it last ran in, its warm-up nodes, and the path a new generation ended while the call
 // that began that generation runs (PyTorch's `current_node`, `path_state`, `current_gen`). This
 // file and path.cpp are the path's only writers. What a change of the path does to the device
-// (copying outputs out, releasing their memory, restoring a checkpoint) is the engine's, through
-// this API (src/core/engine_path.cpp).
+// (copying outputs out, releasing their memory, restoring a checkpoint) is PoolMemory's, through
+// this API (src/core/pool_memory.cppm).
 module;
 #include <expected>
 #include <algorithm>

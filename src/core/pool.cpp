@@ -22,7 +22,7 @@ Engine::Engine(std::unique_ptr<backend::Device> device, Options options)
       device_index_(device_->device_index()),
       stamps_values_(device_->stamps_values()),
       scopes_calls_(device_->scopes_calls()),
-      ledger_(*this, stamps_values_ ? device_.get() : nullptr, device_->releases_unowned_storage()) {}
+      ledger_(memory_, stamps_values_ ? device_.get() : nullptr, device_->releases_unowned_storage()) {}
 
 Engine::~Engine() {
   // No handle is left, so no thread holds the state; drops deferred to a holder that is gone are
@@ -113,7 +113,8 @@ Result<std::uint32_t> Engine::add_function(std::unique_ptr<backend::Invoker> inv
   const StateLock lock(*this);
   if (shut_down_) return fail(Errc::pool_shut_down, "add_function after the pool was shut down; make a new pool");
   std::string name = options.name.empty() ? "function" + std::to_string(functions_.size()) : options.name;
-  if (auto checked = check_buckets(*device_, options, name); !checked) return std::unexpected(std::move(checked.error()));
+  if (auto checked = check_buckets(*device_, options, name); !checked)
+    return std::unexpected(std::move(checked.error()));
   return functions_.add(std::move(name), std::move(invoker), std::move(options));
 }
 
@@ -135,10 +136,11 @@ backend::Device& device(Engine& engine) noexcept {
 
 std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
   if (shut_down_) return {};
-  if (path_.node() != nullptr) reclaim_path();
+  if (path_.node() != nullptr) memory_.reclaim_path();
   path_.end();
   tree_.clear();
   shut_down_ = true;
+  memory_.shut_down();
   device_->shutdown();
   // The callables go too: one that holds a Function (or lease) of this pool would keep the engine
   // alive for good. They are destroyed by the caller once the state is let go, since their
@@ -218,7 +220,7 @@ Result<void> PoolBase::check_memory() const {
   }
   const detail::StateLock lock(*engine_);
   if (engine.is_shut_down()) return fail(Errc::pool_shut_down, "check_memory after the pool was shut down");
-  return engine.check_memory();
+  return engine.pool_memory().check();
 }
 
 std::string_view to_string(Errc code) noexcept {
