@@ -34,8 +34,8 @@ namespace cgt::torch {
 namespace {
 
 // The archive's layout. Keys are only ever added: a reader asks for the keys it knows, so a file
-// with more (a later version's, the grad scaler's "cgt.scaler.*") still loads, and `format` goes
-// up only for a change an older reader would misread.
+// with more (a later version's) still loads, and `format` goes up only for a change an older
+// reader would misread.
 constexpr std::int64_t format = 1;
 constexpr std::string_view format_key = "cgt.optimizer.format";
 constexpr std::string_view kind_key = "cgt.optimizer.kind";
@@ -132,6 +132,16 @@ Result<T> read(::torch::serialize::InputArchive& archive, std::string_view key) 
   }
 }
 
+// Whether the archive has `key` (read to find out: InputArchive has no lookup without a read).
+Result<bool> has_key(::torch::serialize::InputArchive& archive, const std::string& key) {
+  c10::IValue ignored;
+  try {
+    return archive.try_read(key, ignored);
+  } catch (const std::exception& e) {
+    return fail(Errc::invalid_argument, "reading '" + key + "': " + reason(e));
+  }
+}
+
 // A copy to make once the whole file is read and checked: `from` (host memory, the file's) into
 // `to` (the tensor a recorded graph reads).
 struct Copy {
@@ -143,6 +153,41 @@ struct Copy {
 Result<void> check_fits(const std::string& what, const at::Tensor& to, const at::Tensor& from) {
   if (from.sizes() == to.sizes() && from.scalar_type() == to.scalar_type()) return {};
   return fail(Errc::invalid_argument, what + ": the file's is " + describe(from) + ", this one's " + describe(to));
+}
+
+// The grad scaler's state (LossScale::checkpointed) from the file into `copies`, where this
+// optimizer scales the loss (`scale`; null where it does not). A file has all of it (its optimizer
+// scaled the loss) or none: none leaves the scale, its growth tracker and the skips as they are (a
+// run that did not scale goes on scaling, from the options' scale: a fresh GradScaler beside a
+// loaded optimizer); all of it into an optimizer that does not scale is refused (a float16 run's
+// scale would be dropped); part of it is a file that does not fit.
+Result<void> read_loss_scale(::torch::serialize::InputArchive& archive, const LossScale* scale,
+                             std::vector<Copy>& copies) {
+  std::string present;
+  std::string missing;
+  for (const std::string_view name : LossScale::checkpointed_names) {
+    auto has = has_key(archive, scaler_key(name));
+    if (!has) return std::unexpected(std::move(has.error()));
+    std::string& list = *has ? present : missing;
+    list += (list.empty() ? "'" : ", '") + scaler_key(name) + "'";
+  }
+  if (present.empty()) return {};
+  if (!missing.empty()) {
+    return fail(Errc::invalid_argument, "the file has the grad scaler's " + present + " but not " + missing);
+  }
+  if (scale == nullptr) {
+    return fail(Errc::invalid_argument,
+                "the file holds a grad scaler's state (" + present +
+                    "): its optimizer scaled the loss, and this one does not; make it with LossScaleOptions "
+                    "{.dynamic = true} to go on with that run");
+  }
+  for (const auto& [name, to] : scale->checkpointed()) {
+    auto from = read<at::Tensor>(archive, scaler_key(name));
+    if (!from) return std::unexpected(std::move(from.error()));
+    if (auto fits = check_fits("the loss scale's " + std::string(name), *to, *from); !fits) return fits;
+    copies.push_back({*to, std::move(*from)});
+  }
+  return {};
 }
 
 // Copies every `from` into its `to` in place, on the current stream. The file's tensors are in
@@ -326,20 +371,7 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
                                             std::to_string(*scheduled) + "; a schedule counts from 0 to 2^62");
   }
 
-  // The loss scale where this optimizer scales the loss; a file of one that did not leaves it as it is.
-  if (loss_scale_) {
-    for (const auto& [name, to] : loss_scale_->checkpointed()) {
-      c10::IValue present;
-      if (!archive.try_read(scaler_key(name), present)) continue;
-      auto from = prefixed(function, read<at::Tensor>(archive, scaler_key(name)));
-      if (!from) return std::unexpected(std::move(from.error()));
-      if (auto fits = check_fits(std::string(function) + ": the loss scale's " + std::string(name), *to, *from);
-          !fits) {
-        return fits;
-      }
-      copies.push_back({*to, std::move(*from)});
-    }
-  }
+  if (auto scaler = prefixed(function, read_loss_scale(archive, loss_scale_.get(), copies)); !scaler) return scaler;
 
   // Everything is checked: from here on only the device can fail.
   if (auto copied = copy_all(copies, function); !copied) return copied;

@@ -3,6 +3,7 @@
 module;
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -61,9 +62,13 @@ class LossScale {
   [[nodiscard]] std::vector<at::Tensor> save(const std::vector<at::Tensor>& written) const;
   void restore_where_found_inf(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& saved) const;
 
-  // The state a checkpoint keeps (Optimizer::save, as "cgt.scaler.<name>"), by name.
+  // The state a checkpoint keeps (Optimizer::save, as "cgt.scaler.<name>"), by name: the names
+  // alone (what `load` looks for in a file whatever the optimizer), and the tensors.
+  static constexpr std::array<std::string_view, 3> checkpointed_names{"scale", "growth_tracker", "skipped"};
   [[nodiscard]] std::vector<std::pair<std::string_view, const at::Tensor*>> checkpointed() const {
-    return {{"scale", &scale_}, {"growth_tracker", &growth_tracker_}, {"skipped", &skipped_}};
+    return {{checkpointed_names[0], &scale_},
+            {checkpointed_names[1], &growth_tracker_},
+            {checkpointed_names[2], &skipped_}};
   }
   [[nodiscard]] const at::Tensor& scale() const noexcept { return scale_; }
   [[nodiscard]] const at::Tensor& found_inf() const noexcept { return found_inf_; }
