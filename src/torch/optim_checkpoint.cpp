@@ -35,7 +35,8 @@ namespace {
 
 // The archive's layout. Keys are only ever added: a reader asks for the keys it knows, so a file
 // with more (a later version's) still loads, and `format` goes up only for a change an older
-// reader would misread.
+// reader would misread (the groups' keys are not one: a reader from before groups loads the same
+// per-parameter state, numbered across the groups, and only checks less).
 constexpr std::int64_t format = 1;
 constexpr std::string_view format_key = "cgt.optimizer.format";
 constexpr std::string_view kind_key = "cgt.optimizer.kind";
@@ -43,6 +44,10 @@ constexpr std::string_view params_key = "cgt.optimizer.params";
 constexpr std::string_view state_key = "cgt.optimizer.state";
 constexpr std::string_view lr_key = "cgt.optimizer.lr";
 constexpr std::string_view scheduled_steps_key = "cgt.optimizer.scheduled_steps";
+// The parameter groups: their count, and per group "group.<g>.params" (its parameter count),
+// "group.<g>.weight_decay" and "group.<g>.lr_factor". A file without them was written before
+// groups: one group of every parameter.
+constexpr std::string_view groups_key = "cgt.optimizer.groups";
 
 // Dynamic loss scaling's state, where the optimizer scales the loss (LossScale::checkpointed).
 std::string scaler_key(std::string_view name) {
@@ -51,6 +56,10 @@ std::string scaler_key(std::string_view name) {
 
 std::string param_key(std::size_t i, std::string_view name) {
   return "param." + std::to_string(i) + "." + std::string(name);
+}
+
+std::string group_key(std::size_t g, std::string_view name) {
+  return "group." + std::to_string(g) + "." + std::string(name);
 }
 
 // libtorch's message without the C++ backtrace c10::Error carries.
@@ -140,6 +149,56 @@ Result<bool> has_key(::torch::serialize::InputArchive& archive, const std::strin
   } catch (const std::exception& e) {
     return fail(Errc::invalid_argument, "reading '" + key + "': " + reason(e));
   }
+}
+
+// The file's groups against this optimizer's `groups` (Optimizer::State::Group, which only its
+// members name): as many, each with as many parameters, the same weight decay and the same rate
+// factor (both constants the program gives when it makes the optimizer: the weight decay one of
+// the recorded graphs, the factor the one the file's rates were scaled by). A file without groups
+// was written before them: one group of every parameter, which fits an optimizer of one group.
+Result<void> check_groups(::torch::serialize::InputArchive& archive, const auto& groups) {
+  auto present = has_key(archive, std::string(groups_key));
+  if (!present) return std::unexpected(std::move(present.error()));
+  if (!*present) {
+    if (groups.size() == 1) return {};
+    const std::string here = std::to_string(groups.size());
+    return fail(Errc::invalid_argument,
+                "the file was written before parameter groups (its parameters are one group) "
+                "and this optimizer has " +
+                    here + " groups");
+  }
+  auto count = read<std::int64_t>(archive, groups_key);
+  if (!count) return std::unexpected(std::move(count.error()));
+  if (*count != static_cast<std::int64_t>(groups.size())) {
+    return fail(Errc::invalid_argument, "the file holds " + std::to_string(*count) +
+                                            " parameter groups, this optimizer " + std::to_string(groups.size()));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto& group = groups[g];
+    const std::string which = "group " + std::to_string(g);
+    auto params = read<std::int64_t>(archive, group_key(g, "params"));
+    if (!params) return std::unexpected(std::move(params.error()));
+    if (*params != static_cast<std::int64_t>(group.end - group.begin)) {
+      return fail(Errc::invalid_argument, which + " holds " + std::to_string(*params) + " parameters in the file, " +
+                                              std::to_string(group.end - group.begin) + " here");
+    }
+    auto decay = read<double>(archive, group_key(g, "weight_decay"));
+    if (!decay) return std::unexpected(std::move(decay.error()));
+    if (*decay != group.weight_decay) {
+      return fail(Errc::invalid_argument, which + "'s weight decay is " + number_text(*decay) + " in the file, " +
+                                              number_text(group.weight_decay) +
+                                              " here (a constant of the recorded graphs: make the optimizer with the "
+                                              "file's)");
+    }
+    auto factor = read<double>(archive, group_key(g, "lr_factor"));
+    if (!factor) return std::unexpected(std::move(factor.error()));
+    if (*factor != group.lr_factor) {
+      return fail(Errc::invalid_argument, which + "'s rate factor (its lr / the options' lr) is " +
+                                              number_text(*factor) + " in the file, " + number_text(group.lr_factor) +
+                                              " here");
+    }
+  }
+  return {};
 }
 
 // A copy to make once the whole file is read and checked: `from` (host memory, the file's) into
@@ -269,6 +328,13 @@ Result<void> Optimizer::State::save(::torch::serialize::OutputArchive& archive) 
     archive.write(std::string(state_key), c10::IValue(join(lists)));
     archive.write(std::string(lr_key), c10::IValue(lr_.load()));
     archive.write(std::string(scheduled_steps_key), c10::IValue(scheduled_steps_.load()));
+    archive.write(std::string(groups_key), c10::IValue(static_cast<std::int64_t>(groups_.size())));
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const Group& group = groups_[g];
+      archive.write(group_key(g, "params"), c10::IValue(static_cast<std::int64_t>(group.end - group.begin)));
+      archive.write(group_key(g, "weight_decay"), c10::IValue(group.weight_decay));
+      archive.write(group_key(g, "lr_factor"), c10::IValue(group.lr_factor));
+    }
     // The state is on the device (make_adam/make_sgd take CUDA parameters only): `to(kCPU)` is a
     // copy, ordered after the steps queued on the current stream, and the archive owns it.
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -312,6 +378,7 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
     return fail(Errc::invalid_argument, std::string(function) + ": the file holds " + std::to_string(*count) +
                                             " parameters, this optimizer " + std::to_string(params_.size()));
   }
+  if (auto fits = prefixed(function, check_groups(archive, groups_)); !fits) return fits;
   const std::vector<PerParameter> lists = per_parameter_state();
   auto names = prefixed(function, read<std::string>(archive, state_key));
   if (!names) return std::unexpected(std::move(names.error()));
@@ -360,9 +427,9 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
   }
   auto lr = prefixed(function, read<double>(archive, lr_key));
   if (!lr) return std::unexpected(std::move(lr.error()));
-  if (!is_rate(*lr)) {  // checked with the rest: `set_lr` after the copies would refuse it too late
-    return fail(Errc::invalid_argument, std::string(function) + ": the file's learning rate is " + std::to_string(*lr) +
-                                            "; a rate is finite, >= 0 and within float32's range");
+  // Checked with the rest: `set_lr` after the copies would refuse it too late.
+  if (auto taken = check_lr(*lr); !taken) {
+    return fail(Errc::invalid_argument, std::string(function) + ": in the file: " + taken.error().message);
   }
   auto scheduled = prefixed(function, read<std::int64_t>(archive, scheduled_steps_key));
   if (!scheduled) return std::unexpected(std::move(scheduled.error()));
