@@ -1,11 +1,12 @@
 // Training as recipes train: parameter groups (PyTorch's `param_groups`) with a weight decay and a
 // learning rate of their own, as every AdamW recipe puts its biases and norm weights in a group
-// without weight decay. A model with a LayerNorm trained with two groups (the matrices with weight
-// decay at the options' rate, the vectors without at 3x the rate) through a whole-step graph and
-// eagerly gives the losses and parameters of libtorch's AdamW and SGD built with the same
-// `OptimizerParamGroup`s; a schedule scales both groups; a checkpoint carries the groups, so that
-// a resumed run equals the uninterrupted one exactly. The argument and file checks of groups
-// without parameters need no device ([training]).
+// without weight decay, and the grad scaler's state in checkpoints. A model with a LayerNorm
+// trained with two groups (the matrices with weight decay at the options' rate, the vectors
+// without at 3x the rate) through a whole-step graph and eagerly gives the losses and parameters
+// of libtorch's AdamW and SGD built with the same `OptimizerParamGroup`s; a schedule scales both
+// groups; a checkpoint carries the groups, and one of a float16 run the grad scaler's state too,
+// so that resumed runs equal the uninterrupted ones exactly. The argument and file checks of
+// groups without parameters need no device ([training]).
 //
 // Tolerances against libtorch: its AdamW computes the bias corrections and the update op by op in
 // double and float32 arithmetic, where the graph runs the fused kernel (and SGD's update rounds
@@ -503,6 +504,79 @@ TEST_CASE("training/groups: a checkpoint written before groups loads into an opt
   must(fresh.load(before_groups.path));
   CHECK(max_difference(moments, host_copies(fresh.exp_avg_sqs())) == 0);
   for (const auto& count : fresh.steps()) CHECK(count.item<float>() == 1);
+}
+
+// ---- the grad scaler's state in checkpoints --------------------------------------------------------
+
+// float16 autocast with loss scaling, AdamW in two groups: an overflow injected at step 5 halves
+// the scale and restarts its growth tracker, so the checkpoint of step 15 holds a scale, a tracker
+// and a skip count that are not their first values. A fresh model (loaded in place), optimizer
+// (loaded from the file) and pool go on from there: the scale of every step (grown after 20 steps
+// in a row without an overflow, which the tracker counts across the checkpoint), the skips, the
+// losses and every parameter equal the uninterrupted run's, exactly.
+TEST_CASE("training/groups: an fp16 run with loss scaling resumed from a checkpoint trains as the uninterrupted run",
+          "[gpu][training]") {
+  REQUIRE_GPU();
+  constexpr int stop = 15;
+  constexpr int overflow_at = 5;
+  constexpr cgt::torch::LossScaleOptions scaling{.dynamic = true, .growth_interval = 20};
+  auto data = batches(steps);
+  // Its loss stays finite in float32, its gradient times the scale overflows float16 on the way
+  // back through the last layer (as test_training_amp.cpp's).
+  data[overflow_at].y = data[overflow_at].y * 1e4;
+  const TempFile optimizer_file("groups_fp16_optimizer");
+  const TempFile model_file("groups_fp16_model");
+
+  struct Fp16Run {
+    std::vector<float> losses;
+    std::vector<double> scales;         // after each step
+    std::vector<std::int64_t> skipped;  // after each step
+    std::vector<torch::Tensor> params;
+  };
+  const auto train = [&](int from) {
+    torch::manual_seed(from == 0 ? 0 : 7);
+    NormMlp model;
+    model->to(gpu);
+    auto adam = make_cgt(adamw, model, scaling);
+    if (from > 0) {
+      must(cgt::torch::load_parameters_in_place(*model, model_file.path));
+      must(adam->load(optimizer_file.path));
+    }
+    auto pool = must(cgt::torch::make_pool({.device = 0}));
+    auto step = must(cgt::torch::make_training_step(
+        pool, *adam, [&model](cgt::torch::Inputs in) { return cgt::torch::Values{loss_of(model, in[0], in[1])}; },
+        cgt::torch::TrainingStepOptions{.autocast = at::kHalf}));
+    Fp16Run run;
+    for (int t = from; t < steps; ++t) {
+      if (t == stop && from == 0) {
+        torch::save(model, model_file.path);
+        must(adam->save(optimizer_file.path));
+        // What makes the checkpoint worth testing: the scaler is not where a fresh one starts.
+        REQUIRE(adam->skipped_steps().item<std::int64_t>() >= 1);
+        REQUIRE(adam->loss_scale().item<double>() < scaling.init_scale);
+      }
+      pool.mark_step_begin();
+      auto out = step({data[t].x, data[t].y});
+      if (!out) FAIL(out.error().describe());
+      run.losses.push_back(must(out->take(0)).item<float>());
+      run.scales.push_back(adam->loss_scale().item<double>());
+      run.skipped.push_back(adam->skipped_steps().item<std::int64_t>());
+    }
+    run.params = grouped_params(model);
+    return run;
+  };
+  const Fp16Run whole = train(0);
+  const Fp16Run resumed = train(stop);
+  const auto tail = [](const auto& all) { return std::vector(all.begin() + stop, all.end()); };
+  CHECK(max_difference(tail(whole.losses), resumed.losses) == 0);
+  CHECK(tail(whole.scales) == resumed.scales);
+  CHECK(tail(whole.skipped) == resumed.skipped);
+  CHECK(max_difference(whole.params, resumed.params) == 0);
+  // The growth after the overflow came after the checkpoint: the tracker, not only the scale, was
+  // carried over (a tracker of 0 would have grown the scale 9 steps later).
+  CHECK(std::ranges::max(tail(whole.scales)) > whole.scales[stop]);
+  WARN("fp16: skipped " << whole.skipped.back() << ", scale " << whole.scales[stop] << " at the checkpoint, "
+                        << whole.scales.back() << " at the end");
 }
 
 // ---- no device ----------------------------------------------------------------------------------
