@@ -36,16 +36,20 @@ module;
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <iterator>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -57,8 +61,8 @@ namespace cgt::torch {
 
 namespace {
 
-Result<void> check_param(const at::Tensor& p, std::size_t i) {
-  const std::string which = "parameter " + std::to_string(i);
+// `which`: how the messages name the parameter ("parameter 3").
+Result<void> check_param(const at::Tensor& p, const std::string& which) {
   if (!p.defined()) return fail(Errc::invalid_argument, which + " is undefined");
   if (!p.is_cuda()) return fail(Errc::invalid_argument, which + " is not on a CUDA device");
   if (!p.is_floating_point()) return fail(Errc::invalid_argument, which + " is not floating point");
@@ -78,6 +82,13 @@ Result<void> check_param(const at::Tensor& p, std::size_t i) {
 
 bool is_rate(double lr) noexcept {
   return std::isfinite(lr) && lr >= 0 && lr <= std::numeric_limits<float>::max();
+}
+
+std::string number_text(double value) {
+  std::array<char, 32> text{};
+  const auto [end, error] = std::to_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc()) return std::to_string(value);
+  return {text.data(), end};
 }
 
 Result<std::unique_ptr<LossScale>> LossScale::make(const LossScaleOptions& options, const at::Device& device) {
@@ -202,6 +213,25 @@ double Optimizer::lr() const noexcept {
   return state_ != nullptr ? state_->lr_.load() : 0;
 }
 
+std::size_t Optimizer::group_count() const noexcept {
+  return state_ != nullptr ? state_->groups_.size() : 0;
+}
+
+// The groups never change once made; the rate is read once, as lr() reads it.
+Result<ParamGroupInfo> Optimizer::group(std::size_t g) const {
+  if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::group"));
+  if (g >= state_->groups_.size()) {
+    return fail(Errc::invalid_argument, "Optimizer::group: there is no group " + std::to_string(g) + " of " +
+                                            std::to_string(state_->groups_.size()));
+  }
+  const State::Group& group = state_->groups_[g];
+  return ParamGroupInfo{.first = group.begin,
+                        .count = group.end - group.begin,
+                        .weight_decay = group.weight_decay,
+                        .lr_factor = group.lr_factor,
+                        .lr = state_->lr_.load() * group.lr_factor};
+}
+
 Result<void> Optimizer::set_schedule(LrSchedule schedule, std::int64_t start) {
   if (state_ == nullptr) return fail(Errc::invalid_argument, moved_from("Optimizer::set_schedule"));
   if (start < 0 || start > max_scheduled_steps) {
@@ -316,12 +346,61 @@ const SGDOptions& SGD::options() const noexcept {
   return state != nullptr ? state->options_ : defaults;
 }
 
-Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static_grads, double lr) {
+Result<void> Optimizer::State::adopt(std::vector<ParamGroup> groups, bool static_grads, double lr,
+                                     double weight_decay) {
+  // The groups' own options first (they need no device), then their parameters, numbered across
+  // the groups as params() lists them.
+  std::vector<Group> made;
+  std::vector<at::Tensor> params;
+  std::vector<std::size_t> group_of;  // per parameter
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const std::string which = "group " + std::to_string(g);
+    Group group{.begin = params.size(), .weight_decay = groups[g].weight_decay.value_or(weight_decay)};
+    if (const std::optional<double> own = groups[g].lr; own.has_value()) {
+      if (!is_rate(*own)) {
+        return fail(Errc::invalid_argument,
+                    which + "'s lr must be finite, >= 0 and within float32's range, not " + number_text(*own));
+      }
+      if (lr == 0) {
+        // PyTorch's schedulers scale each group's first rate; here a group's rate is the options'
+        // rate times its lr / options.lr, which a rate of 0 leaves without a value.
+        return fail(Errc::invalid_argument,
+                    which + " has an lr of its own (" + number_text(*own) +
+                        ") but the options' lr is 0: a group steps at the options' rate times its lr / options.lr, "
+                        "which has no value; give the options a rate above 0, or leave the group's lr unset");
+      }
+      group.lr_factor = *own / lr;
+      if (!std::isfinite(group.lr_factor) || !is_rate(lr * group.lr_factor)) {
+        return fail(Errc::invalid_argument, which + "'s lr over the options' lr (" + number_text(*own) + " / " +
+                                                number_text(lr) + ") is beyond float32's range");
+      }
+    }
+    if (!(group.weight_decay >= 0)) {
+      return fail(Errc::invalid_argument,
+                  which + "'s weight_decay must be >= 0, not " + number_text(group.weight_decay));
+    }
+    for (at::Tensor& p : groups[g].params) {
+      params.push_back(std::move(p));
+      group_of.push_back(g);
+    }
+    group.end = params.size();
+    made.push_back(std::move(group));
+  }
+  // "parameter 5", and with several groups "parameter 5 (group 1's parameter 2)".
+  const auto name = [&](std::size_t i) {
+    std::string out = "parameter " + std::to_string(i);
+    if (made.size() > 1) {
+      const std::size_t g = group_of[i];
+      out += " (group " + std::to_string(g) + "'s parameter " + std::to_string(i - made[g].begin) + ")";
+    }
+    return out;
+  };
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (auto ok = check_param(params[i], i); !ok) return ok;
+    if (auto ok = check_param(params[i], name(i)); !ok) return ok;
     for (std::size_t j = 0; j < i; ++j) {
       if (params[j].is_same(params[i])) {
-        return fail(Errc::invalid_argument, "parameter " + std::to_string(i) + " is parameter " + std::to_string(j));
+        return fail(Errc::invalid_argument,
+                    name(i) + " is " + name(j) + (made.size() > 1 ? ": a parameter belongs to one group" : ""));
       }
     }
   }
@@ -339,11 +418,13 @@ Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static
       }
       steps_.push_back(at::zeros({}, p.options().dtype(at::kFloat)));
       all_.push_back(i);
+      std::vector<at::Tensor>& rates = made[group_of[i]].lr_by_device;
       const auto same_device = [&p](const at::Tensor& t) { return t.device() == p.device(); };
-      auto rate = std::ranges::find_if(lr_by_device_, same_device);
-      if (rate == lr_by_device_.end()) {
-        lr_by_device_.push_back(at::full({}, lr, p.options().dtype(at::kFloat).requires_grad(false)));
-        rate = std::prev(lr_by_device_.end());
+      auto rate = std::ranges::find_if(rates, same_device);
+      if (rate == rates.end()) {
+        const double value = lr * made[group_of[i]].lr_factor;
+        rates.push_back(at::full({}, value, p.options().dtype(at::kFloat).requires_grad(false)));
+        rate = std::prev(rates.end());
       }
       lrs_.push_back(*rate);
     }
@@ -351,6 +432,7 @@ Result<void> Optimizer::State::adopt(std::vector<at::Tensor> params, bool static
     return fail(Errc::backend_error, std::string("making the optimizer's state: ") + e.what());
   }
   params_ = std::move(params);
+  groups_ = std::move(made);
   static_grads_ = static_grads;
   lr_.store(lr);
   return {};
@@ -425,23 +507,39 @@ void Optimizer::State::clip(const std::vector<at::Tensor>& grads) {
 }
 
 Result<void> Optimizer::State::set_lr(double lr) {
+  if (auto ok = check_lr(lr); !ok) return ok;
+  return write_lr(lr);
+}
+
+Result<void> Optimizer::State::check_lr(double lr) const {
   if (!is_rate(lr)) {
     return fail(Errc::invalid_argument,
                 "the learning rate must be finite, >= 0 and within float32's range, not " + std::to_string(lr));
   }
-  return write_lr(lr);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (is_rate(lr * groups_[g].lr_factor)) continue;
+    return fail(Errc::invalid_argument, "the learning rate " + number_text(lr) + " times group " + std::to_string(g) +
+                                            "'s factor " + number_text(groups_[g].lr_factor) +
+                                            " is beyond float32's range, where the group's rate lives");
+  }
+  return {};
 }
 
 Result<void> Optimizer::State::write_lr(double lr) {
-  for (const at::Tensor& rate : lr_by_device_) {
-    if (!is_capturing(rate.device())) continue;
-    return fail(Errc::invalid_argument,
-                "set_lr while the current stream captures a graph (inside a pool function): the write would be "
-                "recorded, and every replay would set this rate again; set the rate between steps, or give the "
-                "optimizer a schedule (set_schedule)");
+  for (const Group& group : groups_) {
+    for (const at::Tensor& rate : group.lr_by_device) {
+      if (!is_capturing(rate.device())) continue;
+      return fail(Errc::invalid_argument,
+                  "set_lr while the current stream captures a graph (inside a pool function): the write would be "
+                  "recorded, and every replay would set this rate again; set the rate between steps, or give the "
+                  "optimizer a schedule (set_schedule)");
+    }
   }
   try {
-    for (const at::Tensor& rate : lr_by_device_) rate.fill_(lr);  // a kernel on the current stream: no wait
+    // Kernels on the current stream: no wait. A factor of 1 gives `lr` itself.
+    for (const Group& group : groups_) {
+      for (const at::Tensor& rate : group.lr_by_device) rate.fill_(lr * group.lr_factor);
+    }
   } catch (const std::exception& e) {
     return fail(Errc::backend_error, std::string("writing the learning rate: ") + e.what());
   }
@@ -486,10 +584,25 @@ void Optimizer::State::step_only(const std::vector<std::size_t>& among) {
     if (clips_gradients()) grad_norm_.zero_();  // clip_grad_norm_ over no gradients: 0
     return;
   }
+  // The unscaling and the clipping take every group's gradients together (PyTorch's
+  // clip_grad_norm_ over model.parameters()); the update is each group's own.
   if (loss_scale_) loss_scale_->unscale(grads);
   clip(grads);
-  update(with_grad.size() == all_.size() ? all_ : with_grad, std::move(grads));
+  update_groups(with_grad, grads);
   if (loss_scale_) loss_scale_->update();
+}
+
+void Optimizer::State::update_groups(const std::vector<std::size_t>& index, const std::vector<at::Tensor>& grads) {
+  for (const Group& group : groups_) {
+    std::vector<std::size_t> in_group;
+    std::vector<at::Tensor> its_grads;
+    for (std::size_t k = 0; k < index.size(); ++k) {
+      if (index[k] < group.begin || index[k] >= group.end) continue;
+      in_group.push_back(index[k]);
+      its_grads.push_back(grads[k]);
+    }
+    if (!in_group.empty()) update(group, in_group, std::move(its_grads));
+  }
 }
 
 void Optimizer::State::step(std::span<const at::Tensor> grads) {
@@ -515,11 +628,11 @@ void Optimizer::State::step(std::span<const at::Tensor> grads) {
     at::_foreach_copy_(grads_, given);
     if (loss_scale_) loss_scale_->unscale(grads_);
     clip(grads_);
-    update(all_, grads_);
+    update_groups(all_, grads_);
   } else {
     if (loss_scale_) loss_scale_->unscale(given);
     clip(given);
-    update(all_, std::move(given));
+    update_groups(all_, given);
   }
   if (loss_scale_) loss_scale_->update();
 }
@@ -573,7 +686,7 @@ Result<void> Optimizer::State::attach_grads() {
   return {};
 }
 
-Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
+Result<Adam> make_adam(std::vector<ParamGroup> groups, AdamOptions options) {
   if (!is_rate(options.lr) || !(options.eps >= 0) || !(options.weight_decay >= 0) || !(options.beta1 >= 0) ||
       !(options.beta1 < 1) || !(options.beta2 >= 0) || !(options.beta2 < 1)) {
     return fail(Errc::invalid_argument,
@@ -581,7 +694,8 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
   }
   auto state = std::make_shared<Adam::State>();
   state->options_ = options;
-  if (auto ok = state->adopt(std::move(params), options.static_grads, options.lr); !ok) {
+  if (auto ok = state->adopt(std::move(groups), options.static_grads, options.lr, options.weight_decay); !ok) {
+    ok.error().message = "Adam: " + ok.error().message;
     return std::unexpected(std::move(ok.error()));
   }
   if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
@@ -601,6 +715,16 @@ Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
   Adam adam;
   adam.state_ = std::move(state);
   return adam;
+}
+
+Result<Adam> make_adam(std::vector<at::Tensor> params, AdamOptions options) {
+  std::vector<ParamGroup> one;
+  one.push_back({.params = std::move(params)});
+  return make_adam(std::move(one), options);
+}
+
+Result<Adam> make_adam(std::initializer_list<at::Tensor> params, AdamOptions options) {
+  return make_adam(std::vector<at::Tensor>(params), options);
 }
 
 namespace {
@@ -635,7 +759,7 @@ bool fused_kernel_takes(const std::vector<std::vector<at::Tensor>>& lists, const
 
 }  // namespace
 
-void Adam::State::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+void Adam::State::update(const Group& group, const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
   const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
@@ -653,12 +777,13 @@ void Adam::State::update(const std::vector<std::size_t>& index, std::vector<at::
       written.insert(written.end(), steps.begin(), steps.end());
     }
     const std::vector<at::Tensor> saved = loss_scale_ ? loss_scale_->save(written) : std::vector<at::Tensor>{};
-    update_multi_tensor(index, std::move(grads));
+    update_multi_tensor(group, index, std::move(grads));
     if (loss_scale_) loss_scale_->restore_where_found_inf(written, saved);
     return;
   }
   // The steps are counted first (the kernel reads them), then every tensor is updated in one pass,
-  // at the learning rate on the device (one device: the kernel takes the parameters of one).
+  // at the group's rate on the device (one device: the kernel takes the parameters of one) and
+  // with its weight decay (a host double: one kernel per group).
   // With loss scaling the gradients are unscaled already (`step`): the kernel gets the flag alone,
   // returns without writing where it is set, and the skipped step is taken off the counts again,
   // as PyTorch's `_fused_adam` does under GradScaler.
@@ -669,32 +794,34 @@ void Adam::State::update(const std::vector<std::size_t>& index, std::vector<at::
   at::_foreach_add_(steps, 1);
   if (o.decoupled_weight_decay) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, o.beta1, o.beta2,
-                      o.weight_decay, o.eps, o.amsgrad, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+                      group.weight_decay, o.eps, o.amsgrad, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
   } else {
-    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, o.beta1, o.beta2, o.weight_decay,
-                     o.eps, o.amsgrad, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, o.beta1, o.beta2,
+                     group.weight_decay, o.eps, o.amsgrad, /*maximize=*/false, /*grad_scale=*/std::nullopt, found_inf);
   }
   if (found_inf) at::_foreach_sub_(steps, std::vector<at::Tensor>(steps.size(), *found_inf));
 }
 
 // PyTorch's _multi_tensor_adam with capturable=True (torch/optim/adam.py), op for op: the step
 // counts and bias corrections stay on the device.
-void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+void Adam::State::update_multi_tensor(const Group& group, const std::vector<std::size_t>& index,
+                                      std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const std::vector<at::Tensor> exp_avgs = pick(exp_avgs_, index);
   const std::vector<at::Tensor> exp_avg_sqs = pick(exp_avg_sqs_, index);
   const std::vector<at::Tensor> steps = pick(steps_, index);
-  const std::vector<at::Tensor> lrs = pick(lrs_, index);  // each parameter's device's rate
+  const std::vector<at::Tensor> lrs = pick(lrs_, index);  // each parameter's group and device's rate
   const auto& o = options_;
+  const double weight_decay = group.weight_decay;
 
   at::_foreach_add_(steps, 1);
-  if (o.weight_decay != 0) {
+  if (weight_decay != 0) {
     if (o.decoupled_weight_decay) {
-      const std::vector<at::Tensor> decay = at::_foreach_mul(lrs, -o.weight_decay);  // 1 - lr * weight_decay
+      const std::vector<at::Tensor> decay = at::_foreach_mul(lrs, -weight_decay);  // 1 - lr * weight_decay
       at::_foreach_add_(decay, 1);
       at::_foreach_mul_(params, decay);
     } else {
-      grads = at::_foreach_add(grads, params, o.weight_decay);
+      grads = at::_foreach_add(grads, params, weight_decay);
     }
   }
   at::_foreach_lerp_(exp_avgs, grads, 1 - o.beta1);
@@ -725,7 +852,7 @@ void Adam::State::update_multi_tensor(const std::vector<std::size_t>& index, std
   at::_foreach_addcdiv_(params, exp_avgs, denom);
 }
 
-Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
+Result<SGD> make_sgd(std::vector<ParamGroup> groups, SGDOptions options) {
   if (!is_rate(options.lr) || !(options.momentum >= 0) || !(options.weight_decay >= 0)) {
     return fail(Errc::invalid_argument, "SGD: lr, momentum and weight_decay must be >= 0 (lr finite, within float32)");
   }
@@ -734,7 +861,8 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   }
   auto state = std::make_shared<SGD::State>();
   state->options_ = options;
-  if (auto ok = state->adopt(std::move(params), options.static_grads, options.lr); !ok) {
+  if (auto ok = state->adopt(std::move(groups), options.static_grads, options.lr, options.weight_decay); !ok) {
+    ok.error().message = "SGD: " + ok.error().message;
     return std::unexpected(std::move(ok.error()));
   }
   if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
@@ -756,9 +884,19 @@ Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
   return sgd;
 }
 
+Result<SGD> make_sgd(std::vector<at::Tensor> params, SGDOptions options) {
+  std::vector<ParamGroup> one;
+  one.push_back({.params = std::move(params)});
+  return make_sgd(std::move(one), options);
+}
+
+Result<SGD> make_sgd(std::initializer_list<at::Tensor> params, SGDOptions options) {
+  return make_sgd(std::vector<at::Tensor>(params), options);
+}
+
 // libtorch's SGD without dampening. Its first step sets the buffer to the gradient; a buffer of
 // zeros times the momentum, plus the gradient, is that same value, with no host branch.
-void SGD::State::update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
+void SGD::State::update(const Group& group, const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) {
   const std::vector<at::Tensor> params = pick(params_, index);
   const auto& o = options_;
   // With loss scaling, what the update writes is put back where the flag is set (a skipped step).
@@ -773,7 +911,7 @@ void SGD::State::update(const std::vector<std::size_t>& index, std::vector<at::T
   }
   const std::vector<at::Tensor> saved = loss_scale_ ? loss_scale_->save(written) : std::vector<at::Tensor>{};
   at::_foreach_add_(pick(steps_, index), 1);
-  if (o.weight_decay != 0) grads = at::_foreach_add(grads, params, o.weight_decay);
+  if (group.weight_decay != 0) grads = at::_foreach_add(grads, params, group.weight_decay);
   if (o.momentum != 0) {
     const std::vector<at::Tensor> buffers = pick(momentum_buffers_, index);
     at::_foreach_mul_(buffers, o.momentum);
@@ -784,7 +922,7 @@ void SGD::State::update(const std::vector<std::size_t>& index, std::vector<at::T
       grads = buffers;
     }
   }
-  // params -= lr * grads, at the rate on the device.
+  // params -= lr * grads, at the group's rate on the device.
   at::_foreach_sub_(params, at::_foreach_mul(grads, pick(lrs_, index)));
   if (loss_scale_) loss_scale_->restore_where_found_inf(written, saved);
 }

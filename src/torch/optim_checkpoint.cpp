@@ -34,8 +34,9 @@ namespace cgt::torch {
 namespace {
 
 // The archive's layout. Keys are only ever added: a reader asks for the keys it knows, so a file
-// with more (a later version's, the grad scaler's "cgt.scaler.*") still loads, and `format` goes
-// up only for a change an older reader would misread.
+// with more (a later version's) still loads, and `format` goes up only for a change an older
+// reader would misread (the groups' keys are not one: a reader from before groups loads the same
+// per-parameter state, numbered across the groups, and only checks less).
 constexpr std::int64_t format = 1;
 constexpr std::string_view format_key = "cgt.optimizer.format";
 constexpr std::string_view kind_key = "cgt.optimizer.kind";
@@ -43,6 +44,10 @@ constexpr std::string_view params_key = "cgt.optimizer.params";
 constexpr std::string_view state_key = "cgt.optimizer.state";
 constexpr std::string_view lr_key = "cgt.optimizer.lr";
 constexpr std::string_view scheduled_steps_key = "cgt.optimizer.scheduled_steps";
+// The parameter groups: their count, and per group "group.<g>.params" (its parameter count),
+// "group.<g>.weight_decay" and "group.<g>.lr_factor". A file without them was written before
+// groups: one group of every parameter.
+constexpr std::string_view groups_key = "cgt.optimizer.groups";
 
 // Dynamic loss scaling's state, where the optimizer scales the loss (LossScale::checkpointed).
 std::string scaler_key(std::string_view name) {
@@ -51,6 +56,10 @@ std::string scaler_key(std::string_view name) {
 
 std::string param_key(std::size_t i, std::string_view name) {
   return "param." + std::to_string(i) + "." + std::string(name);
+}
+
+std::string group_key(std::size_t g, std::string_view name) {
+  return "group." + std::to_string(g) + "." + std::string(name);
 }
 
 // libtorch's message without the C++ backtrace c10::Error carries.
@@ -132,6 +141,66 @@ Result<T> read(::torch::serialize::InputArchive& archive, std::string_view key) 
   }
 }
 
+// Whether the archive has `key` (read to find out: InputArchive has no lookup without a read).
+Result<bool> has_key(::torch::serialize::InputArchive& archive, const std::string& key) {
+  c10::IValue ignored;
+  try {
+    return archive.try_read(key, ignored);
+  } catch (const std::exception& e) {
+    return fail(Errc::invalid_argument, "reading '" + key + "': " + reason(e));
+  }
+}
+
+// The file's groups against this optimizer's `groups` (Optimizer::State::Group, which only its
+// members name): as many, each with as many parameters, the same weight decay and the same rate
+// factor (both constants the program gives when it makes the optimizer: the weight decay one of
+// the recorded graphs, the factor the one the file's rates were scaled by). A file without groups
+// was written before them: one group of every parameter, which fits an optimizer of one group.
+Result<void> check_groups(::torch::serialize::InputArchive& archive, const auto& groups) {
+  auto present = has_key(archive, std::string(groups_key));
+  if (!present) return std::unexpected(std::move(present.error()));
+  if (!*present) {
+    if (groups.size() == 1) return {};
+    const std::string here = std::to_string(groups.size());
+    return fail(Errc::invalid_argument,
+                "the file was written before parameter groups (its parameters are one group) "
+                "and this optimizer has " +
+                    here + " groups");
+  }
+  auto count = read<std::int64_t>(archive, groups_key);
+  if (!count) return std::unexpected(std::move(count.error()));
+  if (*count != static_cast<std::int64_t>(groups.size())) {
+    return fail(Errc::invalid_argument, "the file holds " + std::to_string(*count) +
+                                            " parameter groups, this optimizer " + std::to_string(groups.size()));
+  }
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const auto& group = groups[g];
+    const std::string which = "group " + std::to_string(g);
+    auto params = read<std::int64_t>(archive, group_key(g, "params"));
+    if (!params) return std::unexpected(std::move(params.error()));
+    if (*params != static_cast<std::int64_t>(group.end - group.begin)) {
+      return fail(Errc::invalid_argument, which + " holds " + std::to_string(*params) + " parameters in the file, " +
+                                              std::to_string(group.end - group.begin) + " here");
+    }
+    auto decay = read<double>(archive, group_key(g, "weight_decay"));
+    if (!decay) return std::unexpected(std::move(decay.error()));
+    if (*decay != group.weight_decay) {
+      return fail(Errc::invalid_argument, which + "'s weight decay is " + number_text(*decay) + " in the file, " +
+                                              number_text(group.weight_decay) +
+                                              " here (a constant of the recorded graphs: make the optimizer with the "
+                                              "file's)");
+    }
+    auto factor = read<double>(archive, group_key(g, "lr_factor"));
+    if (!factor) return std::unexpected(std::move(factor.error()));
+    if (*factor != group.lr_factor) {
+      return fail(Errc::invalid_argument, which + "'s rate factor (its lr / the options' lr) is " +
+                                              number_text(*factor) + " in the file, " + number_text(group.lr_factor) +
+                                              " here");
+    }
+  }
+  return {};
+}
+
 // A copy to make once the whole file is read and checked: `from` (host memory, the file's) into
 // `to` (the tensor a recorded graph reads).
 struct Copy {
@@ -143,6 +212,41 @@ struct Copy {
 Result<void> check_fits(const std::string& what, const at::Tensor& to, const at::Tensor& from) {
   if (from.sizes() == to.sizes() && from.scalar_type() == to.scalar_type()) return {};
   return fail(Errc::invalid_argument, what + ": the file's is " + describe(from) + ", this one's " + describe(to));
+}
+
+// The grad scaler's state (LossScale::checkpointed) from the file into `copies`, where this
+// optimizer scales the loss (`scale`; null where it does not). A file has all of it (its optimizer
+// scaled the loss) or none: none leaves the scale, its growth tracker and the skips as they are (a
+// run that did not scale goes on scaling, from the options' scale: a fresh GradScaler beside a
+// loaded optimizer); all of it into an optimizer that does not scale is refused (a float16 run's
+// scale would be dropped); part of it is a file that does not fit.
+Result<void> read_loss_scale(::torch::serialize::InputArchive& archive, const LossScale* scale,
+                             std::vector<Copy>& copies) {
+  std::string present;
+  std::string missing;
+  for (const std::string_view name : LossScale::checkpointed_names) {
+    auto has = has_key(archive, scaler_key(name));
+    if (!has) return std::unexpected(std::move(has.error()));
+    std::string& list = *has ? present : missing;
+    list += (list.empty() ? "'" : ", '") + scaler_key(name) + "'";
+  }
+  if (present.empty()) return {};
+  if (!missing.empty()) {
+    return fail(Errc::invalid_argument, "the file has the grad scaler's " + present + " but not " + missing);
+  }
+  if (scale == nullptr) {
+    return fail(Errc::invalid_argument,
+                "the file holds a grad scaler's state (" + present +
+                    "): its optimizer scaled the loss, and this one does not; make it with LossScaleOptions "
+                    "{.dynamic = true} to go on with that run");
+  }
+  for (const auto& [name, to] : scale->checkpointed()) {
+    auto from = read<at::Tensor>(archive, scaler_key(name));
+    if (!from) return std::unexpected(std::move(from.error()));
+    if (auto fits = check_fits("the loss scale's " + std::string(name), *to, *from); !fits) return fits;
+    copies.push_back({*to, std::move(*from)});
+  }
+  return {};
 }
 
 // Copies every `from` into its `to` in place, on the current stream. The file's tensors are in
@@ -224,6 +328,13 @@ Result<void> Optimizer::State::save(::torch::serialize::OutputArchive& archive) 
     archive.write(std::string(state_key), c10::IValue(join(lists)));
     archive.write(std::string(lr_key), c10::IValue(lr_.load()));
     archive.write(std::string(scheduled_steps_key), c10::IValue(scheduled_steps_.load()));
+    archive.write(std::string(groups_key), c10::IValue(static_cast<std::int64_t>(groups_.size())));
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const Group& group = groups_[g];
+      archive.write(group_key(g, "params"), c10::IValue(static_cast<std::int64_t>(group.end - group.begin)));
+      archive.write(group_key(g, "weight_decay"), c10::IValue(group.weight_decay));
+      archive.write(group_key(g, "lr_factor"), c10::IValue(group.lr_factor));
+    }
     // The state is on the device (make_adam/make_sgd take CUDA parameters only): `to(kCPU)` is a
     // copy, ordered after the steps queued on the current stream, and the archive owns it.
     for (std::size_t i = 0; i < params_.size(); ++i) {
@@ -267,6 +378,7 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
     return fail(Errc::invalid_argument, std::string(function) + ": the file holds " + std::to_string(*count) +
                                             " parameters, this optimizer " + std::to_string(params_.size()));
   }
+  if (auto fits = prefixed(function, check_groups(archive, groups_)); !fits) return fits;
   const std::vector<PerParameter> lists = per_parameter_state();
   auto names = prefixed(function, read<std::string>(archive, state_key));
   if (!names) return std::unexpected(std::move(names.error()));
@@ -315,9 +427,9 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
   }
   auto lr = prefixed(function, read<double>(archive, lr_key));
   if (!lr) return std::unexpected(std::move(lr.error()));
-  if (!is_rate(*lr)) {  // checked with the rest: `set_lr` after the copies would refuse it too late
-    return fail(Errc::invalid_argument, std::string(function) + ": the file's learning rate is " + std::to_string(*lr) +
-                                            "; a rate is finite, >= 0 and within float32's range");
+  // Checked with the rest: `set_lr` after the copies would refuse it too late.
+  if (auto taken = check_lr(*lr); !taken) {
+    return fail(Errc::invalid_argument, std::string(function) + ": in the file: " + taken.error().message);
   }
   auto scheduled = prefixed(function, read<std::int64_t>(archive, scheduled_steps_key));
   if (!scheduled) return std::unexpected(std::move(scheduled.error()));
@@ -326,20 +438,7 @@ Result<void> Optimizer::State::load(::torch::serialize::InputArchive& archive) {
                                             std::to_string(*scheduled) + "; a schedule counts from 0 to 2^62");
   }
 
-  // The loss scale where this optimizer scales the loss; a file of one that did not leaves it as it is.
-  if (loss_scale_) {
-    for (const auto& [name, to] : loss_scale_->checkpointed()) {
-      c10::IValue present;
-      if (!archive.try_read(scaler_key(name), present)) continue;
-      auto from = prefixed(function, read<at::Tensor>(archive, scaler_key(name)));
-      if (!from) return std::unexpected(std::move(from.error()));
-      if (auto fits = check_fits(std::string(function) + ": the loss scale's " + std::string(name), *to, *from);
-          !fits) {
-        return fits;
-      }
-      copies.push_back({*to, std::move(*from)});
-    }
-  }
+  if (auto scaler = prefixed(function, read_loss_scale(archive, loss_scale_.get(), copies)); !scaler) return scaler;
 
   // Everything is checked: from here on only the device can fail.
   if (auto copied = copy_all(copies, function); !copied) return copied;

@@ -3,6 +3,7 @@
 module;
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -35,6 +36,10 @@ namespace cgt::torch {
 // A learning rate the device's float32 rate tensor holds: finite, not below 0, within float32.
 [[nodiscard]] bool is_rate(double lr) noexcept;
 
+// `value` as the shortest text that reads back as it, for messages (std::to_string writes 1e-7
+// as "0.000000").
+[[nodiscard]] std::string number_text(double value);
+
 // The most steps a schedule counts (Optimizer::scheduled_steps): 2^62, which no run reaches (a
 // step a nanosecond for 146 years). The count stops there, so that it cannot overflow, and a start
 // or a file's count above it is refused: every count saved loads again.
@@ -61,9 +66,13 @@ class LossScale {
   [[nodiscard]] std::vector<at::Tensor> save(const std::vector<at::Tensor>& written) const;
   void restore_where_found_inf(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& saved) const;
 
-  // The state a checkpoint keeps (Optimizer::save, as "cgt.scaler.<name>"), by name.
+  // The state a checkpoint keeps (Optimizer::save, as "cgt.scaler.<name>"), by name: the names
+  // alone (what `load` looks for in a file whatever the optimizer), and the tensors.
+  static constexpr std::array<std::string_view, 3> checkpointed_names{"scale", "growth_tracker", "skipped"};
   [[nodiscard]] std::vector<std::pair<std::string_view, const at::Tensor*>> checkpointed() const {
-    return {{"scale", &scale_}, {"growth_tracker", &growth_tracker_}, {"skipped", &skipped_}};
+    return {{checkpointed_names[0], &scale_},
+            {checkpointed_names[1], &growth_tracker_},
+            {checkpointed_names[2], &skipped_}};
   }
   [[nodiscard]] const at::Tensor& scale() const noexcept { return scale_; }
   [[nodiscard]] const at::Tensor& found_inf() const noexcept { return found_inf_; }
@@ -173,14 +182,18 @@ class Optimizer::State {
   State& operator=(const State&) = delete;
   virtual ~State() = default;
 
-  // Checks the parameters and makes their gradients (zeros, or a copy of an existing `.grad`),
-  // step counts and learning rate (`lr`); fails with `invalid_argument` naming the first unusable
-  // parameter.
-  [[nodiscard]] Result<void> adopt(std::vector<at::Tensor> params, bool static_grads, double lr);
+  // Checks the groups (their rates and weight decays against the options' `lr` and
+  // `weight_decay`, and their parameters) and makes the parameters' gradients (zeros, or a copy
+  // of an existing `.grad`), step counts and the groups' rates; fails with `invalid_argument`
+  // naming the first unusable group or parameter.
+  [[nodiscard]] Result<void> adopt(std::vector<ParamGroup> groups, bool static_grads, double lr, double weight_decay);
   // Writes `lr` to the device (see Optimizer::set_lr).
   [[nodiscard]] Result<void> set_lr(double lr);
-  // `set_lr` of a rate known to be one (`is_rate`): fails only while capturing or when the device
-  // fails (`load` writes the file's rate so, after it checked the rate with the rest of the file).
+  // Whether `lr` is a rate `set_lr` takes: one (`is_rate`), and one for every group times its
+  // factor. Fails with `invalid_argument` naming the rate, or the group, that is not.
+  [[nodiscard]] Result<void> check_lr(double lr) const;
+  // `set_lr` of a rate `check_lr` took: fails only while capturing or when the device fails
+  // (`load` writes the file's rate so, after it checked the rate with the rest of the file).
   [[nodiscard]] Result<void> write_lr(double lr);
   // Clips the gradients by their total norm from now on (see AdamOptions::max_grad_norm; 0: no
   // clipping). REQUIRES: `adopt` ran. Fails with `invalid_argument` for a bad norm or order.
@@ -220,18 +233,33 @@ class Optimizer::State {
   [[nodiscard]] virtual std::string_view kind() const noexcept = 0;
   [[nodiscard]] virtual std::vector<PerParameter> per_parameter_state() const = 0;
 
-  // Recorded steps read every tensor here at its address: `load` copies into `steps_`, the
-  // state lists and `lr_by_device_`, never replaces one.
+  // A parameter group (ParamGroup) as the state keeps it. Made by `adopt`; only the rate tensors'
+  // contents change after (`write_lr`).
+  struct Group {
+    // Its parameters are params_[begin, end): the groups' parameters one group after another.
+    std::size_t begin = 0;
+    std::size_t end = 0;
+    // A constant of the recorded graphs (the fused kernel takes it as a host double).
+    double weight_decay = 0;
+    // Its rate over the options' rate (`lr_`): the group's `lr / options.lr`, or exactly 1.
+    double lr_factor = 1;
+    // Its rate, where the update reads it: a float32 scalar on each device of its parameters (the
+    // fused kernels read a float there), `lr_ * lr_factor`.
+    std::vector<at::Tensor> lr_by_device;
+  };
+
+  // Recorded steps read every tensor here at its address: `load` copies into `steps_` and the
+  // state lists, `write_lr` fills the groups' rates, never replacing one.
   std::vector<at::Tensor> params_;
   std::vector<at::Tensor> grads_;
   std::vector<at::Tensor> steps_;
   std::vector<std::size_t> all_;  // 0, 1, ..., n-1
   bool static_grads_ = true;
-  // The learning rate, where the update reads it: a float32 scalar on each device of the
-  // parameters (the fused kernels read a float there), and per parameter its device's; `lr_` is
-  // the value last written (by `adopt` and `write_lr`, under `in_use_`; read from any thread).
-  std::vector<at::Tensor> lr_by_device_;
+  std::vector<Group> groups_;
+  // Per parameter, its group's rate on its device (one of `groups_[g].lr_by_device`).
   std::vector<at::Tensor> lrs_;
+  // The options' rate last written (by `adopt` and `write_lr`, under `in_use_`; read from any
+  // thread); group g steps at `lr_ * groups_[g].lr_factor`.
   std::atomic<double> lr_{0};
   // Written by set_schedule under `in_use_`, read by a graphed step's call under it.
   LrSchedule schedule_;
@@ -254,8 +282,10 @@ class Optimizer::State {
   // without clipping.
   void clip(const std::vector<at::Tensor>& grads);
   // The update of the parameters at `index` (all of them, or those with a gradient), whose
-  // gradients are `grads`.
-  virtual void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
+  // gradients are `grads` (in `index` order): `update` once per group with any of them.
+  void update_groups(const std::vector<std::size_t>& index, const std::vector<at::Tensor>& grads);
+  // The update of the parameters at `index`, all of `group`, whose gradients are `grads`.
+  virtual void update(const Group& group, const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) = 0;
   // Picks `index` out of `all`.
   [[nodiscard]] static std::vector<at::Tensor> pick(const std::vector<at::Tensor>& all,
                                                     const std::vector<std::size_t>& index);
@@ -338,9 +368,9 @@ class Adam::State final : public Optimizer::State {
   std::vector<at::Tensor> max_exp_avg_sqs_;
 
  private:
-  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
+  void update(const Group& group, const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
   // The multi-tensor formula, for parameter sets the fused kernel does not take.
-  void update_multi_tensor(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads);
+  void update_multi_tensor(const Group& group, const std::vector<std::size_t>& index, std::vector<at::Tensor> grads);
 };
 
 class SGD::State final : public Optimizer::State {
@@ -351,7 +381,7 @@ class SGD::State final : public Optimizer::State {
   std::vector<at::Tensor> momentum_buffers_;
 
  private:
-  void update(const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
+  void update(const Group& group, const std::vector<std::size_t>& index, std::vector<at::Tensor> grads) override;
 };
 
 }  // namespace cgt::torch

@@ -1016,11 +1016,13 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
   CHECK(same(now.params, host_copies(model->parameters())));
 }
 
-// More keys may come, and a file without them still loads (cgt.torch-optim.inc, Optimizer::save):
-// a file with loss scaling loads into an optimizer without (its moments and counts; the scaler's
-// keys are not for it), a file without into one with (the scale and the skips stay as they were),
-// and a file with into one with takes the file's scale and skips.
-TEST_CASE("training/hostile: files with and without loss scaling load into optimizers without and with",
+// The grad scaler's keys are in a file where its optimizer scaled the loss (cgt.torch-optim.inc,
+// Optimizer::load): a file without them loads into an optimizer with loss scaling (the scale and
+// the skips stay as they were, as a fresh GradScaler beside a loaded optimizer), a file with them
+// into one with takes the file's scale and skips, and a file with them into an optimizer without
+// is refused (the float16 run's scale would be dropped), as is a file with part of them; a refused
+// load changes nothing.
+TEST_CASE("training/hostile: a file's grad scaler state loads into an optimizer that scales the loss, only",
           "[gpu][training][hostile]") {
   REQUIRE_GPU();
   const TempFile scaled_file("hostile_scaled");
@@ -1047,9 +1049,10 @@ TEST_CASE("training/hostile: files with and without loss scaling load into optim
   Mlp model;
   model->to(gpu);
   auto plain = must(cgt::torch::make_adam(model->parameters(), {}));
-  must(plain.load(scaled_file.path));
-  CHECK(same(scaled_moments, host_copies(plain.exp_avgs())));
-  CHECK(plain.steps()[0].item<float>() == 1);
+  const auto fresh_moments = host_copies(plain.exp_avgs());
+  expect_error(plain.load(scaled_file.path), cgt::Errc::invalid_argument, "holds a grad scaler's state");
+  CHECK(same(fresh_moments, host_copies(plain.exp_avgs())));
+  CHECK(plain.steps()[0].item<float>() == 0);
   CHECK_FALSE(plain.scales_loss());
 
   auto scaled = must(cgt::torch::make_adam(model->parameters(), {.loss_scale = {.dynamic = true, .init_scale = 4096}}));
@@ -1057,6 +1060,13 @@ TEST_CASE("training/hostile: files with and without loss scaling load into optim
   CHECK(same(plain_moments, host_copies(scaled.exp_avgs())));
   CHECK(scaled.loss_scale().item<double>() == 4096);
   CHECK(scaled.skipped_steps().item<std::int64_t>() == 0);
+  const TempFile part("hostile_scaled_part");
+  rewrite(scaled_file.path, part.path, dropping("cgt.scaler.growth_tracker"));
+  expect_error(scaled.load(part.path), cgt::Errc::invalid_argument,
+               "the file has the grad scaler's 'cgt.scaler.scale', 'cgt.scaler.skipped' but not "
+               "'cgt.scaler.growth_tracker'");
+  CHECK(same(plain_moments, host_copies(scaled.exp_avgs())));
+  CHECK(scaled.loss_scale().item<double>() == 4096);
   must(scaled.load(scaled_file.path));
   CHECK(same(scaled_moments, host_copies(scaled.exp_avgs())));
   CHECK(scaled.loss_scale().item<double>() == 512);
