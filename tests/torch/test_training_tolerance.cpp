@@ -30,8 +30,9 @@
 //    rounding can feed back; a difference in rounding cannot;
 //  * bf16 at every measured step: the loss within 1e-2 relative (2.5 bf16 ulps: the loss is a mean
 //    over many activations) and every parameter within 2e-2 absolute: an eighth of the sum of the
-//    rates over the run (0.16, the most a weight can drift when its updates disagree at every
-//    step), and 20x the difference test_training_combined.cpp measured on an H100 (9.3e-4).
+//    rates over the run (0.16: about how far a weight drifts when its updates disagree at every
+//    step, Adam moving it by about the rate a step), and 20x the difference test_training_combined.cpp measured on an
+//    H100 (9.3e-4).
 // Tagged [gpu][training][tolerance].
 #include <torch/torch.h>
 #include <ATen/cuda/CUDAContext.h>
