@@ -686,6 +686,22 @@ Result<void> Optimizer::State::attach_grads() {
   return {};
 }
 
+namespace {
+
+// The part of making an optimizer that Adam and SGD share: the groups adopted, then clipping and
+// loss scaling as the options ask; an error's message names the optimizer.
+template <class OptimizerState, class Options>
+Result<void> set_up(OptimizerState& state, const char* who, std::vector<ParamGroup> groups, const Options& options) {
+  if (auto ok = state.adopt(std::move(groups), options.static_grads, options.lr, options.weight_decay); !ok) {
+    ok.error().message = std::string(who) + ": " + ok.error().message;
+    return ok;
+  }
+  if (auto ok = state.clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) return ok;
+  return state.scale_loss(options.loss_scale);
+}
+
+}  // namespace
+
 Result<Adam> make_adam(std::vector<ParamGroup> groups, AdamOptions options) {
   if (!is_rate(options.lr) || !(options.eps >= 0) || !(options.weight_decay >= 0) || !(options.beta1 >= 0) ||
       !(options.beta1 < 1) || !(options.beta2 >= 0) || !(options.beta2 < 1)) {
@@ -694,14 +710,7 @@ Result<Adam> make_adam(std::vector<ParamGroup> groups, AdamOptions options) {
   }
   auto state = std::make_shared<Adam::State>();
   state->options_ = options;
-  if (auto ok = state->adopt(std::move(groups), options.static_grads, options.lr, options.weight_decay); !ok) {
-    ok.error().message = "Adam: " + ok.error().message;
-    return std::unexpected(std::move(ok.error()));
-  }
-  if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
-    return std::unexpected(std::move(ok.error()));
-  }
-  if (auto ok = state->scale_loss(options.loss_scale); !ok) return std::unexpected(std::move(ok.error()));
+  if (auto ok = set_up(*state, "Adam", std::move(groups), options); !ok) return std::unexpected(std::move(ok.error()));
   try {
     const c10::NoGradGuard no_grad;
     for (const at::Tensor& p : state->params_) {
@@ -861,14 +870,7 @@ Result<SGD> make_sgd(std::vector<ParamGroup> groups, SGDOptions options) {
   }
   auto state = std::make_shared<SGD::State>();
   state->options_ = options;
-  if (auto ok = state->adopt(std::move(groups), options.static_grads, options.lr, options.weight_decay); !ok) {
-    ok.error().message = "SGD: " + ok.error().message;
-    return std::unexpected(std::move(ok.error()));
-  }
-  if (auto ok = state->clip_by_norm(options.max_grad_norm, options.grad_norm_type); !ok) {
-    return std::unexpected(std::move(ok.error()));
-  }
-  if (auto ok = state->scale_loss(options.loss_scale); !ok) return std::unexpected(std::move(ok.error()));
+  if (auto ok = set_up(*state, "SGD", std::move(groups), options); !ok) return std::unexpected(std::move(ok.error()));
   if (options.momentum != 0) {
     try {
       const c10::NoGradGuard no_grad;
