@@ -35,6 +35,7 @@ import :path;
 import :ledger;
 import :functions;
 import :pool_memory;
+import :events;
 
 namespace cgt::detail {
 
@@ -88,9 +89,56 @@ struct CallFrame {
   bool given_back = false;
 };
 
+/// One caller of a pool at a time (`detail::call`, `PoolBase::shutdown`), from any thread: the busy
+/// flag's owner. `Engine::add_function` refuses to run while it is taken.
+class OneCaller {
+ public:
+  /// Takes the pool for a call or a shutdown; false while another caller has it (`concurrent_use`).
+  [[nodiscard]] inline bool try_take() noexcept {
+    bool idle = false;
+    return taken_.compare_exchange_strong(idle, true, std::memory_order_acquire);
+  }
+  /// REQUIRES: this caller's `try_take` succeeded.
+  inline void release() noexcept { taken_.store(false, std::memory_order_release); }
+  /// A call or a shutdown is in flight, on some thread.
+  [[nodiscard]] inline bool is_taken() const noexcept { return taken_.load(std::memory_order_acquire); }
+
+ private:
+  std::atomic<bool> taken_{false};
+};
+
+/// Gives the call back to `Engine::run_decided` undone (`CallFrame::given_back`). REQUIRES: nothing
+/// of the function's work ran in this call.
+[[nodiscard]] inline Result<CallOutputs> give_back(CallFrame& frame) {
+  frame.given_back = true;
+  return CallOutputs{};
+}
+
+/// Whether the call writes an input that a graph would copy into a slot, where the write would be
+/// lost (declared mutated, or seen written, and neither usable in place nor an output of `path`);
+/// says so once per function. (engine_eager.cpp)
+[[nodiscard]] bool mutates_unmanaged_input(const CallFrame& frame, const Path& path, Events& events);
+
+/// Fails for an output in pool memory that the call neither allocated nor received as an input
+/// (a buffer the function kept from an earlier call): the pool may have given it to another lease.
+/// (engine_eager.cpp)
+[[nodiscard]] Result<void> check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame);
+
+/// What `Engine::begin_generation` counts and warns about, when a forward began a generation or was
+/// held: warns once per function when pending backwards make a forward repeat itself down `path`
+/// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`). (engine_generation.cpp)
+void note_generation(const CallGeneration& call, FunctionRecord& function, Stats& stats, const Path& path,
+                     const Functions& functions, Events& events);
+
+/// Keeps in the variant that these shapes run eagerly from now on, for `reason` (the capture broke,
+/// another pool was called, an output cannot be handed out), and says so once. (engine_record.cpp)
+void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason, Events& events);
+
 /// The engine of one pool (PyTorch's `CUDAGraphTreeManager`). Its state and the steps of a call
-/// (engine_*.cpp) are private. The public part is what the handles and the lease units reach: the
-/// handle count, the busy flag, the entry points, and read-only views; each says which lock it needs.
+/// (engine_*.cpp) are private; each step is a member only where it needs the state as a whole, and
+/// each rule it applies is an owner's (functions, tree, path, pool memory, ledger, generation rule,
+/// events). The public part is what the handles and the lease units reach: the handle count, the
+/// one caller, the entry points, and read-only views; each says which lock it needs.
 class Engine final {
  public:
   Engine(std::unique_ptr<backend::Device> device, Options options);
@@ -108,21 +156,12 @@ class Engine final {
       delete this;  // NOLINT(cppcoreguidelines-owning-memory): counted ownership
     }
   }
-
-  // --- one caller at a time (`detail::call`, `PoolBase::shutdown`): any thread ---
-  /// Takes the pool for a call or a shutdown; false while another caller has it (`concurrent_use`).
-  [[nodiscard]] inline bool try_set_busy() noexcept {
-    bool idle = false;
-    return busy_.compare_exchange_strong(idle, true, std::memory_order_acquire);
-  }
-  /// REQUIRES: this caller's `try_set_busy` succeeded.
-  inline void clear_busy() noexcept { busy_.store(false, std::memory_order_release); }
-  /// A call or a shutdown is in flight, on some thread.
-  [[nodiscard]] inline bool is_busy() const noexcept { return busy_.load(std::memory_order_acquire); }
+  /// One caller at a time: any thread, no lock.
+  [[nodiscard]] inline OneCaller& caller() noexcept { return caller_; }
 
   // --- what the handles do ---
-  /// Runs a call of `function` (`call_locked`). REQUIRES: this caller set busy and holds the state,
-  /// as `detail::call` does.
+  /// Runs a call of `function` (`call_locked`). REQUIRES: this caller took `caller()` and holds the
+  /// state, as `detail::call` does.
   [[nodiscard]] inline Result<CallOutputs> call(std::uint32_t function, const ArgSource& source) {
     return call_locked(functions_[function], source);
   }
@@ -130,43 +169,33 @@ class Engine final {
   /// `pool_shut_down` after `shutdown()`, `invalid_argument` for buckets that cannot be meant.
   [[nodiscard]] Result<std::uint32_t> add_function(std::unique_ptr<backend::Invoker> invoker, FunctionOptions options);
   /// Frees the tree and the device's memory; returns the functions' callables, for the caller to
-  /// destroy once it let go of the state. REQUIRES: this caller set busy, and holds the state.
+  /// destroy once it let go of the state. REQUIRES: this caller took `caller()`, and holds the state.
   [[nodiscard]] std::vector<std::unique_ptr<backend::Invoker>> shutdown();
   /// A new step begins at the next call (`GenerationRule::mark_step_begin`): any thread, no lock.
   inline void mark_step_begin() noexcept { generation_rule_.mark_step_begin(); }
 
   // --- reads: any thread ---
-  /// The name of a function, without the state: a `concurrent_use` report names the function
-  /// while another thread's call holds the state.
-  [[nodiscard]] const std::string& function_name(std::uint32_t function) const noexcept;
   /// Fixed when the engine is made.
   [[nodiscard]] inline const Options& options() const noexcept { return options_; }
   /// For the backend's own members (`Pool::device()`). What changes the allocator needs the state.
   /// Const as `std::unique_ptr` is: a const engine's device is still the device.
   [[nodiscard]] inline backend::Device& device() const noexcept { return *device_; }
+  /// The functions: a function's name is read without the state (`function_name`: a
+  /// `concurrent_use` report names the function while another thread's call holds the state); the
+  /// rest REQUIRES the state held.
+  [[nodiscard]] inline const Functions& functions() const noexcept { return functions_; }
 
   // --- reads for the handles, the lease units and the tree views. REQUIRES: the state held ---
   [[nodiscard]] inline const Stats& stats() const noexcept { return stats_; }
   [[nodiscard]] inline bool is_shut_down() const noexcept { return shut_down_; }
-  [[nodiscard]] inline bool has_pending_backward() const noexcept { return generation_rule_.pending_backward(); }
+  [[nodiscard]] inline const GenerationRule& generation_rule() const noexcept { return generation_rule_; }
   [[nodiscard]] inline const Tree& tree() const noexcept { return tree_; }
   [[nodiscard]] inline const Path& path() const noexcept { return path_; }
-  /// The function whose variant `node` ran.
-  [[nodiscard]] inline std::uint32_t function_of(const TreeNode& node) const noexcept {
-    return functions_.variant(node.variant()).function;
-  }
-  /// A graph node of the tree or a warm-up node of the path, by id; null if there is none.
-  [[nodiscard]] const TreeNode* find_node(std::int64_t id) const noexcept;
-  [[nodiscard]] std::string to_dot() const;
   /// The pool's memory as the path holds it (`PoolMemory::check` is PyTorch's `check_memory_pool`).
   [[nodiscard]] inline const PoolMemory& pool_memory() const noexcept { return memory_; }
-  /// What a lease on `cell`, reclaimed by a new step, says (`output_overwritten`).
-  [[nodiscard]] std::string overwritten_message(const Cell& cell, std::uint32_t output) const;
-
   /// The ledger: the lease handles drop through it from any thread (it takes the state or defers
   /// the drop), and `StateLock` holds the state through it.
   [[nodiscard]] inline Ledger& ledger() noexcept { return ledger_; }
-  [[nodiscard]] inline const Ledger& ledger() const noexcept { return ledger_; }
 
  private:
   // --- the per-call algorithm (engine_call.cpp) ---
@@ -182,34 +211,18 @@ class Engine final {
   /// After a call that failed: the ended path put back, and the generation taken back unless a
   /// reclaim (`Path::reclaims`) since `reclaims_before` made the new generation irreversible.
   void abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept;
-  /// Starts a call of `function` in the generation the rule says (`GenerationRule::begin_call`),
-  /// and warns once where a pending backward keeps a forward off the fast path.
-  inline CallGeneration begin_generation(FunctionRecord& function) {
-    const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
-    if (call.begun_by_forward || call.held_by_pending_backward) note_generation(function, call);
-    return call;
-  }
-  /// What `begin_generation` counts and warns about, when a forward began a generation or was held.
-  void note_generation(FunctionRecord& function, const CallGeneration& call);
-  /// Warns once per function when pending backwards make a forward repeat itself down the path
-  /// instead of replaying (PyTorch's `check_warn_on_unable_to_start_executing`).
-  void warn_if_pending_backward_repeats(FunctionRecord& function);
-  /// The call after its arguments are checked: picks its shape variant, then decides (`run_decided`).
-  /// (Inline: a call with its function's last shape key, the common one, goes straight on.)
-  [[clang::always_inline]] inline Result<CallOutputs> run_selected(CallFrame& frame) {
-    // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
-    if (frame.same_shapes_as_last) {
-      frame.variant = &functions_.last_variant(*frame.function);
-    } else {
-      frame.variant = select_variant(frame);
-    }
-    return run_decided(frame);
-  }
-  /// The one place that decides whether a call runs eagerly: asks `eager_reason`, then runs the
-  /// call eagerly or in the tree (`run_tree`); when the tree gave the call back undone
-  /// (`CallFrame::given_back`), decides again (`decide_again`). The function's work runs once: the
-  /// tree gives a call back only before any of it ran. (Inline: every call comes through here.)
+  /// The call's shape variant (`Functions::select`), made on its first call; null, with
+  /// `CallFrame::unfit` set, where no graph can serve the shape, and null for a call a stage found
+  /// unfit already (`run_bucketed`). Warns once when a function's keys pass the warn limit.
+  Variant* select_variant(CallFrame& frame);
+  /// The one place that decides whether a call runs eagerly: picks its shape variant, asks
+  /// `eager_reason`, then runs the call eagerly or in the tree (`run_tree`); when the tree gave the
+  /// call back undone (`CallFrame::given_back`), decides again (`decide_again`). The function's work
+  /// runs once: the tree gives a call back only before any of it ran. (Inline: every call comes
+  /// through here; a call with its function's last shape key, the common one, goes straight on.)
   [[clang::always_inline]] inline Result<CallOutputs> run_decided(CallFrame& frame) {
+    // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
+    frame.variant = frame.same_shapes_as_last ? &functions_.last_variant(*frame.function) : select_variant(frame);
     if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
     Result<CallOutputs> result = run_tree(frame);
     if (frame.given_back) [[unlikely]]
@@ -229,7 +242,9 @@ class Engine final {
     const Variant& variant = *frame.variant;
     // Checked on every call, from this call's inputs: whether an input is pool memory depends on
     // the call, and a graph that copied a mutated input into a slot would lose the mutation.
-    if (frame.function->mutates_an_input && mutates_unmanaged_input(frame)) return Reason::mutated_input;
+    if (frame.function->mutates_an_input && mutates_unmanaged_input(frame, path_, events_)) {
+      return Reason::mutated_input;
+    }
     if (variant.capture_failure) [[unlikely]]
       return variant.capture_failure_reason;
     if (variant.rerecorded && path_.children(tree_.roots()).facts(variant.id).rerecords > options_.rerecord_limit) {
@@ -237,59 +252,44 @@ class Engine final {
     }
     return std::nullopt;
   }
-  /// The call's shape variant (`Functions::select`), made on its first call; null, with
-  /// `CallFrame::unfit` set, where no graph can serve the shape. Warns once when a function's keys
-  /// pass the warn limit.
-  Variant* select_variant(CallFrame& frame);
-  /// The tree's part of a call: warm-up, replay or recording (PyTorch's `_run` after its fallbacks).
-  Result<CallOutputs> run_tree(CallFrame& frame);
-  /// Gives the call back to `run_decided` undone (`CallFrame::given_back`). REQUIRES: nothing of
-  /// the function's work ran in this call.
-  static Result<CallOutputs> give_back(CallFrame& frame) {
-    frame.given_back = true;
-    return CallOutputs{};
+
+  // --- the generation a call runs in ---
+  /// Starts a call of `function` in the generation the rule says (`GenerationRule::begin_call`),
+  /// counts a generation a forward began, and warns once where a pending backward keeps a forward
+  /// off the fast path. (Inline: every call begins here.)
+  inline CallGeneration begin_generation(FunctionRecord& function) {
+    const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
+    if (call.begun_by_forward || call.held_by_pending_backward) [[unlikely]]
+      note_generation(call, function, stats_, path_, functions_, events_);
+    return call;
   }
-  /// The `static_input_moved` error of a call whose only misfit is static inputs at new addresses.
-  [[nodiscard]] Result<void> fail_static_input_moved(const CallFrame& frame, const Match& match) const;
-  Result<void> check_inputs_not_reclaimed(const CallFrame& frame) const;
-  bool mutates_unmanaged_input(CallFrame& frame);
-  [[nodiscard]] bool needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept;
+
+  // --- the tree's part of a call (engine_tree.cpp) ---
+  /// Warm-up, replay or recording (PyTorch's `_run` after its fallbacks).
+  Result<CallOutputs> run_tree(CallFrame& frame);
 
   // --- batch buckets (engine_buckets.cpp) ---
   /// A call of a function with `buckets`: runs eagerly above the largest bucket, else pads the
   /// inputs up to the next bucket, runs that, and slices the outputs back to the call's size.
   Result<CallOutputs> run_bucketed(CallFrame& frame);
-  /// Makes each lease of `out` hand out its value's first `size` rows along `dim`, where the value
-  /// has `bucket` of them there; the leases keep holding the whole storage.
-  Result<void> slice_outputs(CallOutputs& out, FunctionRecord& function, std::int64_t bucket, std::int64_t size);
-  /// Warns once when output `index` of a padded call (`value`, sliced along `sliced` or not at
-  /// all) has `bucket` elements on another dimension: its padded rows may be in it.
-  void warn_if_padding_shows(FunctionRecord& function, std::size_t index, const void* value,
-                             std::span<const std::size_t> sliced, std::int64_t bucket);
 
   // --- eager runs (engine_eager.cpp) ---
   /// Runs the call eagerly, outside the pool, for `reason`. Called by `run_decided` only.
   Result<CallOutputs> run_eager(CallFrame& frame, Reason reason);
-  /// Fails for an output in pool memory that the call neither allocated nor received as an input
-  /// (a buffer the function kept from an earlier call): the pool may have given it to another lease.
-  Result<void> check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const;
 
   // --- warm-ups (engine_warmup.cpp) ---
   Result<CallOutputs> warm_up(CallFrame& frame);
-  [[nodiscard]] NodeReason warmup_reason(const Variant& variant) const noexcept;
   /// The outputs of a run in the pool that is not a graph (a warm-up, or a recording whose graph
   /// ran once and is not kept) handed out as a warm-up node's, which the path enters.
   CallOutputs keep_as_warmup(CallFrame& frame, backend::RunResult& result, NodeReason reason);
-
-  // --- shared by warm-ups and recordings (engine_warmup.cpp) ---
   /// Runs `run` (a warm-up or a recording, returning `Result<T>`, whose outputs `outputs_of`
   /// reads) in the pool, and takes the writes it made to its inputs (`take_writes`). If it
   /// fails, or returns pool memory it cannot have made, the pool is put back as it was and the
-  /// error, told in terms of the call `doing` what, returned.
+  /// error, told in terms of the call `doing` what, returned. (Below.)
   template <class T, class Run, class OutputsOf>
   Result<T> run_in_pool(const CallFrame& frame, const char* doing, Run run, OutputsOf outputs_of);
 
-  // --- a call's leases (engine_leases: inline, below) ---
+  // --- a call's leases (below) ---
   /// The one way a call's outputs become leases: `count` leases made in place, lease `i` on
   /// `cell_of(i)` (null: not pool memory) handing out `value_of(i)`, kept alive by `owner` (a
   /// `std::shared_ptr<const void>`) where the engine does not own the values (`NoOwner`: a
@@ -300,46 +300,29 @@ class Engine final {
                             const CellOf& cell_of, const ValueOf& value_of, const Owner& owner);
 
   // --- replay (engine_replay.cpp) ---
-  /// The child of the current node (or root) of the call's variant that it replays (`Tree::match`).
-  [[nodiscard]] inline Match find_replayable_child(const CallFrame& frame) const {
-    return Tree::match(path_.children(tree_.roots()).of(frame.variant->id), frame.descs, frame.args,
-                       options_.on_static_input_moved);
-  }
   Result<CallOutputs> replay(TreeNode& node, CallFrame& frame);
 
   // --- recording (engine_record.cpp) ---
+  /// Captures the function into a graph in the pool (rolled back if it fails), checkpoints the
+  /// allocator and adds the node to the tree under the current node.
   Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
-  [[nodiscard]] std::vector<InputUse> classify_inputs(const CallFrame& frame) const;
-  /// Captures the function into a graph in the pool (rolled back if it fails).
-  Result<backend::Recorded> capture(const CallFrame& frame, std::span<const InputUse> uses);
-  /// Checkpoints the allocator after a recording and marks `node` recorded.
-  Result<void> finish_recording(TreeNode& node, const std::vector<std::vector<bool>>& liveness_before);
-  void count_recording(NodeReason reason, FunctionRecord& function);
-  /// Adds a recorded node under the current node (or as a root); returns it.
-  TreeNode& add_to_tree(std::unique_ptr<TreeNode> node);
   /// After a recording that failed before its graph ran: a failure that will not go away at these
   /// shapes is kept in the variant (`run_eagerly_from_now_on`, or `needs_own_warmup` for a shape
   /// that recorded without its own warm-up) and the call is decided again; others fail the call.
   Result<CallOutputs> after_failed_recording(CallFrame& frame, Error error);
-  /// Keeps in the variant that these shapes run eagerly from now on, for `reason` (the capture broke,
-  /// another pool was called, an output cannot be handed out), and says so once.
-  void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason);
   /// A recording whose graph ran once but must not be kept (`Recorded::not_kept`): its outputs are
   /// the call's, handed out as a warm-up's, and the variant learns why.
   CallOutputs keep_first_run_only(CallFrame& frame, backend::Recorded& recorded, const Error& why);
 
   // --- writes to inputs that the options do not declare (engine_writes.cpp) ---
-  /// Treats input `input` of `function` as mutated from now on, and says so once.
-  void note_write(FunctionRecord& function, std::size_t input);
-  /// After a run that wrote `written` (`RunResult::written_inputs`): notes them, and copies each
-  /// write to a padded copy back into the caller's input.
+  /// After a run that wrote `written` (`RunResult::written_inputs`): treats each as mutated from
+  /// now on (`Functions::note_write`, said once), and copies each write to a padded copy back into
+  /// the caller's input.
   Result<void> take_writes(const CallFrame& frame, std::span<const std::uint32_t> written);
-  // --- reporting (engine_log.cpp) ---
-  void log(EventKind kind, Reason reason, FunctionRecord& function, const std::string& message) noexcept;
 
   // --- the state: each field says who writes it. The ledger's state lock (`StateLock`) guards
-  // all of it but `refs_`, `busy_`, what is fixed when the engine is made, and what the ledger and
-  // the generation rule keep atomic themselves. ---
+  // all of it but `refs_`, `caller_`, what is fixed when the engine is made, and what the ledger
+  // and the generation rule keep atomic themselves. ---
 
   /// Handles that share the engine (pool, functions, leases, node views, a call in flight):
   /// `add_references` and `drop_references`; the last one deletes the engine, on whatever thread
@@ -354,9 +337,10 @@ class Engine final {
   /// Counted by the steps of a call (engine_*.cpp), each counter where its event happens; the
   /// handles read a copy (`stats()`).
   Stats stats_;
-  /// Set and cleared by `try_set_busy` and `clear_busy` (a call, a shutdown); `add_function` refuses
-  /// to run while it is set.
-  std::atomic<bool> busy_{false};
+  /// What the steps tell the program (events.cppm, the reports' one owner).
+  Events events_{options_.log_sink, stats_};
+  /// Taken by a call or a shutdown (`OneCaller`).
+  OneCaller caller_;
   bool shut_down_ = false;  ///< set by `shutdown()`, never cleared
 
   /// The leases on the cells, the lives of their storages, and the state lock (ledger.cppm, the
@@ -381,6 +365,18 @@ class Engine final {
   /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
   GenerationRule generation_rule_;
 };
+
+// --- read-only views of an engine, for the handles' introspection. REQUIRES: the state held ---
+
+/// The function whose variant `node` ran.
+[[nodiscard]] inline std::uint32_t function_of(const Engine& engine, const TreeNode& node) noexcept {
+  return engine.functions().variant(node.variant()).function;
+}
+/// A graph node of the tree or a warm-up node of the path, by id; null if there is none.
+/// (introspection.cpp)
+[[nodiscard]] const TreeNode* find_node(const Engine& engine, std::int64_t id) noexcept;
+/// The tree, its warm-up nodes and the current path in Graphviz DOT. (introspection.cpp)
+[[nodiscard]] std::string to_dot(const Engine& engine);
 
 /// Marks the thread as recording `function` of `engine` while it lives (PyTorch's trees are one
 /// per device and cannot nest; cgt's pools can be many). A call of another pool's function on

@@ -51,6 +51,67 @@ bool is_padded(const FunctionRecord& function, std::size_t i, const backend::Arg
          !listed(function.options.buckets.unpadded_inputs, i);
 }
 
+// Warns once when output `index` of a padded call (`value`, sliced along `sliced` or not at all)
+// has `bucket` elements on another dimension: its padded rows may be in it.
+void warn_if_padding_shows(FunctionRecord& function, std::size_t index, const void* value,
+                           std::span<const std::size_t> sliced, std::int64_t bucket, const backend::Device& device,
+                           Events& events) {
+  if (function.warned_padded_output) return;
+  const std::vector<std::int64_t> sizes = device.sizes_of(value);
+  for (std::size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] != bucket || std::ranges::find(sliced, d) != sliced.end()) continue;
+    function.warned_padded_output = true;
+    events.count_and_say(
+        EventKind::warning, Reason::padded_output, function,
+        "output " + std::to_string(index) + " of '" + function.name + "' has " + std::to_string(bucket) +
+            " elements on dimension " + std::to_string(d) +
+            " at a call padded to that bucket, and is not sliced there: it may carry the padded rows (a transpose, "
+            "a [seq, batch] or [n, n] output); declare its batch dimensions in buckets.output_dims, or list it in "
+            "buckets.whole_outputs if it has none");
+    return;
+  }
+}
+
+// Makes each lease of `out` hand out its value's first `size` rows along `dim`, where the value
+// has `bucket` of them there; the leases keep holding the whole storage.
+Result<void> slice_outputs(CallOutputs& out, FunctionRecord& function, std::int64_t bucket, std::int64_t size,
+                           backend::Device& device, Events& events) {
+  const Buckets& buckets = function.options.buckets;
+  for (std::size_t o = 0; o < out.leases.size(); ++o) {
+    LeaseCore& lease = out.leases[o];
+    if (lease.value == nullptr || listed(buckets.whole_outputs, o)) continue;
+    std::vector<std::size_t> dims;
+    for (const auto& [index, dim] : buckets.output_dims) {
+      if (index == o) dims.push_back(dim);
+    }
+    const bool declared = !dims.empty();
+    if (!declared) dims.push_back(function.options.size_source.dim);
+    // The lease keeps its cell: the whole bucket's storage stays live (and protected from
+    // replays) while the caller holds the view of its first rows.
+    const backend::StorageHandle* storage = lease.cell != nullptr ? &lease.cell->storage : nullptr;
+    std::vector<std::size_t> sliced;
+    for (const std::size_t dim : dims) {
+      auto view = device.slice(lease.value, storage, dim, bucket, size);
+      if (!view) {
+        return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
+      }
+      if (*view == nullptr) {
+        if (!declared) continue;  // not `bucket` rows along the input's dimension: handed out whole
+        return fail(Errc::invalid_argument,
+                    "buckets.output_dims says output " + std::to_string(o) + " of '" + function.name +
+                        "' has its batch on dimension " + std::to_string(dim) + ", but it has no " +
+                        std::to_string(bucket) + " elements there at bucket " + std::to_string(bucket),
+                    function.name);
+      }
+      lease.value = view->get();
+      lease.owner = std::move(*view);
+      sliced.push_back(dim);
+    }
+    if (!declared) warn_if_padding_shows(function, o, lease.value, sliced, bucket, device, events);
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
@@ -58,15 +119,19 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
   const std::vector<std::int64_t>& buckets = function.options.buckets.sizes;
   const std::size_t dim = function.options.size_source.dim;
   const std::int64_t size = frame.descs[function.options.size_source.input].sizes[dim];
+  // No graph serves the call at its own size: `run_decided` runs it eagerly, with no variant.
+  auto run_unfit = [&frame, this](Reason reason) {
+    frame.unfit = reason;
+    frame.same_shapes_as_last = false;
+    return run_decided(frame);
+  };
   // Size 0 has no row to pad from (or to replicate): it runs eagerly, where it computes nothing.
   if (size == 0) {
-    frame.unfit = Reason::size_not_graphed;
-    return run_decided(frame);
+    return run_unfit(Reason::size_not_graphed);
   }
   const auto bucket = std::ranges::lower_bound(buckets, size);
   if (bucket == buckets.end()) {
-    frame.unfit = Reason::size_above_buckets;
-    return run_decided(frame);
+    return run_unfit(Reason::size_above_buckets);
   }
   // Inputs that grow with the batch are copied into the graph's slots whatever memory they are in:
   // a padded copy never is pool memory, and a call at a bucket's own size must replay the same graph.
@@ -78,17 +143,16 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
     copied[i] = !function.is_mutated[i] && is_padded(function, i, frame.descs[i], dim, size);
   }
   frame.always_copied = copied;
-  if (*bucket == size) return checked_whole_outputs(run_selected(frame), function);  // nothing to pad or slice
+  if (*bucket == size) return checked_whole_outputs(run_decided(frame), function);  // nothing to pad or slice
 
   for (std::size_t i = 0; i < count; ++i) {
     if (function.is_mutated[i] && is_padded(function, i, frame.descs[i], dim, size)) {
       // The function would write into the padded copy, and the caller's input would never see it.
-      log(EventKind::eager_fallback, Reason::mutated_input, function,
-          "skipping graphs for '" + function.name + "' at size " + std::to_string(size) + ": it mutates input " +
-              std::to_string(i) + ", which would be padded to bucket " + std::to_string(*bucket) +
-              " (a copy); make that input static, or call at a bucket size");
-      frame.unfit = Reason::mutated_input;
-      return run_decided(frame);
+      events_.say(EventKind::eager_fallback, Reason::mutated_input, function,
+                  "skipping graphs for '" + function.name + "' at size " + std::to_string(size) +
+                      ": it mutates input " + std::to_string(i) + ", which would be padded to bucket " +
+                      std::to_string(*bucket) + " (a copy); make that input static, or call at a bucket size");
+      return run_unfit(Reason::mutated_input);
     }
   }
 
@@ -122,65 +186,11 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
                          .generation = frame.generation,
                          .always_copied = copied,
                          .padding = &padding};
-  auto out = checked_whole_outputs(run_selected(padded_frame), function);
+  auto out = checked_whole_outputs(run_decided(padded_frame), function);
   if (!out) return out;
-  if (auto sliced = slice_outputs(*out, function, *bucket, size); !sliced) return std::unexpected(sliced.error());
+  if (auto sliced = slice_outputs(*out, function, *bucket, size, *device_, events_); !sliced)
+    return std::unexpected(sliced.error());
   return out;
-}
-
-Result<void> Engine::slice_outputs(CallOutputs& out, FunctionRecord& function, std::int64_t bucket, std::int64_t size) {
-  const Buckets& buckets = function.options.buckets;
-  for (std::size_t o = 0; o < out.leases.size(); ++o) {
-    LeaseCore& lease = out.leases[o];
-    if (lease.value == nullptr || listed(buckets.whole_outputs, o)) continue;
-    std::vector<std::size_t> dims;
-    for (const auto& [index, dim] : buckets.output_dims) {
-      if (index == o) dims.push_back(dim);
-    }
-    const bool declared = !dims.empty();
-    if (!declared) dims.push_back(function.options.size_source.dim);
-    // The lease keeps its cell: the whole bucket's storage stays live (and protected from
-    // replays) while the caller holds the view of its first rows.
-    const backend::StorageHandle* storage = lease.cell != nullptr ? &lease.cell->storage : nullptr;
-    std::vector<std::size_t> sliced;
-    for (const std::size_t dim : dims) {
-      auto view = device_->slice(lease.value, storage, dim, bucket, size);
-      if (!view) {
-        return std::unexpected(in_call(std::move(view.error()), function, "slicing an output to the call's size"));
-      }
-      if (*view == nullptr) {
-        if (!declared) continue;  // not `bucket` rows along the input's dimension: handed out whole
-        return fail(Errc::invalid_argument,
-                    "buckets.output_dims says output " + std::to_string(o) + " of '" + function.name +
-                        "' has its batch on dimension " + std::to_string(dim) + ", but it has no " +
-                        std::to_string(bucket) + " elements there at bucket " + std::to_string(bucket),
-                    function.name);
-      }
-      lease.value = view->get();
-      lease.owner = std::move(*view);
-      sliced.push_back(dim);
-    }
-    if (!declared) warn_if_padding_shows(function, o, lease.value, sliced, bucket);
-  }
-  return {};
-}
-
-void Engine::warn_if_padding_shows(FunctionRecord& function, std::size_t index, const void* value,
-                                   std::span<const std::size_t> sliced, std::int64_t bucket) {
-  if (function.warned_padded_output) return;
-  const std::vector<std::int64_t> sizes = device_->sizes_of(value);
-  for (std::size_t d = 0; d < sizes.size(); ++d) {
-    if (sizes[d] != bucket || std::ranges::find(sliced, d) != sliced.end()) continue;
-    function.warned_padded_output = true;
-    ++stats_.by_reason[static_cast<std::size_t>(Reason::padded_output)];
-    log(EventKind::warning, Reason::padded_output, function,
-        "output " + std::to_string(index) + " of '" + function.name + "' has " + std::to_string(bucket) +
-            " elements on dimension " + std::to_string(d) +
-            " at a call padded to that bucket, and is not sliced there: it may carry the padded rows (a transpose, "
-            "a [seq, batch] or [n, n] output); declare its batch dimensions in buckets.output_dims, or list it in "
-            "buckets.whole_outputs if it has none");
-    return;
-  }
 }
 
 }  // namespace cgt::detail

@@ -26,7 +26,7 @@ class BusyGuard {
   explicit BusyGuard(Engine& engine) noexcept : engine_(engine) {}
   BusyGuard(const BusyGuard&) = delete;
   BusyGuard& operator=(const BusyGuard&) = delete;
-  ~BusyGuard() { engine_.clear_busy(); }
+  ~BusyGuard() { engine_.caller().release(); }
 
  private:
   Engine& engine_;
@@ -75,6 +75,40 @@ Result<void> describe_arguments(const ArgSource& source, const std::string& func
   return described;
 }
 
+// Inlined into `Engine::run_call`, its only caller: every call runs it.
+[[clang::always_inline]] inline Result<void> check_inputs_not_reclaimed(const CallFrame& frame,
+                                                                        const backend::Device& device, const Path& path,
+                                                                        bool stamps_values) {
+  // Pool memory is handed out only through leases; an input in pool memory that no live lease
+  // holds is an escaped copy of a value whose memory was reclaimed (its lease dropped, or a new
+  // generation began): reading it would read whatever the pool put there since.
+  for (std::size_t i = 0; i < frame.descs.size(); ++i) {
+    const backend::ArgDesc& desc = frame.descs[i];
+    // `owns` first: most inputs that are not pool memory are the caller's, and it is the cheap test.
+    if (desc.kind != backend::ArgKind::value || !device.owns(desc.storage)) continue;
+    // Live memory is not enough: it may live again for another output since this value escaped
+    // (where the backend stamps values, their life number must be the memory's current one).
+    if (const Cell* cell = path.live_cell(desc.storage)) {
+      if (!stamps_values || desc.life == cell->life()) continue;
+    }
+    if (path.is_output_of_ended(desc.storage)) {
+      return fail(Errc::output_overwritten,
+                  "input " + std::to_string(i) + " of " + in_quotes(frame.function->name) +
+                      " is an output of the last step, whose memory the new step this call begins reclaims; the "
+                      "call is refused and the lease stays valid: take() the value before the step begins, or set "
+                      "Options::copy_out_on_new_step",
+                  frame.function->name, -1, static_cast<std::int32_t>(i));
+    }
+    return fail(Errc::output_overwritten,
+                "input " + std::to_string(i) + " of " + in_quotes(frame.function->name) +
+                    " views pool memory that no live lease holds: it is a copy of an output whose lease was dropped "
+                    "or whose step ended, and the pool may have reused the memory; keep the lease while you use "
+                    "the value, or take() it",
+                frame.function->name, -1, static_cast<std::int32_t>(i));
+  }
+  return {};
+}
+
 }  // namespace
 
 Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource& args) {
@@ -90,7 +124,7 @@ Result<CallOutputs> call(Engine& engine, std::uint32_t function, const ArgSource
   if (!CaptureGate::process_is_open()) [[unlikely]] {
     CaptureGate::process().pass(&engine, engine.options().wait_for_other_captures);
   }
-  if (!engine.try_set_busy()) {
+  if (!engine.caller().try_take()) {
     const std::string name = function_name(engine, function);
     return fail(Errc::concurrent_use,
                 "call of " + in_quotes(name) +
@@ -150,38 +184,6 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
   return out;
 }
 
-// Inlined into `run_call`, its only caller: every call runs it.
-[[clang::always_inline]] inline Result<void> Engine::check_inputs_not_reclaimed(const CallFrame& frame) const {
-  // Pool memory is handed out only through leases; an input in pool memory that no live lease
-  // holds is an escaped copy of a value whose memory was reclaimed (its lease dropped, or a new
-  // generation began): reading it would read whatever the pool put there since.
-  for (std::size_t i = 0; i < frame.descs.size(); ++i) {
-    const backend::ArgDesc& desc = frame.descs[i];
-    // `owns` first: most inputs that are not pool memory are the caller's, and it is the cheap test.
-    if (desc.kind != backend::ArgKind::value || !device_->owns(desc.storage)) continue;
-    // Live memory is not enough: it may live again for another output since this value escaped
-    // (where the backend stamps values, their life number must be the memory's current one).
-    if (const Cell* cell = path_.live_cell(desc.storage)) {
-      if (!stamps_values_ || desc.life == cell->life()) continue;
-    }
-    if (path_.is_output_of_ended(desc.storage)) {
-      return fail(Errc::output_overwritten,
-                  "input " + std::to_string(i) + " of " + in_quotes(frame.function->name) +
-                      " is an output of the last step, whose memory the new step this call begins reclaims; the "
-                      "call is refused and the lease stays valid: take() the value before the step begins, or set "
-                      "Options::copy_out_on_new_step",
-                  frame.function->name, -1, static_cast<std::int32_t>(i));
-    }
-    return fail(Errc::output_overwritten,
-                "input " + std::to_string(i) + " of " + in_quotes(frame.function->name) +
-                    " views pool memory that no live lease holds: it is a copy of an output whose lease was dropped "
-                    "or whose step ended, and the pool may have reused the memory; keep the lease while you use "
-                    "the value, or take() it",
-                frame.function->name, -1, static_cast<std::int32_t>(i));
-  }
-  return {};
-}
-
 // Inlined into `call_locked`, its only caller: a call of its own costs a replay about 40 instructions.
 [[clang::always_inline]] inline Result<CallOutputs> Engine::run_call(FunctionRecord& function, const ArgSource& source,
                                                                      std::span<backend::ArgSlot> slots,
@@ -204,9 +206,10 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
                   .variant = nullptr,
                   .generation = generation,
                   .same_shapes_as_last = same_shapes};
-  if (auto checked = check_inputs_not_reclaimed(frame); !checked) return std::unexpected(std::move(checked.error()));
+  if (auto checked = check_inputs_not_reclaimed(frame, *device_, path_, stamps_values_); !checked)
+    return std::unexpected(std::move(checked.error()));
   if (!function.options.buckets.sizes.empty()) return run_bucketed(frame);
-  return run_selected(frame);
+  return run_decided(frame);
 }
 
 void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept {
@@ -230,126 +233,19 @@ Result<CallOutputs> Engine::decide_again(CallFrame& frame) {
 }
 
 Variant* Engine::select_variant(CallFrame& frame) {
+  if (frame.unfit) return nullptr;  // `eager_reason` runs it eagerly
   FunctionRecord& function = *frame.function;
   const Selection selection = functions_.select(function, frame.descs, device_index_, options_);
   frame.unfit = selection.unfit;
   if (selection.passed_warn_limit) {
-    ++stats_.by_reason[static_cast<std::size_t>(Reason::many_shape_keys)];
-    log(EventKind::warning, Reason::many_shape_keys, function,
+    events_.count_and_say(
+        EventKind::warning, Reason::many_shape_keys, function,
         in_quotes(function.name) + " has been called with " + std::to_string(function.variants.size()) +
             " distinct shape keys, each warmed up and recorded separately; a key is the inputs' sizes and "
             "strides and the value of every integer scalar argument: pad inputs to a few sizes (graph_sizes), "
             "and pass values that change every call (positions, lengths) as tensors, not integer scalars");
   }
   return selection.variant;
-}
-
-bool Engine::needs_warmup(const FunctionRecord& function, const Variant& variant) const noexcept {
-  // A warm-up allocates at addresses the caching state of that moment decides, so a recording
-  // cannot follow it on the same path: once warming up, the path warms up until it ends.
-  const bool shape_needs_it =
-      !variant.warmed_up && !options_.skip_warmup &&
-      (function.options.warm_up_each_shape || !function.warmed_up_once || variant.needs_own_warmup);
-  return shape_needs_it || path_.state() == PathState::warmup || options_.force_warmup;
-}
-
-bool Engine::mutates_unmanaged_input(CallFrame& frame) {
-  FunctionRecord& function = *frame.function;
-  bool mutates = false;
-  for (std::size_t i = 0; i < frame.descs.size() && !mutates; ++i) {
-    mutates = function.is_mutated[i] && frame.descs[i].kind == backend::ArgKind::value &&
-              !is_usable_in_place(function, i, frame.descs[i]) && !path_.is_output(frame.descs[i].storage);
-  }
-  if (mutates && !function.warned_mutation) {
-    // Decided per call, and warned once per function, as the reference does.
-    function.warned_mutation = true;
-    log(EventKind::eager_fallback, Reason::mutated_input, function,
-        "skipping graphs for " + in_quotes(function.name) +
-            ": it mutates an input that is neither static nor an output of an earlier graph of this pool; "
-            "declare the input static, or pass a pool output");
-  }
-  return mutates;
-}
-
-Result<void> Engine::fail_static_input_moved(const CallFrame& frame, const Match& match) const {
-  // Every input that moved, so that one fix is enough.
-  const TreeNode& child = *match.static_moved_child;
-  std::string moved;
-  for (const std::uint32_t input : child.static_inputs()) {
-    if (frame.descs[input].data == child.recorded_data()[input]) continue;
-    moved += (moved.empty() ? "" : ", ") + std::to_string(input);
-  }
-  return fail(Errc::static_input_moved,
-              "static input(s) " + moved + " of " + in_quotes(frame.function->name) +
-                  " are not at the addresses its graph was recorded with; keep static inputs in place, or set "
-                  "on_static_input_moved = rerecord",
-              frame.function->name, child.id(), match.moved_static_input);
-}
-
-Result<CallOutputs> Engine::run_tree(CallFrame& frame) {
-  // The steady loop of a program: the path replayed ends in a node without a child of this
-  // function, which is a root. PyTorch tries the roots once no child fits (below); with no child
-  // to try, and nothing that would keep the path (a warm-up goes on down it, a rerecord count is
-  // per node), that is decided first, and the checks below run once, at the roots.
-  if (path_.state() == PathState::execution && path_.node() != nullptr && !frame.variant->rerecorded &&
-      !path_.node()->children().has(frame.variant->id) && tree_.roots().has(frame.variant->id) &&
-      !needs_warmup(*frame.function, *frame.variant)) {
-    memory_.end_path_if_over(frame.generation, PathCheck::no_child_fits);
-  }
-
-  if (needs_warmup(*frame.function, *frame.variant)) {
-    if (path_.state() == PathState::execution) {
-      if (auto restored = memory_.restore_checkpoint(); !restored) {
-        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
-      }
-    }
-    return warm_up(frame);
-  }
-
-  NodeReason reason = NodeReason::first_call;
-  if (path_.state() != PathState::recording) {
-    const Match match = find_replayable_child(frame);
-    if (match.replayable != nullptr) return replay(*match.replayable, frame);
-    if (match.static_moved_child != nullptr && options_.on_static_input_moved == OnStaticInputMoved::error) {
-      return std::unexpected(fail_static_input_moved(frame, match).error());
-    }
-
-    // No child fits. If the function is also a root, the path may be over: try from the roots.
-    if (path_.node() != nullptr && tree_.roots().has(frame.variant->id)) {
-      memory_.end_path_if_over(frame.generation, PathCheck::no_child_fits);
-      if (path_.node() == nullptr) return run_tree(frame);
-    }
-    if (match.moved_managed_input >= 0) {
-      ChildFacts& facts = path_.children(tree_.roots()).facts(frame.variant->id);
-      ++facts.rerecords;
-      frame.variant->rerecorded = true;
-      if (facts.rerecords > options_.rerecord_limit) {
-        // Said once, here, where the input that keeps moving is known; `eager_reason` decides.
-        log(EventKind::eager_fallback, Reason::rerecord_limit, *frame.function,
-            "skipping graphs for " + in_quotes(frame.function->name) + ": re-recorded more than " +
-                std::to_string(options_.rerecord_limit) + " times under one node because input " +
-                std::to_string(match.moved_managed_input) + " (an output of an earlier graph) keeps moving");
-        return give_back(frame);
-      }
-    }
-    ++stats_.failed_matches;
-    if (match.static_moved_child != nullptr) {
-      reason = NodeReason::static_input_moved;
-      frame.rerecording_of = match.static_moved_child;
-    } else if (match.moved_managed_input >= 0) {
-      reason = NodeReason::managed_input_moved;
-    } else if (match.liveness_differs) {
-      reason = NodeReason::new_liveness_pattern;
-    }
-
-    memory_.end_path_if_over(frame.generation, PathCheck::no_child_fits);
-    if (path_.node() != nullptr) {
-      if (auto restored = memory_.restore_checkpoint(); !restored) {
-        return std::unexpected(in_call(std::move(restored.error()), *frame.function, "restoring a checkpoint"));
-      }
-    }
-  }
-  return record(frame, reason);
 }
 
 }  // namespace cgt::detail

@@ -51,7 +51,25 @@ bool logged_when_kept(Reason reason) noexcept {
 
 }  // namespace
 
-Result<void> Engine::check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) const {
+bool mutates_unmanaged_input(const CallFrame& frame, const Path& path, Events& events) {
+  FunctionRecord& function = *frame.function;
+  bool mutates = false;
+  for (std::size_t i = 0; i < frame.descs.size() && !mutates; ++i) {
+    mutates = function.is_mutated[i] && frame.descs[i].kind == backend::ArgKind::value &&
+              !is_usable_in_place(function, i, frame.descs[i]) && !path.is_output(frame.descs[i].storage);
+  }
+  if (mutates && !function.warned_mutation) {
+    // Decided per call, and warned once per function, as the reference does.
+    function.warned_mutation = true;
+    events.say(EventKind::eager_fallback, Reason::mutated_input, function,
+               "skipping graphs for '" + function.name + "'" +
+                   ": it mutates an input that is neither static nor an output of an earlier graph of this pool; "
+                   "declare the input static, or pass a pool output");
+  }
+  return mutates;
+}
+
+Result<void> check_outputs_are_ours(const backend::RunResult& result, const CallFrame& frame) {
   const FunctionRecord& function = *frame.function;
   for (std::size_t i = 0; i < result.outputs.size(); ++i) {
     const backend::OutputDesc& desc = result.outputs[i];
@@ -79,7 +97,7 @@ Result<CallOutputs> Engine::run_eager(CallFrame& frame, Reason reason) {
   }
   ++stats_.eager_calls;
   ++stats_.by_reason[static_cast<std::size_t>(reason)];
-  if (!logged_when_kept(reason)) log(EventKind::eager_fallback, reason, function, message);
+  if (!logged_when_kept(reason)) events_.say(EventKind::eager_fallback, reason, function, message);
 
   auto result = device_->run(*function.invoker, frame.args, backend::RunMode::eager);
   if (!result) return std::unexpected(in_call(std::move(result.error()), function, "running eagerly"));

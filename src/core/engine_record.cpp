@@ -23,6 +23,34 @@ std::string moved_message(NodeReason reason, const FunctionRecord& function) {
   return "re-recording '" + function.name + "': " + what + " is at a new address";
 }
 
+std::vector<InputUse> classify_inputs(const CallFrame& frame, const Path& path) {
+  // Outputs of the path are used in place (pool-managed), aligned static inputs are used in
+  // place, everything else is copied into a pool slot on every replay.
+  std::vector<InputUse> uses(frame.descs.size(), InputUse::scalar);
+  for (std::size_t i = 0; i < frame.descs.size(); ++i) {
+    const backend::ArgDesc& desc = frame.descs[i];
+    if (desc.kind == backend::ArgKind::scalar) continue;
+    const bool copied_anyway = !frame.always_copied.empty() && frame.always_copied[i];
+    if (!copied_anyway && path.is_output(desc.storage)) {
+      uses[i] = InputUse::managed;
+    } else if (is_usable_in_place(*frame.function, i, desc)) {
+      uses[i] = InputUse::static_in_place;
+    } else {
+      uses[i] = InputUse::copied;
+    }
+  }
+  return uses;
+}
+
+void count_recording(NodeReason reason, FunctionRecord& function, Stats& stats, Events& events) {
+  ++stats.recordings;
+  if (reason != NodeReason::static_input_moved && reason != NodeReason::managed_input_moved) return;
+  ++stats.rerecords;
+  const Reason why =
+      reason == NodeReason::static_input_moved ? Reason::static_input_moved : Reason::managed_input_moved;
+  events.count_and_say(EventKind::rerecord, why, function, moved_message(reason, function));
+}
+
 }  // namespace
 
 RecordingScope::RecordingScope(const Engine& engine, const FunctionRecord& function) noexcept
@@ -40,11 +68,11 @@ bool RecordingScope::refused_a_call() const noexcept {
   return recording_on_this_thread.refused;
 }
 
-void Engine::run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason) {
+void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason, Events& events) {
   frame.variant->capture_failure = error.message;
   frame.variant->capture_failure_reason = reason;
-  log(EventKind::eager_fallback, reason, *frame.function,
-      "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
+  events.say(EventKind::eager_fallback, reason, *frame.function,
+             "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
 }
 
 Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error) {
@@ -54,10 +82,10 @@ Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error
     case Cause::nested_pool:
       // The function needs another pool's call, which cannot be part of this pool's graph; eagerly,
       // the inner call runs (and graphs in its own pool).
-      run_eagerly_from_now_on(frame, error, Reason::nested_pool);
+      run_eagerly_from_now_on(frame, error, Reason::nested_pool, events_);
       return give_back(frame);
     case Cause::unsupported_output:
-      run_eagerly_from_now_on(frame, error, Reason::unsupported_output);
+      run_eagerly_from_now_on(frame, error, Reason::unsupported_output, events_);
       return give_back(frame);
     case Cause::uncapturable:
       if (!frame.variant->warmed_up && !options_.skip_warmup) {
@@ -65,7 +93,8 @@ Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error
         // failure may be lazy set-up that this shape needs and the function's first shape did not
         // (a new kernel loaded, a workspace grown). It warms up now, as the default would have; it
         // records at its next call, and a second failure is final.
-        log(EventKind::warning, Reason::capture_failed, *frame.function,
+        events_.say(
+            EventKind::warning, Reason::capture_failed, *frame.function,
             "the capture of '" + frame.function->name +
                 "' failed at input shapes that had not warmed up (warm_up_each_shape = false): warming them up, "
                 "then recording again; " +
@@ -75,7 +104,7 @@ Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error
       }
       // A capture that fails for a reason that will not change (the function synchronises with
       // the host, say) would fail on every call: these shapes run eagerly from now on.
-      run_eagerly_from_now_on(frame, error, Reason::capture_failed);
+      run_eagerly_from_now_on(frame, error, Reason::capture_failed, events_);
       return give_back(frame);
     default: return std::unexpected(std::move(error));
   }
@@ -86,64 +115,9 @@ CallOutputs Engine::keep_first_run_only(CallFrame& frame, backend::Recorded& rec
   ++stats_.warmups;
   // A write to a copied input was noted (`take_writes`): the input counts as mutated. Another pool
   // ran on another thread during the capture: the graph may read its result, here and every time.
-  if (why.cause == Cause::nested_pool) run_eagerly_from_now_on(frame, why, Reason::nested_pool);
+  if (why.cause == Cause::nested_pool) run_eagerly_from_now_on(frame, why, Reason::nested_pool, events_);
   recorded.recording.reset();  // never replayed
   return keep_as_warmup(frame, recorded.first_outputs, NodeReason::recording_not_kept);
-}
-
-std::vector<InputUse> Engine::classify_inputs(const CallFrame& frame) const {
-  // Outputs of the path are used in place (pool-managed), aligned static inputs are used in
-  // place, everything else is copied into a pool slot on every replay.
-  std::vector<InputUse> uses(frame.descs.size(), InputUse::scalar);
-  for (std::size_t i = 0; i < frame.descs.size(); ++i) {
-    const backend::ArgDesc& desc = frame.descs[i];
-    if (desc.kind == backend::ArgKind::scalar) continue;
-    const bool copied_anyway = !frame.always_copied.empty() && frame.always_copied[i];
-    if (!copied_anyway && path_.is_output(desc.storage)) {
-      uses[i] = InputUse::managed;
-    } else if (is_usable_in_place(*frame.function, i, desc)) {
-      uses[i] = InputUse::static_in_place;
-    } else {
-      uses[i] = InputUse::copied;
-    }
-  }
-  return uses;
-}
-
-Result<backend::Recorded> Engine::capture(const CallFrame& frame, std::span<const InputUse> uses) {
-  const std::size_t inputs = uses.size();
-  auto copy_input = std::make_unique<bool[]>(inputs);
-  for (std::size_t i = 0; i < inputs; ++i) copy_input[i] = uses[i] == InputUse::copied;
-  const backend::RecordPlan plan{
-      .copy_input = std::span<const bool>(copy_input.get(), inputs),
-      .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr};
-  return run_in_pool<backend::Recorded>(
-      frame, "recording",
-      [&] { return record_graph(*device_, *frame.function->invoker, frame.args, plan, *this, *frame.function); },
-      [](const backend::Recorded& recorded) -> const backend::RunResult& { return recorded.first_outputs; });
-}
-
-// Not const, though clang-tidy sees only `device->` calls: it changes the pool's allocator state.
-Result<void> Engine::finish_recording(TreeNode& node,  // NOLINT(readability-make-member-function-const)
-                                      const std::vector<std::vector<bool>>& liveness_before) {
-  auto checkpoint = device_->checkpoint();
-  if (!checkpoint) return std::unexpected(std::move(checkpoint.error()));
-  node.mark_recorded(std::move(*checkpoint), liveness_before);
-  return {};
-}
-
-void Engine::count_recording(NodeReason reason, FunctionRecord& function) {
-  ++stats_.recordings;
-  if (reason != NodeReason::static_input_moved && reason != NodeReason::managed_input_moved) return;
-  ++stats_.rerecords;
-  const Reason why =
-      reason == NodeReason::static_input_moved ? Reason::static_input_moved : Reason::managed_input_moved;
-  ++stats_.by_reason[static_cast<std::size_t>(why)];
-  log(EventKind::rerecord, why, function, moved_message(reason, function));
-}
-
-TreeNode& Engine::add_to_tree(std::unique_ptr<TreeNode> node) {
-  return tree_.add(std::move(node), path_.children(tree_.roots()));
 }
 
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
@@ -152,14 +126,23 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
     return std::unexpected(in_call(std::move(held.error()), function, "restoring a checkpoint"));
   }
   auto node = std::make_unique<TreeNode>(NodeKind::graph, tree_.next_id(), reason, frame.variant->id, path_.node());
-  const std::vector<InputUse> uses = classify_inputs(frame);
+  const std::vector<InputUse> uses = classify_inputs(frame, path_);
   node->take_inputs(uses, frame.descs);
   const std::vector<std::vector<bool>> liveness_before = path_.liveness();
 
-  auto recorded = capture(frame, uses);
+  // The capture, in the pool: rolled back if it fails.
+  auto copy_input = std::make_unique<bool[]>(uses.size());
+  for (std::size_t i = 0; i < uses.size(); ++i) copy_input[i] = uses[i] == InputUse::copied;
+  const backend::RecordPlan plan{
+      .copy_input = std::span<const bool>(copy_input.get(), uses.size()),
+      .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr};
+  auto recorded = run_in_pool<backend::Recorded>(
+      frame, "recording", [&] { return record_graph(*device_, *function.invoker, frame.args, plan, *this, function); },
+      [](const backend::Recorded& made) -> const backend::RunResult& { return made.first_outputs; });
   if (!recorded) return after_failed_recording(frame, std::move(recorded.error()));
   if (const std::optional<Error>& not_kept = recorded->not_kept)
     return keep_first_run_only(frame, *recorded, *not_kept);
+
   memory_.release_ended();  // before the checkpoint below: the last generation's outputs are dead in it
   node->keep_recording(std::move(recorded->recording));
   node->take_outputs(recorded->first_outputs.outputs, function.id);
@@ -168,11 +151,11 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   CallOutputs out = lease_outputs(
       frame, CallKind::recording, made.id(), made.output_count(), [&](std::size_t i) { return made.cells()[i].get(); },
       [&](std::size_t i) { return first.values[i]; }, first.owner);
-  if (auto finished = finish_recording(*node, liveness_before); !finished) {
-    return std::unexpected(in_call(std::move(finished.error()), function, "recording", node->id()));
-  }
-  count_recording(reason, function);
-  path_.enter(add_to_tree(std::move(node)), PathState::recording, frame.generation);
+  auto checkpoint = device_->checkpoint();
+  if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, "recording", node->id()));
+  node->mark_recorded(std::move(*checkpoint), liveness_before);
+  count_recording(reason, function, stats_, events_);
+  path_.enter(tree_.add(std::move(node), path_.children(tree_.roots())), PathState::recording, frame.generation);
   return out;
 }
 

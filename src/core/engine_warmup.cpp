@@ -15,13 +15,14 @@ import :engine;
 
 namespace cgt::detail {
 
-// memory_.snapshot changes the pool through `device` (a checkpoint): not const, whatever clang-tidy
-// infers from the pointer.
+namespace {
 
-NodeReason Engine::warmup_reason(const Variant& variant) const noexcept {
+NodeReason warmup_reason(const Variant& variant, const Path& path) noexcept {
   if (!variant.warmed_up) return NodeReason::first_call;
-  return path_.state() == PathState::warmup ? NodeReason::path_warming_up : NodeReason::forced_warmup;
+  return path.state() == PathState::warmup ? NodeReason::path_warming_up : NodeReason::forced_warmup;
 }
+
+}  // namespace
 
 Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   FunctionRecord& function = *frame.function;
@@ -35,9 +36,9 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   // Outputs a graph could not hand out: the backend copied them out of the pool, and this run is
   // the call's; later calls at these shapes run eagerly. The function is not run again.
   if (const std::optional<Error>& ungraphable = result->ungraphable) {
-    run_eagerly_from_now_on(frame, *ungraphable, Reason::unsupported_output);
+    run_eagerly_from_now_on(frame, *ungraphable, Reason::unsupported_output, events_);
   }
-  const NodeReason reason = warmup_reason(*frame.variant);
+  const NodeReason reason = warmup_reason(*frame.variant, path_);
   ++stats_.warmups;
   return keep_as_warmup(frame, *result, reason);
 }

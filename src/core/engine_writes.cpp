@@ -16,22 +16,19 @@ import :engine;
 
 namespace cgt::detail {
 
-void Engine::note_write(FunctionRecord& function, std::size_t input) {
-  if (!Functions::note_write(function, input)) return;
-  // Once per input: the next calls take the mutated-input path, which says why they run eagerly.
-  ++stats_.by_reason[static_cast<std::size_t>(Reason::undeclared_write)];
-  log(EventKind::warning, Reason::undeclared_write, function,
-      "'" + function.name + "' wrote to its input " + std::to_string(input) +
-          ", which FunctionOptions::mutated_inputs does not list: it counts as mutated from now on, and calls "
-          "that would copy it into a graph's slot run eagerly; list it in mutated_inputs, and make it a static "
-          "input or pass an output of the pool to keep graphs");
-}
-
 Result<void> Engine::take_writes(const CallFrame& frame, std::span<const std::uint32_t> written) {
   FunctionRecord& function = *frame.function;
   for (const std::uint32_t input : written) {
     if (input >= frame.args.size()) continue;
-    note_write(function, input);
+    if (Functions::note_write(function, input)) {
+      // Once per input: the next calls take the mutated-input path, which says why they run eagerly.
+      events_.count_and_say(
+          EventKind::warning, Reason::undeclared_write, function,
+          "'" + function.name + "' wrote to its input " + std::to_string(input) +
+              ", which FunctionOptions::mutated_inputs does not list: it counts as mutated from now on, and calls "
+              "that would copy it into a graph's slot run eagerly; list it in mutated_inputs, and make it a static "
+              "input or pass an output of the pool to keep graphs");
+    }
     if (frame.padding == nullptr) continue;
     const void* caller = frame.padding->caller_args[input].value;
     if (caller == frame.args[input].value) continue;  // not padded: the write reached the caller's input

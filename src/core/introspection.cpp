@@ -43,7 +43,7 @@ R read_node(const Node& view, R empty, Read read) {
   detail::Engine* engine = NodeAccess::engine(view);
   if (engine == nullptr) return empty;
   const detail::StateLock lock(*engine);
-  const detail::TreeNode* node = engine->find_node(view.id());
+  const detail::TreeNode* node = detail::find_node(*engine, view.id());
   if (node == nullptr) return empty;
   return read(*engine, *node);
 }
@@ -66,7 +66,7 @@ NodeReason Node::reason() const {
 
 std::string Node::function() const {
   return read_node(*this, std::string(), [](const detail::Engine& engine, const detail::TreeNode& node) {
-    return engine.function_name(engine.function_of(node));
+    return engine.functions().name(detail::function_of(engine, node));
   });
 }
 
@@ -134,27 +134,31 @@ std::vector<Node> PoolBase::current_path() const {
 
 std::string PoolBase::to_dot() const {
   return detail::read_engine(engine_, std::string("digraph cgt {\n}\n"),
-                             [](const detail::Engine& engine) { return engine.to_dot(); });
+                             [](const detail::Engine& engine) { return detail::to_dot(engine); });
 }
 
 }  // namespace cgt
 
 namespace cgt::detail {
 
-const TreeNode* Engine::find_node(std::int64_t id) const noexcept {
-  if (id >= 0) return tree_.find(id);
-  for (const auto& node : path_.warmup_nodes()) {
+const TreeNode* find_node(const Engine& engine, std::int64_t id) noexcept {
+  if (id >= 0) return engine.tree().find(id);
+  for (const auto& node : engine.path().warmup_nodes()) {
     if (node->id() == id) return node.get();
   }
   return nullptr;
 }
 
-std::string Engine::to_dot() const {
+std::string to_dot(const Engine& engine) {
   std::ostringstream dot;
   dot << "digraph cgt {\n  rankdir=TB;\n  node [shape=box, fontname=\"monospace\"];\n";
-  const std::span<TreeNode* const> on_path = path_.nodes();
+  const Tree& tree = engine.tree();
+  const Path& path = engine.path();
+  const std::span<TreeNode* const> on_path = path.nodes();
   auto is_on_path = [&](const TreeNode* node) { return std::ranges::find(on_path, node) != on_path.end(); };
-  auto name_of = [&](const TreeNode* node) -> const std::string& { return functions_[function_of(*node)].name; };
+  auto name_of = [&](const TreeNode* node) -> const std::string& {
+    return engine.functions().name(function_of(engine, *node));
+  };
   auto emit = [&](const TreeNode* node) {
     const char* label = node->kind() == NodeKind::graph ? "graph" : "warm-up";
     dot << "  n" << (node->id() < 0 ? "w" : "") << (node->id() < 0 ? -node->id() : node->id()) << " [label=\""
@@ -166,17 +170,17 @@ std::string Engine::to_dot() const {
     dot << "\"";
     if (node->kind() == NodeKind::warmup) dot << ", style=dashed";
     if (is_on_path(node)) dot << ", penwidth=2, color=blue";
-    if (node == path_.node()) dot << ", style=\"bold" << (node->kind() == NodeKind::warmup ? ",dashed" : "") << "\"";
+    if (node == path.node()) dot << ", style=\"bold" << (node->kind() == NodeKind::warmup ? ",dashed" : "") << "\"";
     dot << "];\n";
   };
   auto id_of = [](const TreeNode* node) {
     return std::string("n") + (node->id() < 0 ? "w" + std::to_string(-node->id()) : std::to_string(node->id()));
   };
-  for (const TreeNode* node : tree_.nodes()) {
+  for (const TreeNode* node : tree.nodes()) {
     emit(node);
     if (node->parent() != nullptr) dot << "  " << id_of(node->parent()) << " -> " << id_of(node) << ";\n";
   }
-  for (const auto& node : path_.warmup_nodes()) {
+  for (const auto& node : path.warmup_nodes()) {
     emit(node.get());
     if (node->parent() != nullptr)
       dot << "  " << id_of(node->parent()) << " -> " << id_of(node.get()) << " [style=dashed];\n";

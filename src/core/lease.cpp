@@ -11,10 +11,28 @@ module;
 #include <string>
 #include <utility>
 
+#include "generation_rule.hpp"
+
 module cgt.core;
 import :engine;
 
 namespace cgt::detail {
+namespace {
+
+// What a lease on `cell`, reclaimed by a new step, says (`output_overwritten`).
+std::string overwritten_message(const Engine& engine, const Cell& cell, std::uint32_t output) {
+  // Until the program marks generations, only a forward's call begins them (`FunctionMode::forward`).
+  const bool by_forward = !engine.generation_rule().program_marks_generations();
+  return "output " + std::to_string(output) + " of '" + engine.functions().name(cell.function) +
+         "' was reclaimed when a new step began (" +
+         (by_forward ? "a forward function was called, with no backward pending," : "mark_step_begin was called") +
+         " after it was produced in step " + std::to_string(cell.generation()) +
+         "); to keep a value across steps, take() it before the next step, set Options::copy_out_on_new_step "
+         "(a new step then copies held outputs out of the pool), or " +
+         (by_forward ? "call the next step's forward" : "call mark_step_begin()") + " only after you are done with it";
+}
+
+}  // namespace
 
 LeaseCore& LeaseCore::operator=(LeaseCore&& other) noexcept {
   if (this != &other) {
@@ -139,7 +157,7 @@ Result<const void*> lease_value(LeaseCore& lease) {
   Engine& engine = *lease.engine;
   const StateLock lock(engine);
   if (engine.is_shut_down()) {
-    const std::string& name = engine.function_name(lease.function);
+    const std::string& name = function_name(engine, lease.function);
     return fail(Errc::pool_shut_down,
                 "output " + std::to_string(lease.output) + " of '" + name +
                     "' is gone: its pool was shut down; take() values you need before shutdown()",
@@ -148,8 +166,8 @@ Result<const void*> lease_value(LeaseCore& lease) {
   Cell* cell = lease.cell;
   if (cell != nullptr && cell->is_reclaimed()) {
     if (cell->copied_out() == nullptr) {
-      return fail(Errc::output_overwritten, engine.overwritten_message(*cell, lease.output),
-                  engine.function_name(lease.function));
+      return fail(Errc::output_overwritten, overwritten_message(engine, *cell, lease.output),
+                  function_name(engine, lease.function));
     }
     // Options::copy_out_on_new_step kept a copy: from now on this lease views the copy.
     lease.owner = engine.device().rebase(lease.value, cell->storage, cell->copied_out());

@@ -11,6 +11,8 @@ module;
 #include <utility>
 #include <vector>
 
+#include "generation_rule.hpp"
+
 module cgt.core;
 import :engine;
 
@@ -109,7 +111,7 @@ Result<void> check_buckets(const backend::Device& device, const FunctionOptions&
 }  // namespace
 
 Result<std::uint32_t> Engine::add_function(std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
-  if (is_busy()) return fail(Errc::concurrent_use, "add_function while a call of the same pool is in flight");
+  if (caller_.is_taken()) return fail(Errc::concurrent_use, "add_function while a call of the same pool is in flight");
   const StateLock lock(*this);
   if (shut_down_) return fail(Errc::pool_shut_down, "add_function after the pool was shut down; make a new pool");
   std::string name = options.name.empty() ? "function" + std::to_string(functions_.size()) : options.name;
@@ -118,16 +120,12 @@ Result<std::uint32_t> Engine::add_function(std::unique_ptr<backend::Invoker> inv
   return functions_.add(std::move(name), std::move(invoker), std::move(options));
 }
 
-const std::string& Engine::function_name(std::uint32_t function) const noexcept {
-  return functions_.name(function);
-}
-
 Result<std::uint32_t> add_function(Engine& engine, std::unique_ptr<backend::Invoker> invoker, FunctionOptions options) {
   return engine.add_function(std::move(invoker), std::move(options));
 }
 
 const std::string& function_name(Engine& engine, std::uint32_t function) noexcept {
-  return engine.function_name(function);
+  return engine.functions().name(function);
 }
 
 backend::Device& device(Engine& engine) noexcept {
@@ -164,13 +162,13 @@ void PoolBase::mark_step_begin() noexcept {
 
 bool PoolBase::has_pending_backward() const noexcept {
   return detail::read_engine(engine_, false,
-                             [](const detail::Engine& engine) { return engine.has_pending_backward(); });
+                             [](const detail::Engine& engine) { return engine.generation_rule().pending_backward(); });
 }
 
 Result<void> PoolBase::shutdown() {
   if (!engine_) return fail(Errc::invalid_argument, "shutdown() of a moved-from pool handle");
   detail::Engine& engine = *engine_;
-  if (!engine.try_set_busy()) {
+  if (!engine.caller().try_take()) {
     return fail(Errc::concurrent_use, "shutdown() while a call of the same pool is in flight");
   }
   const detail::EngineRef keep = engine_;  // the callables released below may hold the pool's last handles
@@ -179,7 +177,7 @@ Result<void> PoolBase::shutdown() {
     const detail::StateLock lock(engine);
     callables = engine.shutdown();
   }
-  engine.clear_busy();
+  engine.caller().release();
   callables.clear();
   return {};
 }
@@ -209,11 +207,11 @@ std::vector<Block> PoolBase::live_blocks() const {
 
 Result<void> PoolBase::check_memory() const {
   if (!engine_) return fail(Errc::invalid_argument, "check_memory of a moved-from pool handle");
-  const detail::Engine& engine = *engine_;
+  detail::Engine& engine = *engine_;
   // From inside a call (its function, a kernel, the log sink) the pool is halfway through it:
   // blocks are allocated that no lease holds yet, and the check would report a bug that is not
   // one.
-  if (engine.is_busy() && engine.ledger().is_held_here()) {
+  if (engine.caller().is_taken() && engine.ledger().is_held_here()) {
     return fail(Errc::concurrent_use,
                 "check_memory from inside a call of the same pool (its function, a kernel or the log sink): the "
                 "pool is halfway through the call; check it after the call returns");
