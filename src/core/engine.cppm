@@ -198,7 +198,8 @@ class Engine final {
   [[nodiscard]] inline Ledger& ledger() noexcept { return ledger_; }
 
  private:
-  // --- the per-call algorithm (engine_call.cpp) ---
+  // --- the per-call algorithm (engine_call.cpp). The steps a replay takes are always_inline
+  // there: a replay runs them as one function. ---
   /// The call as a script: its generation, the path ended first where it must, its arguments read
   /// and checked, the call run (`run_call`); on failure the path is put back and the generation
   /// taken back (`abandon_call`).
@@ -218,51 +219,21 @@ class Engine final {
   /// The one place that decides whether a call runs eagerly: picks its shape variant, asks
   /// `eager_reason`, then runs the call eagerly or in the tree (`run_tree`); when the tree gave the
   /// call back undone (`CallFrame::given_back`), decides again (`decide_again`). The function's work
-  /// runs once: the tree gives a call back only before any of it ran. (Inline: every call comes
-  /// through here; a call with its function's last shape key, the common one, goes straight on.)
-  [[clang::always_inline]] inline Result<CallOutputs> run_decided(CallFrame& frame) {
-    // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
-    frame.variant = frame.same_shapes_as_last ? &functions_.last_variant(*frame.function) : select_variant(frame);
-    if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
-    Result<CallOutputs> result = run_tree(frame);
-    if (frame.given_back) [[unlikely]]
-      result = decide_again(frame);
-    return result;
-  }
+  /// runs once: the tree gives a call back only before any of it ran. (Every call comes through here;
+  /// a call with its function's last shape key, the common one, goes straight on.)
+  [[clang::always_inline]] Result<CallOutputs> run_decided(CallFrame& frame);
   /// `run_decided` once more, for a call the tree gave back; a second give-back is a bug
   /// (`invariant_violation`): the variant's state said what to do.
   Result<CallOutputs> decide_again(CallFrame& frame);
   /// Why the call must run eagerly, or none: the shape's facts (`CallFrame::unfit`), then the
   /// variant's decisions kept (a capture that failed for good, a re-record limit passed), then
   /// this call's inputs (a mutated input that a graph would copy). Logs what it decides per call.
-  /// (Inline: every call asks, and a variant of the steady loop has nothing to say.)
-  [[clang::always_inline]] inline std::optional<Reason> eager_reason(CallFrame& frame) {
-    if (frame.unfit) [[unlikely]]
-      return frame.unfit;
-    const Variant& variant = *frame.variant;
-    // Checked on every call, from this call's inputs: whether an input is pool memory depends on
-    // the call, and a graph that copied a mutated input into a slot would lose the mutation.
-    if (frame.function->mutates_an_input && mutates_unmanaged_input(frame, path_, events_)) {
-      return Reason::mutated_input;
-    }
-    if (variant.capture_failure) [[unlikely]]
-      return variant.capture_failure_reason;
-    if (variant.rerecorded && path_.children(tree_.roots()).facts(variant.id).rerecords > options_.rerecord_limit) {
-      return Reason::rerecord_limit;
-    }
-    return std::nullopt;
-  }
+  [[clang::always_inline]] std::optional<Reason> eager_reason(CallFrame& frame);
 
-  // --- the generation a call runs in ---
   /// Starts a call of `function` in the generation the rule says (`GenerationRule::begin_call`),
   /// counts a generation a forward began, and warns once where a pending backward keeps a forward
-  /// off the fast path. (Inline: every call begins here.)
-  inline CallGeneration begin_generation(FunctionRecord& function) {
-    const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
-    if (call.begun_by_forward || call.held_by_pending_backward) [[unlikely]]
-      note_generation(call, function, stats_, path_, functions_, events_);
-    return call;
-  }
+  /// off the fast path.
+  [[clang::always_inline]] CallGeneration begin_generation(FunctionRecord& function);
 
   // --- the tree's part of a call (engine_tree.cpp) ---
   /// Warm-up, replay or recording (PyTorch's `_run` after its fallbacks).

@@ -184,6 +184,13 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
   return out;
 }
 
+[[clang::always_inline]] CallGeneration Engine::begin_generation(FunctionRecord& function) {
+  const CallGeneration call = generation_rule_.begin_call(role_of(function), path_.node() != nullptr);
+  if (call.begun_by_forward || call.held_by_pending_backward) [[unlikely]]
+    note_generation(call, function, stats_, path_, functions_, events_);
+  return call;
+}
+
 // Inlined into `call_locked`, its only caller: a call of its own costs a replay about 40 instructions.
 [[clang::always_inline]] inline Result<CallOutputs> Engine::run_call(FunctionRecord& function, const ArgSource& source,
                                                                      std::span<backend::ArgSlot> slots,
@@ -210,6 +217,34 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
     return std::unexpected(std::move(checked.error()));
   if (!function.options.buckets.sizes.empty()) return run_bucketed(frame);
   return run_decided(frame);
+}
+
+// Not `inline`: run_bucketed (engine_buckets.cpp) calls it too; here it is inlined.
+[[clang::always_inline]] Result<CallOutputs> Engine::run_decided(CallFrame& frame) {
+  // The last variant's key: its signature, devices and graph size are known good (`opening_word`).
+  frame.variant = frame.same_shapes_as_last ? &functions_.last_variant(*frame.function) : select_variant(frame);
+  if (const std::optional<Reason> reason = eager_reason(frame)) return run_eager(frame, *reason);
+  Result<CallOutputs> result = run_tree(frame);
+  if (frame.given_back) [[unlikely]]
+    result = decide_again(frame);
+  return result;
+}
+
+[[clang::always_inline]] std::optional<Reason> Engine::eager_reason(CallFrame& frame) {
+  if (frame.unfit) [[unlikely]]
+    return frame.unfit;
+  const Variant& variant = *frame.variant;
+  // Checked on every call, from this call's inputs: whether an input is pool memory depends on
+  // the call, and a graph that copied a mutated input into a slot would lose the mutation.
+  if (frame.function->mutates_an_input && mutates_unmanaged_input(frame, path_, events_)) {
+    return Reason::mutated_input;
+  }
+  if (variant.capture_failure) [[unlikely]]
+    return variant.capture_failure_reason;
+  if (variant.rerecorded && path_.children(tree_.roots()).facts(variant.id).rerecords > options_.rerecord_limit) {
+    return Reason::rerecord_limit;
+  }
+  return std::nullopt;
 }
 
 void Engine::abandon_call(const CallGeneration& generation, std::uint64_t reclaims_before) noexcept {
