@@ -23,5 +23,6 @@ if(CGT_HAVE_CUDA)
                     gpu_context.hpp)
 endif()
 if(CGT_HAVE_TORCH)
-  cgt_check_headers(cgt_test_headers_torch cgt_torch torch/harness.hpp torch/training_harness.hpp)
+  cgt_check_headers(cgt_test_headers_torch cgt_torch torch/harness.hpp torch/training_harness.hpp
+                    torch/training_checks.hpp)
 endif()
