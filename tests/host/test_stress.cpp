@@ -418,7 +418,7 @@ class Sequence {
       input.maybe_stale = is_stale(held) || (shut_down_ && held.reclaimable);
       auto value = held.get();
       if (value) input.storage = value->get().storage();
-      // The value of a lease a new step reclaims is an escaped value (issue 9 item 6).
+      // The value of a lease a new step reclaims is an escaped value.
       const bool value_ok = value && (!is_stale(held) || moves_.stale_value_passed);
       const auto how = pick(10);
       if (!held.bundle && how < 3) {
@@ -975,7 +975,7 @@ class Sequence {
 
   void pass_stale_value() {
     // A value escaped from a lease that a new step reclaimed, passed back in: docs/errors.md says
-    // it fails with output_overwritten (issue 9 item 6).
+    // it fails with output_overwritten.
     if (shut_down_ || copy_out_) return;
     Fn* fn = nullptr;
     for (Fn& candidate : fns_) {

@@ -36,7 +36,7 @@ using training_test::TempFile;
 
 // ---- handles in every state (no device) ---------------------------------------------------------
 
-// A handle made by default or moved from holds no state: every member issue 29 added fails with
+// A handle made by default or moved from holds no state: every member of the training surface fails with
 // invalid_argument naming itself, or answers an empty value (0, undefined, false), and nothing it
 // is asked reaches the optimizer its state went to. An optimizer over no parameters needs no
 // device, so this runs everywhere.

@@ -1,4 +1,4 @@
-// Training with graphs (issue 11, item 3): the capturable optimizers of cgt.torch, and the whole
+// Training with graphs: the capturable optimizers of cgt.torch, and the whole
 // training step (zero_grad in place, forward, backward, optimizer step) as one pool function. A
 // small MLP and a small transformer block trained 100 steps through the graph give the parameters
 // and loss curve of the same training run eagerly. Tagged [gpu][training]; the argument checks
