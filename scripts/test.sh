@@ -3,8 +3,9 @@
 # PyPI when no CUDA-enabled Torch is installed, builds every module, test, example and benchmark
 # (the torch and cuda backends too: they compile and link without a GPU), runs every test (GPU
 # tests report SKIPPED without a device), builds and runs the host suite again under ASan + LSan +
-# UBSan (any report fails), builds the host tests under TSan and runs them with the [threads]
-# cases (any report fails), and runs clang-format and clang-tidy. Prints the time of each phase.
+# UBSan (any report fails), builds the host and core tests under TSan and runs them with the
+# [threads] cases (any report fails), and runs clang-format and clang-tidy. Prints the time of each
+# phase.
 # The lint runs in the background from the end of the build, beside the tests and the sanitizer
 # builds, whose waits (configures, links, single-threaded tests) it fills.
 set -euo pipefail
@@ -71,19 +72,19 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 ctest --test-dir build-asan --output-on-failure -j "$jobs" | tee build-asan/ctest.log
 sanitized=$(grep -cE "Test +#[0-9]+: .*Passed" build-asan/ctest.log || true)
 
-phase "thread sanitizer build (TSan, host tests)"
-# Handles may be dropped on any thread: the host tests, and the stress test's [threads] mode (a
-# second thread drops leases, Outputs, Functions and Pools while the main thread calls the pool),
-# run under ThreadSanitizer; any report fails.
+phase "thread sanitizer build (TSan, host and core tests)"
+# Handles may be dropped on any thread: the host and core tests, and the stress test's [threads]
+# mode (a second thread drops leases, Outputs, Functions and Pools while the main thread calls the
+# pool), run under ThreadSanitizer; any report fails.
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCGT_SANITIZE_THREAD=ON -DCGT_WITH_TORCH=OFF -DCGT_WITH_CUDA=OFF \
   -DCGT_BUILD_BENCHMARKS=OFF -DCGT_BUILD_EXAMPLES=OFF >/dev/null
-cmake --build build-tsan -j "$jobs" --target cgt_host_tests cgt_stress_tests
+cmake --build build-tsan -j "$jobs" --target cgt_host_tests cgt_core_tests cgt_stress_tests
 
 phase "thread sanitizer test"
 # allocator_may_return_null: as for ASan above (an impossible arena segment is out_of_memory).
 export TSAN_OPTIONS="halt_on_error=1:abort_on_error=1:second_deadlock_stack=1:allocator_may_return_null=1"
 export TSAN_SYMBOLIZER_PATH=/usr/lib/llvm-19/bin/llvm-symbolizer
-ctest --test-dir build-tsan -R '^host/' --output-on-failure -j "$jobs" | tee build-tsan/ctest.log
+ctest --test-dir build-tsan -R '^(host|core)/' --output-on-failure -j "$jobs" | tee build-tsan/ctest.log
 thread_sanitized=$(grep -cE "Test +#[0-9]+: .*Passed" build-tsan/ctest.log || true)
 
 phase "static analysis (clang-format, clang-tidy): the rest of it"
@@ -98,5 +99,5 @@ echo "backends:"
 echo "$backends" | sed 's/^-- /  /'
 [ -z "$torch_note" ] || echo "  $torch_note"
 echo "tests: $passed passed, $skipped skipped (GPU tests without a device); sanitizer build: $sanitized passed;"
-echo "  TSan build: $thread_sanitized host tests passed (the [threads] ones among them)"
+echo "  TSan build: $thread_sanitized host and core tests passed (the [threads] ones among them)"
 echo "all tests passed"

@@ -40,9 +40,9 @@
 //     nodes of the graph cgt's call launches), each right after a small kernel; spun: the thread kept on the
 //     CPU 50 us before the call; see kernel_only_reference>
 //   graphcounts,MODEL,FORMAT,<the pool's GraphCounts after serving>
-// and, at the end, the kernelonly lines as a table (model call within 1.5x of the reference's: issue
-// 27, item 6's target). With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass,
-// against drift).
+// and, at the end, the kernelonly lines as a table (the target: the model's call within 1.5x of the
+// reference's). With CGT_BENCH_SECOND_PASS set, only the serving lines (a second pass, against
+// drift). The CUDA runtime calls are counted by the probe of cuda_probe.hpp.
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/script.h>
@@ -52,8 +52,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
+#include "cuda_probe.hpp"
 #include "node_rewrite.hpp"
 
 #include <algorithm>
@@ -81,162 +81,6 @@
 
 import cgt;
 import cgt.torch;
-
-// Issue 27, item 6: what cgt's call does on the CUDA runtime, one call at a time. The benchmark
-// defines these runtime functions itself, so that every call of them in the process (cgt's,
-// libtorch's, its own) comes here, and forwards each to the runtime's (the next definition,
-// libcudart.so). While `armed` (the timed cgt calls, on the benchmark's thread) it counts them and
-// notes when the graph launch began and ended, and which executable it launched. Each
-// instantiation's graph and flags are noted always (the graph cgt launches is found by its
-// executable).
-namespace probe {
-enum Api : std::uint8_t {
-  graph_launch,
-  get_device,
-  set_device,
-  event_record,
-  stream_wait_event,
-  event_create,
-  event_destroy,
-  launch_kernel,
-  exec_kernel_node_set_params,
-  exec_update,
-  memcpy_async,
-  stream_is_capturing,
-  count
-};
-constexpr std::array<const char*, Api::count> names{
-    "cudaGraphLaunch",     "cudaGetDevice",       "cudaSetDevice",
-    "cudaEventRecord",     "cudaStreamWaitEvent", "cudaEventCreateWithFlags",
-    "cudaEventDestroy",    "cudaLaunchKernel",    "cudaGraphExecKernelNodeSetParams",
-    "cudaGraphExecUpdate", "cudaMemcpyAsync",     "cudaStreamIsCapturing"};
-thread_local bool armed = false;
-thread_local std::array<std::uint64_t, Api::count> calls{};
-thread_local std::chrono::steady_clock::time_point launch_began, launch_ended;
-thread_local cudaGraphExec_t launched = nullptr;
-struct Instantiated {
-  cudaGraph_t graph = nullptr;
-  unsigned long long flags = 0;
-};
-std::map<cudaGraphExec_t, Instantiated>& instantiated() {
-  static std::map<cudaGraphExec_t, Instantiated> map;
-  return map;
-}
-std::mutex& instantiated_mutex() {
-  static std::mutex mutex;
-  return mutex;
-}
-
-template <class Fn>
-Fn real(const char* name) {
-  void* found = dlsym(RTLD_NEXT, name);
-  if (found == nullptr) {
-    std::fprintf(stderr, "probe: the runtime has no %s\n", name);
-    std::abort();
-  }
-  return reinterpret_cast<Fn>(found);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
-}
-
-inline void note_call(Api api) {
-  if (armed) ++calls[api];  // NOLINT(cppcoreguidelines-pro-bounds-constant-array-index)
-}
-}  // namespace probe
-
-extern "C" {
-cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
-  static const auto forward = probe::real<cudaError_t (*)(cudaGraphExec_t, cudaStream_t)>("cudaGraphLaunch");
-  if (!probe::armed) return forward(exec, stream);
-  probe::note_call(probe::graph_launch);
-  probe::launched = exec;
-  probe::launch_began = std::chrono::steady_clock::now();
-  const cudaError_t status = forward(exec, stream);
-  probe::launch_ended = std::chrono::steady_clock::now();
-  return status;
-}
-cudaError_t cudaGetDevice(int* device) {
-  static const auto forward = probe::real<cudaError_t (*)(int*)>("cudaGetDevice");
-  probe::note_call(probe::get_device);
-  return forward(device);
-}
-cudaError_t cudaSetDevice(int device) {
-  static const auto forward = probe::real<cudaError_t (*)(int)>("cudaSetDevice");
-  probe::note_call(probe::set_device);
-  return forward(device);
-}
-cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  static const auto forward = probe::real<cudaError_t (*)(cudaEvent_t, cudaStream_t)>("cudaEventRecord");
-  probe::note_call(probe::event_record);
-  return forward(event, stream);
-}
-cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned int)>("cudaStreamWaitEvent");
-  probe::note_call(probe::stream_wait_event);
-  return forward(stream, event, flags);
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
-  static const auto forward = probe::real<cudaError_t (*)(cudaEvent_t*, unsigned int)>("cudaEventCreateWithFlags");
-  probe::note_call(probe::event_create);
-  return forward(event, flags);
-}
-cudaError_t cudaEventDestroy(cudaEvent_t event) {
-  static const auto forward = probe::real<cudaError_t (*)(cudaEvent_t)>("cudaEventDestroy");
-  probe::note_call(probe::event_destroy);
-  return forward(event);
-}
-cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args, size_t shared, cudaStream_t stream) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)>("cudaLaunchKernel");
-  probe::note_call(probe::launch_kernel);
-  return forward(func, grid, block, args, shared, stream);
-}
-cudaError_t cudaGraphExecKernelNodeSetParams(cudaGraphExec_t exec, cudaGraphNode_t node,
-                                             const cudaKernelNodeParams* params) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(cudaGraphExec_t, cudaGraphNode_t, const cudaKernelNodeParams*)>(
-          "cudaGraphExecKernelNodeSetParams");
-  probe::note_call(probe::exec_kernel_node_set_params);
-  return forward(exec, node, params);
-}
-cudaError_t cudaGraphExecUpdate(cudaGraphExec_t exec, cudaGraph_t graph, cudaGraphExecUpdateResultInfo* info) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(cudaGraphExec_t, cudaGraph_t, cudaGraphExecUpdateResultInfo*)>("cudaGraphExecUpdate");
-  probe::note_call(probe::exec_update);
-  return forward(exec, graph, info);
-}
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t)>("cudaMemcpyAsync");
-  probe::note_call(probe::memcpy_async);
-  return forward(dst, src, bytes, kind, stream);
-}
-cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(cudaStream_t, cudaStreamCaptureStatus*)>("cudaStreamIsCapturing");
-  probe::note_call(probe::stream_is_capturing);
-  return forward(stream, status);
-}
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(cudaGraphExec_t*, cudaGraph_t, unsigned long long)>("cudaGraphInstantiate");
-  const cudaError_t status = forward(exec, graph, flags);
-  if (status == cudaSuccess) {
-    const std::lock_guard<std::mutex> lock(probe::instantiated_mutex());
-    probe::instantiated()[*exec] = {.graph = graph, .flags = flags};
-  }
-  return status;
-}
-cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags) {
-  static const auto forward =
-      probe::real<cudaError_t (*)(cudaGraphExec_t*, cudaGraph_t, unsigned long long)>("cudaGraphInstantiateWithFlags");
-  const cudaError_t status = forward(exec, graph, flags);
-  if (status == cudaSuccess) {
-    const std::lock_guard<std::mutex> lock(probe::instantiated_mutex());
-    probe::instantiated()[*exec] = {.graph = graph, .flags = flags};
-  }
-  return status;
-}
-}  // extern "C"
 
 namespace {
 

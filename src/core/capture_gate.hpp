@@ -1,5 +1,5 @@
 // The process-wide gate between a capture and the calls of other pools on other threads. Plain
-// C++, no module, so that tests/host/test_capture_gate.cpp tests it alone.
+// C++, no module, so that tests/core/test_capture_gate.cpp tests it alone.
 //
 // Why: a capture sees only the work its own thread issues. A pool function that hands work to a
 // helper thread, which calls another pool, makes a graph that reads what that call computed once,

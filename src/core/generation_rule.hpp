@@ -1,7 +1,7 @@
 // The generation rule of a pool: which generation the pool is in, and whether a call begins a new
 // one (PyTorch's `can_start_new_generation`, with its `MarkStepBox` and `GenerationTracker`
 // counters, and `running_forwards_with_pending_backwards`). This file is the rule's only owner: to
-// change when generations begin, change this file and its unit tests (tests/host/test_generation_rule.cpp).
+// change when generations begin, change this file and its unit tests (tests/core/test_generation_rule.cpp).
 //
 // A generation is what PyTorch calls one: the span of calls whose outputs may live together. When
 // a call finds the pool's path from an earlier generation, the path ends and the memory of its

@@ -236,7 +236,7 @@ TEST_CASE("cuda/make_pool without a usable device fails cleanly", "[cuda]") {
   CHECK(pool.error().code == cgt::Errc::backend_error);
 }
 
-// --- Hostile sizes and layouts (issue 9: items 3, 8, 17) -----------------------------------------
+// --- Hostile sizes and layouts -------------------------------------------------------------------
 
 TEST_CASE("cuda/Buffer::make refuses sizes whose byte count overflows or is negative with invalid_argument", "[cuda]") {
   // Checked before any CUDA call: runs without a device too.

@@ -1,4 +1,4 @@
-// A randomized adversarial stress test of the host backend (issue 9): seeded sequences of calls a
+// A randomized adversarial stress test of the host backend: seeded sequences of calls a
 // careless or hostile user makes — many functions (aliasing outputs, views, transposes,
 // pass-through, in-place mutation of copied, static and pool-managed inputs, empty outputs,
 // scalars), leases borrowed, moved into calls, dropped and reset at random, random steps,
@@ -8,7 +8,8 @@
 // step and a call, unless copy_out_on_new_step; pool_shut_down after shutdown()); every call
 // gives a value or an Errc it may give there; debug_checks is always on, so a pool whose memory
 // and leases disagree fails the call with invariant_violation, which is never accepted.
-// A [threads] variant drops handles on a second thread while the main thread calls the pool.
+// A [threads] variant drops handles on a second thread while the main thread calls the pool
+// (stress/graveyard.hpp); the reproducers of the bugs it found are test_stress_reproducers.cpp.
 // Sizes and seeds: tests/stress/config.hpp (environment variables); scripts/stress.sh runs it long.
 #include <catch2/catch_test_macros.hpp>
 
@@ -48,118 +49,14 @@ import cgt.host;
 #include "stress/config.hpp"
 #include "stress/model.hpp"
 #include "stress/functions.hpp"
+#include "stress/graveyard.hpp"
+#include "stress/records.hpp"
 
 namespace stress {
 namespace {
 
 using cgt::Errc;
 using cgt::host::Buffer;
-
-/// A broken promise: the sequence stops and is reported with its seed and its last actions.
-struct Broken {
-  std::string what;
-};
-
-/// Destroys handles on a thread of its own (the [threads] mode), in the order they are handed over.
-class Graveyard {
- public:
-  explicit Graveyard(bool threaded) {
-    if (threaded) thread_ = std::thread([this] { run(); });
-  }
-  Graveyard(const Graveyard&) = delete;
-  Graveyard& operator=(const Graveyard&) = delete;
-  ~Graveyard() { close(); }
-
-  /// Drops `handle` here (no thread) or on the graveyard's thread.
-  template <class T>
-  void bury(T&& handle) {
-    auto box = std::make_shared<std::decay_t<T>>(std::forward<T>(handle));
-    if (!thread_.joinable()) return;  // the box dies here
-    std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(box));
-    ready_.notify_one();
-  }
-  /// Waits until every handed-over handle is dropped, and stops the thread.
-  void close() {
-    if (!thread_.joinable()) return;
-    {
-      std::lock_guard lock(mutex_);
-      closing_ = true;
-      ready_.notify_one();
-    }
-    thread_.join();
-  }
-  std::uint64_t buried() const { return buried_; }
-  std::uint64_t buried_during_call() const { return buried_during_call_; }
-  /// Set by the main thread while it is in a call of the pool (the figures say how many drops
-  /// really overlapped a call).
-  std::atomic<bool> in_call{false};
-
- private:
-  void run() {
-    std::minstd_rand rng(7);
-    std::uniform_int_distribution<int> delay(0, 100);
-    std::unique_lock lock(mutex_);
-    for (;;) {
-      ready_.wait(lock, [&] { return closing_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      std::shared_ptr<void> box = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      // A little later, so that drops land in the middle of the main thread's calls.
-      if (const auto wait = delay(rng); wait > 40) std::this_thread::sleep_for(std::chrono::microseconds(wait - 40));
-      const bool during_call = in_call.load();
-      box.reset();  // the handle's destructor runs here, racing with the main thread's calls
-      ++buried_;
-      if (during_call) ++buried_during_call_;
-      lock.lock();
-    }
-  }
-  std::thread thread_;
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::shared_ptr<void>> queue_;
-  bool closing_ = false;
-  std::atomic<std::uint64_t> buried_{0};
-  std::atomic<std::uint64_t> buried_during_call_{0};
-};
-
-/// Figures of a run.
-struct Figures {
-  std::uint64_t seeds = 0, sequences = 0, actions = 0, calls = 0, ok_calls = 0, checks = 0, failures = 0;
-  std::uint64_t dropped_elsewhere = 0, dropped_during_call = 0;  // [threads]: handles the other thread dropped
-  std::uint64_t forward_steps = 0;                               // calls of forwards that began a step
-  std::uint64_t training_programs = 0;                           // sequences whose loop trains
-  std::uint64_t padded_calls = 0;                                // calls padded up to a bucket
-  std::map<std::string, std::uint64_t> errors;                   // Errc name -> calls that gave it
-  std::map<std::string, std::uint64_t> kinds;                    // CallKind name -> successful calls
-  std::vector<std::string> failure_reports;
-};
-
-/// A value the test owns (a caller's buffer, a static weight, a taken copy) and its model.
-struct Owned {
-  Buffer buffer;
-  ObjectPtr object;
-  std::vector<std::int64_t> offsets;
-  bool injective = true;  // no two elements share memory: may be mutated
-};
-
-/// A lease the test holds (alone, or as one output of an `Outputs` bundle it keeps) and its model.
-struct Held {
-  cgt::host::OutputLease lease;
-  std::shared_ptr<cgt::host::Outputs> bundle;  // when set, the value is bundle->get(index)
-  std::size_t index = 0;
-  ObjectPtr object;
-  std::vector<std::int64_t> offsets;
-  std::vector<std::int64_t> sizes;
-  std::uint64_t step = 0;    // the step it was produced in
-  bool reclaimable = false;  // pool memory: a new step reclaims it
-  std::string from;          // the function that produced it
-  bool injective = true;     // no two elements share memory: may be mutated
-  Buffer escaped;            // a copy of the view, kept past the lease's life (issue 9 item 6)
-
-  cgt::Result<cgt::Ref<Buffer>> get() const { return bundle ? bundle->get(index) : lease.get(); }
-};
 
 class Sequence {
  public:
@@ -521,7 +418,7 @@ class Sequence {
       input.maybe_stale = is_stale(held) || (shut_down_ && held.reclaimable);
       auto value = held.get();
       if (value) input.storage = value->get().storage();
-      // The value of a lease a new step reclaims is an escaped value (issue 9 item 6).
+      // The value of a lease a new step reclaims is an escaped value.
       const bool value_ok = value && (!is_stale(held) || moves_.stale_value_passed);
       const auto how = pick(10);
       if (!held.bundle && how < 3) {
@@ -579,7 +476,8 @@ class Sequence {
     const std::uint64_t bodies = fn.runs->bodies - before.bodies;
     ++figures_.checks;
     if (!result) {
-      expect(kernels <= 1, "the failed call " + text + " ran its function's work " + std::to_string(kernels) + " times");
+      expect(kernels <= 1,
+             "the failed call " + text + " ran its function's work " + std::to_string(kernels) + " times");
       expect(bodies <= 2, "the failed call " + text + " ran its function's body " + std::to_string(bodies) + " times");
       return;
     }
@@ -1077,7 +975,7 @@ class Sequence {
 
   void pass_stale_value() {
     // A value escaped from a lease that a new step reclaimed, passed back in: docs/errors.md says
-    // it fails with output_overwritten (issue 9 item 6).
+    // it fails with output_overwritten.
     if (shut_down_ || copy_out_) return;
     Fn* fn = nullptr;
     for (Fn& candidate : fns_) {
@@ -1264,8 +1162,8 @@ TEST_CASE("stress: random hostile sequences keep every held value or give an Err
   CHECK(figures.ok_calls > 0);
 }
 
-// Handles dropped on a second thread while the main thread calls the pool (issue 9 item 7): run
-// under TSan by scripts/test.sh and scripts/stress.sh; select it with "[threads]".
+// Handles dropped on a second thread while the main thread calls the pool: run under TSan by
+// scripts/test.sh and scripts/stress.sh; select it with "[threads]".
 TEST_CASE("stress: handles dropped on another thread while the pool is called", "[threads][stress][host]") {
   stress::Config defaults;
   defaults.seeds = 2;
@@ -1275,78 +1173,4 @@ TEST_CASE("stress: handles dropped on another thread while the pool is called", 
   for (const std::string& failure : figures.failure_reports) UNSCOPED_INFO(failure);
   CHECK(figures.failures == 0);
   CHECK(figures.ok_calls > 0);
-}
-
-// ---- Minimal reproducers of library bugs the stress test found (hidden: run with "[repro]") ----
-
-namespace {
-cgt::host::Buffer filled_buffer(std::vector<std::int64_t> sizes, double value) {
-  cgt::host::Buffer b = *cgt::host::Buffer::make(cgt::ElementType::f32, sizes);
-  b.fill(value);
-  return b;
-}
-}  // namespace
-
-TEST_CASE("repro: a static input mutated in place by a recording keeps the mutation", "[.][repro][stress][host]") {
-  for (bool skip_warmup : {true, false}) {
-    for (bool sliced : {false, true}) {
-      cgt::host::PoolOptions options;
-      options.tree.skip_warmup = skip_warmup;
-      options.tree.debug_checks = true;
-      auto pool = *cgt::host::make_pool(std::move(options));
-      auto bump = *pool.add_function(
-          [](cgt::host::Context& ctx, cgt::host::Inputs in) {
-            cgt::host::Buffer y = ctx.allocate_like(in[0]);
-            ctx.launch([w = in[0], x = in[1], y] {
-              for (std::size_t i = 0; i < w.numel(); ++i) y.set(i, w.get(i) + x.get(i));
-            });
-            ctx.launch([w = in[0]] {
-              for (std::size_t i = 0; i < w.numel(); ++i) w.set(i, w.get(i) + 1);
-            });
-            return cgt::host::Values{y};
-          },
-          {.name = "bump", .static_inputs = {0}, .mutated_inputs = {0}});
-      cgt::host::Buffer backing = filled_buffer({5}, 10);
-      cgt::host::Buffer w = sliced ? backing.slice(1, 5) : filled_buffer({4}, 10);
-      const cgt::host::Buffer x = filled_buffer({4}, 1);
-      for (int call = 0; call < 3; ++call) {
-        auto out = bump({w, x});
-        REQUIRE(out);
-        INFO("skip_warmup " << skip_warmup << ", sliced " << sliced << ", call " << call << " ("
-                            << cgt::to_string(out->kind()) << ")");
-        CHECK((*out->get(0)).get().get(0) == 10 + call + 1);
-        CHECK(w.get(0) == 10 + call + 1);
-      }
-    }
-  }
-}
-
-TEST_CASE("repro: an escaped value of a reclaimed lease passed back in fails with output_overwritten",
-          "[.][repro][stress][host]") {
-  auto pool = *cgt::host::make_pool();
-  auto twice = *pool.add_function(
-      [](cgt::host::Context& ctx, cgt::host::Inputs in) {
-        cgt::host::Buffer y = ctx.allocate_like(in[0]);
-        ctx.launch([x = in[0], y] {
-          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, 2 * x.get(i));
-        });
-        return cgt::host::Values{y};
-      },
-      {.name = "twice"});
-  const cgt::host::Buffer x = filled_buffer({4}, 1);
-  for (int call = 0; call < 3; ++call) {
-    pool.mark_step_begin();
-    auto first = twice({x});
-    REQUIRE(first);
-    const cgt::host::Buffer escaped = (*first->get(0)).get();  // a copy of the view: it escapes the lease
-    pool.mark_step_begin();
-    auto second = twice({x});  // reclaims the first output
-    REQUIRE(second);
-    REQUIRE(!first->get(0));
-    second->reset();  // (else the second output may be that very memory, live again)
-    auto again = twice({escaped});
-    INFO("call " << call);
-    REQUIRE(!again);
-    CHECK(again.error().code == cgt::Errc::output_overwritten);
-  }
 }

@@ -24,7 +24,7 @@ namespace stress {
 /// says which were off. See tests/host/test_stress.cpp for what each one exercises.
 struct Moves {
   bool throw_std = true;               // the function throws a std::exception after allocating
-  bool throw_non_std = true;           // the function throws an int (issue 9 item 9)
+  bool throw_non_std = true;           // the function throws an int
   bool drop_lease_then_throw = true;   // the function drops a held lease, then throws (item 11)
   bool arena_limit = true;             // small ArenaOptions::max_bytes: calls may fail with out_of_memory
   bool copy_out = true;                // Options::copy_out_on_new_step at random

@@ -53,7 +53,7 @@ struct FnDef {
   std::function<cgt::host::Callable(std::shared_ptr<Control>)> make;
   bool throws = false;             // obeys Control
   bool same_lengths = false;       // its vector inputs must have one length
-  bool keeps_pool_buffer = false;  // returns a buffer kept from an earlier call (issue 9 item 5)
+  bool keeps_pool_buffer = false;  // returns a buffer kept from an earlier call
 };
 
 using cgt::host::Buffer;

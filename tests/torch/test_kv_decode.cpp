@@ -1,4 +1,4 @@
-// Decoding with a static KV cache through a pool (issue 12, item 3): the cache is a static input
+// Decoding with a static KV cache through a pool: the cache is a static input
 // the graph mutates, the position a small tensor copied in, so one recording per batch size
 // serves every position. 8 prompt tokens then 64 generated ones, for two batch sizes: logits
 // bit-identical to the same model run eagerly, hence the same tokens. Tagged [gpu][decode].

@@ -299,7 +299,7 @@ TEST_CASE("torch/ten copied inputs, some passed as strided views, reach every re
     INFO("step " << step);
     CHECK(at::allclose(must(out.get(0)).get(), expected, 1e-4, 1e-4));
   }
-  // Steps 3 and 4 pass other strides: a new shape key (strides are part of it, issue 9 item 2).
+  // Steps 3 and 4 pass other strides: a new shape key (strides are part of it).
   CHECK(pool.stats().replays >= 2);
 }
 
@@ -340,7 +340,7 @@ cgt::torch::Pool pool_logging_capture_failures(std::vector<std::string>& message
 
 }  // namespace
 
-// Issue 9, item 18. A function that synchronises (.item()) cannot be captured: its recording's
+// A function that synchronises (.item()) cannot be captured: its recording's
 // capture fails ("capture failed: <CUDA error>", which the engine turns into an eager run, logged
 // with Reason::capture_failed). Everything the capture touched is as before: random draws of the
 // process work (the generator left capture mode), pinned host memory is allocated as usual, and
@@ -394,7 +394,7 @@ TEST_CASE("torch/a capture that fails leaves the pool, the allocators and the ge
   must(pool.check_memory());
 }
 
-// Issue 9, item 18, beyond PyTorch: a capture that failed for a reason that will not change is
+// Beyond PyTorch: a capture that failed for a reason that will not change is
 // not retried; the function runs eagerly from then on for that shape, counted and logged once.
 TEST_CASE("torch/a function whose capture fails runs eagerly from then on, with right values",
           "[gpu][provokes-api-errors]") {
@@ -419,7 +419,7 @@ TEST_CASE("torch/a function whose capture fails runs eagerly from then on, with 
   CHECK(at::rand({8}, cuda()).numel() == 8);
 }
 
-// Issue 9, item 19. One pool per thread is the documented model: three threads record and replay
+// One pool per thread is the documented model: three threads record and replay
 // their own pools at once, over several rounds, and every result equals eager execution. Nothing
 // synchronises the whole device while another thread captures. The functions draw no random
 // numbers (libtorch's default generator is one per device; a capture puts it in capture mode).
@@ -492,7 +492,7 @@ TEST_CASE("torch/pools on three threads record and replay concurrently, each equ
   CHECK(at::rand({4}, cuda()).numel() == 4);
 }
 
-// Issue 9, item 20. A tensor without strided storage cannot be read by a graph nor handed out by
+// A tensor without strided storage cannot be read by a graph nor handed out by
 // one: a sparse input is refused with invalid_argument before any work, a sparse output fails the
 // call with function_failed; both say why, and the pool goes on working. A meta input (strided,
 // no memory) runs eagerly like any input that is not on the pool's device.
@@ -533,7 +533,7 @@ TEST_CASE("torch/a tensor without strided storage is refused as input, and runs 
   must(pool.check_memory());
 }
 
-// Issue 9, item 21. pool.memory() reports what is in use: the outputs a replay handed out count
+// pool.memory() reports what is in use: the outputs a replay handed out count
 // while their leases live (the allocator never allocated them), the peak follows, and once every
 // lease is dropped nothing is allocated though the graphs keep their reserved memory.
 TEST_CASE("torch/memory() counts the outputs that replays hand out, and its peak", "[gpu]") {
@@ -571,7 +571,7 @@ TEST_CASE("torch/memory() counts the outputs that replays hand out, and its peak
   CHECK(pool.memory().allocated_bytes >= 2 * kBytes);
 }
 
-// Issue 9, item 5 (libtorch side). A function that keeps a pool tensor across calls ("allocate
+// On the libtorch side: a function that keeps a pool tensor across calls ("allocate
 // once and cache it") and returns it later returns memory its call did not allocate: the call
 // fails with function_failed, and no lease is handed out over memory another lease may hold.
 TEST_CASE("torch/a function that returns a pool tensor kept from an earlier call fails with function_failed", "[gpu]") {

@@ -1,4 +1,4 @@
-// Gradient accumulation (issue 29, item 4): the optimizer steps once per k micro-batches on the
+// Gradient accumulation: the optimizer steps once per k micro-batches on the
 // mean of their gradients, with the micro-batches one per call (one graph per micro-batch: the
 // first, the middle and the stepping one) or all in one call (one graph per step). Against eager
 // libtorch doing the usual loop: each micro-batch's loss divided by k before its backward, one

@@ -1,4 +1,4 @@
-// Mixed precision (issue 29, item 3): the loss function under CUDA autocast inside the whole-step
+// Mixed precision: the loss function under CUDA autocast inside the whole-step
 // graph (`TrainingStepOptions::autocast`), and dynamic loss scaling for float16 with its state on
 // the device (`LossScaleOptions`): a step whose scaled gradients overflow is skipped, the scale
 // backed off, the skip counted, all without the host reading a flag. Against eager libtorch doing

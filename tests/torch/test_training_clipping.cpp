@@ -1,8 +1,9 @@
-// Gradient clipping by global norm inside the graph (issue 29, item 2): `max_grad_norm` on the
-// optimizer clips as PyTorch's `clip_grad_norm_` does, on the device, in the whole-step graph, in a
-// graphed update of its own and in a step from given gradients; the norm before clipping comes
-// back as the training step's last output (and as `Optimizer::grad_norm`). Against eager libtorch
-// with `torch::nn::utils::clip_grad_norm_` (which reads the norm on the host) over 100 steps.
+// Gradient clipping by global norm inside the graph: `max_grad_norm` on the optimizer clips as
+// PyTorch's `clip_grad_norm_` does, on the device, in the whole-step graph, in a graphed update of
+// its own and in a step from given gradients; the norm before clipping comes back as the training
+// step's last output (and as `Optimizer::grad_norm`). Against eager libtorch with
+// `torch::nn::utils::clip_grad_norm_` (which reads the norm on the host) over 100 steps, and at the
+// edges: gradients all zero, holding a NaN or an infinity.
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -11,11 +12,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#include "torch/training_checks.hpp"
 #include "torch/training_harness.hpp"
 
 import cgt;
@@ -24,9 +27,14 @@ import cgt.torch;
 namespace {
 
 using training_test::gpu;
+using training_test::host_copies;
+using training_test::infinity;
 using training_test::max_difference;
 using training_test::Mlp;
 using training_test::must;
+using training_test::nan_close;
+using training_test::not_a_number;
+using training_test::same;
 
 constexpr int steps = 100;
 
@@ -237,4 +245,91 @@ TEST_CASE("training/clipping_options_that_cannot_work_are_errors", "[gpu][traini
   auto plain = must(cgt::torch::make_adam({w}, {}));
   CHECK_FALSE(plain.clips_gradients());
   CHECK_FALSE(plain.grad_norm().defined());
+}
+
+// ---- clipping at the edges (GPU) ------------------------------------------------------------------
+
+// Clipping on the device does what libtorch's clip_grad_norm_ does, without loss scaling, where the
+// gradients are all zero (the norm is 0, not NaN: the coefficient is capped at 1), hold a NaN (the
+// norm is NaN and every gradient, finite or not, becomes NaN, and so does every parameter), or an
+// infinity (the norm is infinite: every finite gradient becomes 0, the infinite one NaN). Orders 2
+// and infinity; the edge comes at a replay, after a warm-up and a recording on finite gradients.
+// SGD on (w1 * a).sum() + (w2 * b).sum(): the gradients are a and b.
+TEST_CASE("training/hostile: clipping zero, NaN and infinite gradients as clip_grad_norm_ does",
+          "[gpu][training][hostile]") {
+  REQUIRE_GPU();
+  enum class Edge : std::uint8_t { zero, nan, inf };
+  for (const double order : {2.0, infinity}) {
+    for (const Edge edge : {Edge::zero, Edge::nan, Edge::inf}) {
+      INFO("order " << order << ", " << (edge == Edge::zero ? "zero" : edge == Edge::nan ? "NaN" : "infinity"));
+      torch::manual_seed(9);
+      std::vector<std::pair<torch::Tensor, torch::Tensor>> inputs;
+      for (int i = 0; i < 2; ++i) inputs.emplace_back(torch::randn({64}, gpu) * 3, torch::randn({32}, gpu) * 3);
+      auto a = torch::randn({64}, gpu);
+      auto b = torch::randn({32}, gpu);
+      if (edge == Edge::zero) {
+        a.zero_();
+        b.zero_();
+      }
+      if (edge == Edge::nan) a[5] = not_a_number;
+      if (edge == Edge::inf) a[5] = infinity;
+      inputs.emplace_back(a, b);
+      const auto w1_init = torch::randn({64}, gpu);
+      const auto w2_init = torch::randn({32}, gpu);
+
+      // cgt: the whole-step graph.
+      auto w1 = w1_init.clone().requires_grad_();
+      auto w2 = w2_init.clone().requires_grad_();
+      auto sgd = must(cgt::torch::make_sgd({w1, w2}, {.lr = 0.1, .max_grad_norm = 1.0, .grad_norm_type = order}));
+      auto pool = must(cgt::torch::make_pool({.device = 0}));
+      auto step = must(cgt::torch::make_training_step(pool, sgd, [&](cgt::torch::Inputs in) {
+        return cgt::torch::Values{(w1 * in[0]).sum() + (w2 * in[1]).sum()};
+      }));
+      // libtorch: clip_grad_norm_ and SGD, eagerly.
+      auto e1 = w1_init.clone().requires_grad_();
+      auto e2 = w2_init.clone().requires_grad_();
+      torch::optim::SGD eager({e1, e2}, torch::optim::SGDOptions(0.1));
+
+      std::vector<torch::Tensor> params_before;
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        INFO("call " << i);
+        params_before = host_copies({w1, w2});
+        pool.mark_step_begin();
+        auto out = step({inputs[i].first, inputs[i].second});
+        if (!out) FAIL(out.error().describe());
+        REQUIRE(out->size() == 2);
+        const double norm = must(out->take(1)).item<double>();
+        eager.zero_grad();
+        ((e1 * inputs[i].first).sum() + (e2 * inputs[i].second).sum()).backward();
+        const double eager_norm = torch::nn::utils::clip_grad_norm_({e1, e2}, 1.0, order);
+        const auto eager_grads = host_copies({e1.grad(), e2.grad()});
+        eager.step();
+        INFO("norm " << norm << ", clip_grad_norm_'s " << eager_norm);
+        CHECK(((std::isnan(norm) && std::isnan(eager_norm)) || norm == eager_norm ||
+               std::abs(norm - eager_norm) <= 1e-5 * std::abs(eager_norm)));
+        CHECK(nan_close(host_copies(sgd.grads()), eager_grads, 1e-6));
+        CHECK(nan_close(host_copies({w1, w2}), host_copies({e1, e2}), 1e-6));
+      }
+      // What the edge did, spelled out.
+      const auto grads = host_copies(sgd.grads());
+      if (edge == Edge::zero) {
+        CHECK(sgd.grad_norm().item<double>() == 0);
+        CHECK(grads[0].abs().max().item<double>() == 0);
+        CHECK(same(params_before, host_copies({w1, w2})));
+      } else if (edge == Edge::nan) {
+        CHECK(std::isnan(sgd.grad_norm().item<double>()));
+        CHECK(grads[0].isnan().all().item<bool>());
+        CHECK(grads[1].isnan().all().item<bool>());
+        CHECK(w2.detach().isnan().all().item<bool>());
+      } else {
+        CHECK(std::isinf(sgd.grad_norm().item<double>()));
+        CHECK(grads[0].isnan().sum().item<std::int64_t>() == 1);
+        CHECK(grads[0].isnan()[5].item<bool>());
+        CHECK(torch::nan_to_num(grads[0], 0).abs().max().item<double>() == 0);
+        CHECK(grads[1].abs().max().item<double>() == 0);
+        CHECK(same({params_before[1]}, host_copies({w2})));
+      }
+      CHECK(pool.stats().replays == 1);
+    }
+  }
 }

@@ -1,4 +1,4 @@
-// Training as real code trains, all at once (issue 29, item 6): a small transformer trained 200
+// Training as real code trains, all at once: a small transformer trained 200
 // optimizer steps with a warm-up + cosine schedule, clipping at 1.0, 4 micro-batches a step (one
 // per call), bf16 autocast or float32, and a checkpoint at step 100 from which fresh objects
 // resume. Against eager libtorch doing the same (the rate set per step, autocast by hand,

@@ -1,4 +1,4 @@
-// The learning rate as device state (issue 29, item 1): set between steps with `set_lr`, or by a
+// The learning rate as device state: set between steps with `set_lr`, or by a
 // schedule, it reaches a recorded update without re-recording and without a host synchronisation.
 // Whole-step graphs and a per-function graphed update trained with warm-up + cosine, step and
 // linear schedules give the parameters of eager libtorch given the same rates step by step. The

@@ -1,4 +1,4 @@
-// Training with graphs (issue 11, item 3): the capturable optimizers of cgt.torch, and the whole
+// Training with graphs: the capturable optimizers of cgt.torch, and the whole
 // training step (zero_grad in place, forward, backward, optimizer step) as one pool function. A
 // small MLP and a small transformer block trained 100 steps through the graph give the parameters
 // and loss curve of the same training run eagerly. Tagged [gpu][training]; the argument checks
@@ -26,32 +26,12 @@ import cgt.torch;
 
 namespace {
 
-template <class T>
-T must(cgt::Result<T> result) {
-  if (!result) FAIL(result.error().describe());
-  return std::move(*result);
-}
-
-#define REQUIRE_GPU() \
-  if (!cgt::torch::is_available()) SKIP("no CUDA device")
+using training_test::Block;
+using training_test::gpu;
+using training_test::Mlp;  // 16 -> 64 -> 64 -> 8
+using training_test::must;
 
 constexpr int steps = 100;
-const torch::Device gpu(torch::kCUDA, 0);
-
-// A small MLP: 16 -> 64 -> 64 -> 8.
-struct MlpImpl : torch::nn::Module {
-  MlpImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(16, 64))),
-        fc2(register_module("fc2", torch::nn::Linear(64, 64))),
-        fc3(register_module("fc3", torch::nn::Linear(64, 8))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc3->forward(torch::relu(fc2->forward(torch::tanh(fc1->forward(x)))));
-  }
-  torch::nn::Linear fc1, fc2, fc3;
-};
-TORCH_MODULE(Mlp);
-
-using training_test::Block;
 
 struct Batch {
   torch::Tensor x, y;

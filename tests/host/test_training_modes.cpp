@@ -1,7 +1,7 @@
-// Training modes and warm_up_each_shape = false at their edges, on the host backend: backwards
-// called twice, after their saved values were dropped, on another pool's outputs, or throwing;
-// forwards of two functions interleaved; first calls that throw; re-recordings and pending
-// backwards with shapes that record at their first call.
+// Training modes (forward, backward) used out of order, and warm_up_each_shape = false, on the
+// host backend: backwards called twice, after their saved values were dropped, on another pool's
+// outputs, or throwing; forwards of two functions interleaved; first calls that throw;
+// re-recordings and pending backwards with shapes that record at their first call.
 //
 // The model is the one of test_training.cpp: forward(x, w) -> (y = x * w, saved = x),
 // backward(gy, saved, w) -> (gx = gy * w, gw = gy * saved), w static.

@@ -1,6 +1,6 @@
 // The generation rule on its own (src/core/generation_rule.hpp): when a call begins a new
 // generation, and what it takes back. The engine's use of it is tested through pools in
-// test_training.cpp and test_modes_edges.cpp.
+// tests/host/test_training.cpp and tests/host/test_training_modes.cpp.
 #include <catch2/catch_test_macros.hpp>
 
 #include <cstdint>

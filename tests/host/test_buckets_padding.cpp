@@ -1,7 +1,7 @@
-// Batch buckets at their edges (FunctionOptions::buckets), on the host backend: outputs that alias
-// the padded inputs, outputs without the batch dimension, pad values the element type cannot hold,
-// size sources the buckets cannot pad, functions and kernels that throw on a padded call, buckets
-// with warm_up_each_shape = false and with training modes.
+// What a padded call of batch buckets (FunctionOptions::buckets) does, on the host backend:
+// outputs that alias the padded inputs, outputs without the batch dimension, pad values the
+// element type cannot hold, size sources the buckets cannot pad, functions and kernels that throw
+// on a padded call, buckets with warm_up_each_shape = false and with training modes.
 #include <catch2/catch_test_macros.hpp>
 
 #include <cmath>

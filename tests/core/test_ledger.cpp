@@ -1,9 +1,10 @@
 // The ledger's contract (src/core/ledger.cppm), through what a program sees: leases, the memory of
 // an escaped copy of a value (a poisoned pool overwrites memory the moment it dies), live blocks.
 // Ledger is module-internal, so these tests drive it through a host pool. Also pinned elsewhere: a
-// stale copy whose memory lived again is refused by its life number (test_hostile_engine.cpp, "an
-// escaped copy is refused even when its memory lives again"), a lease moved into a failing call
-// stays valid (test_handles.cpp), drops racing a stream of calls (test_stress.cpp, [threads]).
+// stale copy whose memory lived again is refused by its life number (tests/host/test_misuse.cpp,
+// "an escaped copy is refused even when its memory lives again"), a lease moved into a failing
+// call stays valid (tests/host/test_handles.cpp), drops racing a stream of calls
+// (tests/host/test_stress.cpp, [threads]).
 #include <catch2/catch_test_macros.hpp>
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// cgt.torch under hostile tensors: inputs and outputs with every layout libtorch allows
+// cgt.torch with tensors of every layout: inputs and outputs with every layout libtorch allows
 // (channels_last, broadcast, offsets, gaps, transposes, overlaps, no elements, no dimensions,
 // integers and bools) and leases kept where a careless caller keeps them. The promise checked: a
 // pool call returns what the function run eagerly returns (defined or not, element type, sizes,

@@ -1,5 +1,5 @@
-// The promise under hostile use, engine side (issue: no silent wrong data, no crash, no leak): each
-// case is a sequence a careless or hostile user can write, and the value or Errc they must get.
+// The engine's promise under misuse (no silent wrong data, no crash, no leak): each case is a
+// sequence a careless or hostile user can write, and the value or Errc they must get.
 #include <catch2/catch_test_macros.hpp>
 
 #include <atomic>

@@ -1,4 +1,4 @@
-// Hostile layouts and sizes on the host backend (issue 9, items 3, 5, 8, 9, 17): views with
+// Layouts and sizes on the host backend, the odd ones a careless program passes: views with
 // overlapping, negative or out-of-range strides, sizes whose byte count overflows, zero-element
 // outputs, kernels that throw anything, and what the backend tells the engine about its outputs.
 // Each test names the behaviour a user relies on.
