@@ -6,8 +6,14 @@
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 cd "$root"
-build="${1:-build}"
-[ -x "$build/bench/host_overhead" ] || { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null; cmake --build "$build" --target host_overhead -j "$jobs"; }
+# Its own build by default: RelWithDebInfo (the list of functions below needs debug information),
+# the host backend alone. A build directory given must have debug information for that list.
+build="${1:-build-bench}"
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCGT_WITH_TORCH=OFF -DCGT_WITH_CUDA=OFF \
+    -DCGT_BUILD_EXAMPLES=OFF >/dev/null
+fi
+cmake --build "$build" --target host_overhead -j "$jobs" >/dev/null
 bin="$build/bench/host_overhead"
 iterations=20000
 profile=$(mktemp -d)
