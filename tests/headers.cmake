@@ -16,7 +16,7 @@ endfunction()
 
 cgt_check_headers(cgt_test_headers_host cgt_host
   scenario/spec.hpp scenario/scenarios.hpp scenario/property.hpp scenario/register.hpp host/harness.hpp host/values.hpp
-  host/forwarding.hpp
+  host/forwarding.hpp host/host_test.hpp
   stress/config.hpp stress/model.hpp stress/functions.hpp stress/graveyard.hpp stress/records.hpp)
 if(CGT_HAVE_CUDA)
   cgt_check_headers(cgt_test_headers_cuda cgt_cuda cuda/kernels.hpp cuda/harness.hpp launch/memset_script.hpp

@@ -1,27 +1,12 @@
 // Batch buckets with padding (FunctionOptions::buckets) on the host backend: every size up to the
 // largest bucket equals an eager run, one recording per bucket, and the odd cases a user meets.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::values_of;
-using scenario::must;
 
 namespace {
 

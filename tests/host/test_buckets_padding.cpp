@@ -2,7 +2,7 @@
 // outputs that alias the padded inputs, outputs without the batch dimension, pad values the
 // element type cannot hold, size sources the buckets cannot pad, functions and kernels that throw
 // on a padded call, buckets with warm_up_each_shape = false and with training modes.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -15,22 +15,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::values_of;
-using scenario::must;
-using K = cgt::CallKind;
 
 namespace {
 

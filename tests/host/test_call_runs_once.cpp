@@ -5,7 +5,7 @@
 // get recorded) and `kernels` (a kernel: the work a replay repeats). A call must add exactly one
 // to `kernels`, and one to `bodies` unless it replays (none) or is a recording given up before its
 // graph ran (the body ran under a capture that ran nothing, then runs once more eagerly).
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -17,26 +17,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
-using host_test::values_of;
-using scenario::must;
-using K = cgt::CallKind;
 
 namespace {
 

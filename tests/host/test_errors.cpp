@@ -1,6 +1,6 @@
 // Every Errc, triggered on the host backend: the call fails with the code and a message naming
 // the function, the pool stays usable, and nothing the caller holds is lost or changed.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -19,22 +19,15 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
 #include "device_surface.hpp"
 
-import cgt;
-import cgt.host;
 // A fake device stands in for the host one, through the backend interface.
 import cgt.core;
 
-#include "scenario/scenarios.hpp"
 #include "host/forwarding.hpp"
-#include "host/harness.hpp"
 
-using cgt::host::Buffer;
 using cgt::host::ElementType;
 using scenario::HostTensor;
-using scenario::must;
 
 // backend::Device offers every member tests/device_surface.hpp looks for: the backends' devices,
 // which offer none of them to a program, are checked against requirements that can hold.

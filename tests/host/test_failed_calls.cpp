@@ -3,7 +3,7 @@
 // call begins a step by itself; `mark_step_begin()` begins one at the next call; both used to
 // reclaim the last step before the call's checks and work, so a refused or throwing call left
 // every held output `output_overwritten`.)
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 #include <catch2/generators/catch_generators.hpp>
 
 #include <algorithm>
@@ -17,26 +17,9 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
 #include "host/forwarding.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
 
 using cgt::FunctionMode;
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
-using scenario::must;
-
 namespace {
 
 /// y = 2x as a forward (or inference) function that throws while `*fail` is set.

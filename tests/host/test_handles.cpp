@@ -1,7 +1,7 @@
 // The handles in every state a careless program can leave them in: moved from, after shutdown(),
 // moved into a call that fails, borrowed from a temporary. Each gives a value or an Errc, never a
 // crash, and a borrow that would dangle does not compile.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -19,18 +19,7 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-
-using cgt::host::Buffer;
 using scenario::HostTensor;
-using scenario::must;
-
 namespace {
 
 // y = 2 x, allocating in the pool; throws while `should_throw` is set.

@@ -1,7 +1,7 @@
 // Lifetimes of the handles: destroyed in every order, moved into themselves, kept past shutdown();
 // leases in every state across a step with copy_out_on_new_step; and what the introspection
 // surface says after a capture failed and after shutdown().
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <algorithm>
 #include <array>
@@ -12,22 +12,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::poisoned_pool;
-using scenario::must;
 
 namespace {
 

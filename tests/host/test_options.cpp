@@ -1,5 +1,5 @@
 // The pool's options (PyTorch's knobs), its log, counters and introspection, on the host backend.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -14,21 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-
 using scenario::FnSpec;
 using scenario::HostTensor;
 using scenario::in;
-using scenario::must;
 using scenario::unary;
 using H = HostHarness;
-
 namespace {
 
 std::vector<cgt::CallKind> kinds_of_calls(cgt::host::Pool& pool, cgt::host::Function& f, int calls,

@@ -1,7 +1,7 @@
 // Re-entrancy: user code the pool runs while it is in a call (a pool function, a kernel it
 // launches, the log sink) calling back into the same pool. What would change the pool fails with
 // `concurrent_use`; what reads it answers; nothing deadlocks, crashes or corrupts a value.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -11,22 +11,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::poisoned_pool;
-using scenario::must;
 
 namespace {
 

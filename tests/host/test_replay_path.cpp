@@ -7,7 +7,7 @@
 // can keep from replaying, which must not skip the checks of a node that has any, against nodes
 // recorded with dead or consumed outputs; and poison_dead_memory on dead and live replay outputs.
 // ASan and TSan run these in CI (`scripts/test.sh`).
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 #include <catch2/generators/catch_generators.hpp>
 
 #include <algorithm>
@@ -22,27 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
 using cgt::CallKind;
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
 using host_test::scaling;
-using host_test::values_of;
-using scenario::must;
-
 namespace {
 
 /// `count` outputs: output k = x + k.

@@ -7,7 +7,7 @@
 //   forward(x, w)       -> (y, saved)   saved: a copy of x in the pool, the activation the backward reads
 //   backward(gy, saved, w) -> (gx, gw)  gx = gy * w, gw = gy * saved
 // The caller plays autograd: it holds `saved`'s lease until it runs the backward, moving it in.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -16,26 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
 using cgt::FunctionMode;
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
-using host_test::values_of;
-using scenario::must;
-
 namespace {
 
 // y = x * w and the saved copy of x; `w` (input 1) is static, like a parameter.

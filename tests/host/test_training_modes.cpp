@@ -5,7 +5,7 @@
 //
 // The model is the one of test_training.cpp: forward(x, w) -> (y = x * w, saved = x),
 // backward(gy, saved, w) -> (gx = gy * w, gw = gy * saved), w static.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 #include <catch2/generators/catch_generators.hpp>
 
 #include <cstddef>
@@ -15,26 +15,7 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
 using cgt::FunctionMode;
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::repeat;
-using host_test::values_of;
-using scenario::must;
-using K = cgt::CallKind;
-
 namespace {
 
 cgt::host::Pool make_pool(cgt::Options options = {}) {

@@ -3,32 +3,13 @@
 // caller: the host backend sees it (the input's bytes changed) and the engine treats the input as
 // mutated from then on. Every case checks the caller's input after each call, as eager code
 // would leave it, and which calls replayed or ran eagerly.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::repeat;
-using host_test::values_of;
-using scenario::must;
-using K = cgt::CallKind;
 
 namespace {
 
