@@ -48,7 +48,7 @@ cgt::host::Pool make_pool(cgt::Options options = {}) {
 
 }  // namespace
 
-TEST_CASE("an eager call returning a view of a pool output keeps that memory live", "[hostile][host]") {
+TEST_CASE("an eager call returning a view of a pool output keeps that memory live", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 1, {.name = "make"});
   // Runs eagerly on every call (its size is never in the allow-list) and returns a view of its input.
@@ -74,7 +74,7 @@ TEST_CASE("an eager call returning a view of a pool output keeps that memory liv
   CHECK(stale.error().code == cgt::Errc::output_overwritten);
 }
 
-TEST_CASE("a static input passed transposed at the same address replays a graph of its own layout", "[hostile][host]") {
+TEST_CASE("a static input passed transposed at the same address replays a graph of its own layout", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto copy = plus(pool, 0, {.name = "copy", .static_inputs = {0}});
   const Buffer matrix = iota({2, 2});  // [[0, 1], [2, 3]]
@@ -96,7 +96,7 @@ TEST_CASE("a static input passed transposed at the same address replays a graph 
   CHECK(output_values(again, 0) == std::vector<double>{0, 1, 2, 3});
 }
 
-TEST_CASE("a pool output passed transposed replays a graph of its own layout", "[hostile][host]") {
+TEST_CASE("a pool output passed transposed replays a graph of its own layout", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 0, {.name = "make"});
   auto copy = plus(pool, 0, {.name = "copy"});
@@ -112,7 +112,7 @@ TEST_CASE("a pool output passed transposed replays a graph of its own layout", "
   }
 }
 
-TEST_CASE("a call mutating a caller's buffer runs eagerly, also right after a failed recording", "[hostile][host]") {
+TEST_CASE("a call mutating a caller's buffer runs eagerly, also right after a failed recording", "[host]") {
   auto pool = make_pool({.skip_warmup = true, .debug_checks = true});
   auto make = plus(pool, 0, {.name = "make"});
   bool should_throw = false;
@@ -138,7 +138,7 @@ TEST_CASE("a call mutating a caller's buffer runs eagerly, also right after a fa
   CHECK(pool.stats().count(cgt::Reason::mutated_input) == 1);
 }
 
-TEST_CASE("a log sink that throws never escapes a call", "[hostile][host]") {
+TEST_CASE("a log sink that throws never escapes a call", "[host]") {
   auto pool = make_pool({.log_sink = [](const cgt::Event&) { throw 42; }});
   auto f = plus(pool, 1, {.name = "f", .graph_sizes = {99}});
   auto out = f({filled({2}, 1)});  // a logged fallback
@@ -148,7 +148,7 @@ TEST_CASE("a log sink that throws never escapes a call", "[hostile][host]") {
   CHECK(pool.stats().count(cgt::Reason::size_not_graphed) == 1);
 }
 
-TEST_CASE("a function that drops its own pool's last handles while running", "[hostile][host]") {
+TEST_CASE("a function that drops its own pool's last handles while running", "[host]") {
   struct Handles {
     std::optional<cgt::host::Pool> pool;
     std::optional<cgt::host::Function> self;
@@ -174,7 +174,7 @@ TEST_CASE("a function that drops its own pool's last handles while running", "[h
   CHECK(output_values(out, 0) == std::vector<double>{6});
 }
 
-TEST_CASE("a lease dropped inside a function that then throws leaves nothing allocated", "[hostile][host]") {
+TEST_CASE("a lease dropped inside a function that then throws leaves nothing allocated", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 0, {.name = "make"});
   std::optional<cgt::host::Outputs> held;
@@ -196,7 +196,7 @@ TEST_CASE("a lease dropped inside a function that then throws leaves nothing all
   }
 }
 
-TEST_CASE("shutdown() releases functions that hold handles of their own pool", "[hostile][host]") {
+TEST_CASE("shutdown() releases functions that hold handles of their own pool", "[host]") {
   auto pool = make_pool();
   auto sentinel = std::make_shared<int>(0);
   const std::weak_ptr<int> watch = sentinel;
@@ -213,7 +213,7 @@ TEST_CASE("shutdown() releases functions that hold handles of their own pool", "
   CHECK(watch.expired());  // the callable, and the Function it held, are gone
 }
 
-TEST_CASE("with copy_out_on_new_step, a copy goes with the last lease on it", "[hostile][host]") {
+TEST_CASE("with copy_out_on_new_step, a copy goes with the last lease on it", "[host]") {
   auto pool = make_pool({.copy_out_on_new_step = true});
   auto make = plus(pool, 1, {.name = "make"});
   auto kept = must(make({filled({1024}, 1)}));
@@ -225,7 +225,7 @@ TEST_CASE("with copy_out_on_new_step, a copy goes with the last lease on it", "[
   CHECK(copy.owner().use_count() == 1);
 }
 
-TEST_CASE("mark_step_begin() inside a pool function takes effect at the next call", "[hostile][host]") {
+TEST_CASE("mark_step_begin() inside a pool function takes effect at the next call", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 1, {.name = "make"});
   cgt::host::Pool* self = &pool;
@@ -245,14 +245,14 @@ TEST_CASE("mark_step_begin() inside a pool function takes effect at the next cal
   CHECK(stale.error().code == cgt::Errc::output_overwritten);
 }
 
-TEST_CASE("contradictory options are refused when the pool is made", "[hostile][host]") {
+TEST_CASE("contradictory options are refused when the pool is made", "[host]") {
   auto pool = cgt::host::make_pool({.tree = {.skip_warmup = true, .force_warmup = true}});
   REQUIRE(!pool);
   CHECK(pool.error().code == cgt::Errc::invalid_argument);
   CHECK(pool.error().message.find("skip_warmup") != std::string::npos);
 }
 
-TEST_CASE("leases dropped on another thread while the pool is in a call", "[hostile][host][threads]") {
+TEST_CASE("leases dropped on another thread while the pool is in a call", "[host][threads]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 1, {.name = "make"});
   std::mutex mutex;
@@ -288,7 +288,7 @@ TEST_CASE("leases dropped on another thread while the pool is in a call", "[host
   must(pool.check_memory());
 }
 
-TEST_CASE("a function returning a pool buffer it kept from an earlier call fails", "[hostile][host]") {
+TEST_CASE("a function returning a pool buffer it kept from an earlier call fails", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   std::optional<Buffer> cached;  // the "allocate once and reuse it" pattern, wrong in a pool
   auto cache = must(pool.add_function(
@@ -315,7 +315,7 @@ TEST_CASE("a function returning a pool buffer it kept from an earlier call fails
 }
 
 TEST_CASE("an escaped copy of an output, passed back after its memory was reclaimed, is output_overwritten",
-          "[hostile][host]") {
+          "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 1, {.name = "make"});
   auto use = plus(pool, 0, {.name = "use"});
@@ -334,7 +334,7 @@ TEST_CASE("an escaped copy of an output, passed back after its memory was reclai
   CHECK(output_values(must(use({must(live.get(0))})), 0) == std::vector<double>{2, 2, 2, 2});
 }
 
-TEST_CASE("an escaped copy is refused even when its memory lives again for a newer output", "[hostile][host]") {
+TEST_CASE("an escaped copy is refused even when its memory lives again for a newer output", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 1, {.name = "make"});
   auto use = plus(pool, 0, {.name = "use"});
@@ -360,7 +360,7 @@ TEST_CASE("an escaped copy is refused even when its memory lives again for a new
   CHECK(output_values(must(use({slice})), 0) == std::vector<double>{6, 6});
 }
 
-TEST_CASE("static_input_moved names every static input that moved", "[hostile][host]") {
+TEST_CASE("static_input_moved names every static input that moved", "[host]") {
   auto pool = make_pool({.on_static_input_moved = cgt::OnStaticInputMoved::error});
   auto sum = must(pool.add_function(
       [](Context& ctx, Inputs in) {
@@ -383,7 +383,7 @@ TEST_CASE("static_input_moved names every static input that moved", "[hostile][h
   CHECK(moved.error().message.find("static input(s) 0, 2 of 'sum'") != std::string::npos);
 }
 
-TEST_CASE("output_overwritten names the ways to keep a value across steps", "[hostile][host]") {
+TEST_CASE("output_overwritten names the ways to keep a value across steps", "[host]") {
   auto pool = make_pool();
   auto make = plus(pool, 1, {.name = "make"});
   auto held = must(make({filled({1}, 1)}));
@@ -395,7 +395,7 @@ TEST_CASE("output_overwritten names the ways to keep a value across steps", "[ho
   CHECK(stale.error().message.find("copy_out_on_new_step") != std::string::npos);
 }
 
-TEST_CASE("scalars of any integer type reach the function; an unsigned one too large is refused", "[hostile][host]") {
+TEST_CASE("scalars of any integer type reach the function; an unsigned one too large is refused", "[host]") {
   auto pool = make_pool();
   auto add = must(pool.add_function(
       [](Context& ctx, Inputs in) {

@@ -151,7 +151,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("hostile: an Outputs moved between threads, reset, reused and dropped on a third thread",
+TEST_CASE("an Outputs moved between threads, reset, reused and dropped on a third thread",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
   auto f = scaling(pool, "scaled", 2);
@@ -374,7 +374,7 @@ TEST_CASE(
   CHECK_FALSE(lease.is_valid());
 }
 
-TEST_CASE("hostile: a lease moved twice into one call is consumed once: a view of it stays live",
+TEST_CASE("a lease moved twice into one call is consumed once: a view of it stays live",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
   auto f = scaling(pool, "scaled", 2);
@@ -426,7 +426,7 @@ TEST_CASE(
   must(pool.check_memory());
 }
 
-TEST_CASE("hostile: a child recorded consuming its input's lease is not replayed for a borrowed one",
+TEST_CASE("a child recorded consuming its input's lease is not replayed for a borrowed one",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true, .debug_checks = true});
   auto f = scaling(pool, "f", 2);
@@ -456,7 +456,7 @@ TEST_CASE("hostile: a child recorded consuming its input's lease is not replayed
   must(pool.check_memory());
 }
 
-TEST_CASE("hostile: poison_dead_memory: a dead replay output's stale copy reads poison, a live one never does",
+TEST_CASE("poison_dead_memory: a dead replay output's stale copy reads poison, a live one never does",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true});
   auto f = scaling(pool, "f", 2);
@@ -491,7 +491,7 @@ TEST_CASE("hostile: poison_dead_memory: a dead replay output's stale copy reads 
   CHECK(output_values(must(f({x})), 0) == repeat(2.0, 8));
 }
 
-TEST_CASE("hostile: a pool function that drops its own pool's Outputs (more than eight leases) mid-call",
+TEST_CASE("a pool function that drops its own pool's Outputs (more than eight leases) mid-call",
           "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
   auto wide = fan_out(pool, 12);
@@ -520,7 +520,7 @@ TEST_CASE("hostile: a pool function that drops its own pool's Outputs (more than
   must(pool.check_memory());
 }
 
-TEST_CASE("hostile: outputs, released leases and reset bundles outlive shutdown() and the Pool handle",
+TEST_CASE("outputs, released leases and reset bundles outlive shutdown() and the Pool handle",
           "[replay-path][host]") {
   std::optional<cgt::host::Outputs> wide_out;
   std::optional<cgt::host::Outputs> one_out;

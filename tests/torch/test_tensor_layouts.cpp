@@ -4,7 +4,7 @@
 // pool call returns what the function run eagerly returns (defined or not, element type, sizes,
 // strides, values) at its warm-up, its recording and every replay, each call with new input
 // values (a stale input slot would repeat old ones), and no output a caller holds is overwritten.
-// Tagged [gpu][hostile]; SKIPPED without a device.
+// Tagged [gpu]; SKIPPED without a device.
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -139,7 +139,7 @@ const std::vector<K> warm_record_replays{K::warmup, K::recording, K::replay, K::
 
 // A channels_last input is copied into a slot of its own layout (by copy_, not by the graph's
 // copy node), so the function, and its outputs' strides, see what eager execution sees.
-TEST_CASE("torch/hostile: channels_last inputs replay with new values and eager's strides", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: channels_last inputs replay with new values and eager's strides", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -158,7 +158,7 @@ TEST_CASE("torch/hostile: channels_last inputs replay with new values and eager'
   CHECK(pool.roots().at(0).copied_inputs() == std::vector<std::size_t>{0, 1});
 }
 
-TEST_CASE("torch/hostile: a channels_last convolution (cuDNN) replays like eager", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: a channels_last convolution (cuDNN) replays like eager", "[gpu]") {
   REQUIRE_GPU();
   const torch::NoGradGuard no_grad;
   auto pool = new_pool();
@@ -177,7 +177,7 @@ TEST_CASE("torch/hostile: a channels_last convolution (cuDNN) replays like eager
 // Broadcast inputs (stride 0) are copied once per distinct element into a slot that keeps the
 // broadcast; returned as they are, they come back with eager's strides. The same sizes without
 // the broadcast are another shape key: never read through the broadcast graph.
-TEST_CASE("torch/hostile: expanded (stride-0) inputs, and the same sizes without the broadcast", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: expanded (stride-0) inputs, and the same sizes without the broadcast", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -199,7 +199,7 @@ TEST_CASE("torch/hostile: expanded (stride-0) inputs, and the same sizes without
 
 // Inputs at a storage offset, with gaps between their elements, and transposed: copied with their
 // layout, whatever their offset (a slot starts at 0).
-TEST_CASE("torch/hostile: inputs at an offset, with gaps, and transposed", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: inputs at an offset, with gaps, and transposed", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -221,7 +221,7 @@ TEST_CASE("torch/hostile: inputs at an offset, with gaps, and transposed", "[gpu
 
 // The caller passes the same tensors every time (same addresses, same views) and changes their
 // values in place between calls: every replay must copy them again.
-TEST_CASE("torch/hostile: the same input views, their values changed in place between replays", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: the same input views, their values changed in place between replays", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2 + in[1], in[2] - in[0]}; };
@@ -244,7 +244,7 @@ TEST_CASE("torch/hostile: the same input views, their values changed in place be
 
 // A tensor without elements and tensors without dimensions, as inputs and outputs. A 0-dim CPU
 // tensor (libtorch lets one meet CUDA tensors) is not device memory: the call runs eagerly.
-TEST_CASE("torch/hostile: inputs with no elements and with no dimensions", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: inputs with no elements and with no dimensions", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   SECTION("CUDA tensors: recorded and replayed") {
@@ -272,7 +272,7 @@ TEST_CASE("torch/hostile: inputs with no elements and with no dimensions", "[gpu
 
 // One tensor passed twice, two views that overlap, a view whose elements overlap each other, and
 // overlapping views of a pool output (used in place, not copied).
-TEST_CASE("torch/hostile: inputs that alias each other or themselves", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: inputs that alias each other or themselves", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body pair = [](const Tensors& in) { return Values{in[0] + in[1] * 2, in[0] - in[1], in[1]}; };
@@ -328,7 +328,7 @@ TEST_CASE("torch/hostile: inputs that alias each other or themselves", "[gpu][ho
 
 // Strides are part of the shape key: a matrix and its transpose never replay each other's graph,
 // whatever order they come in.
-TEST_CASE("torch/hostile: an input's layout changes between calls at the same sizes", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: an input's layout changes between calls at the same sizes", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0].cumsum(1), in[0] + 0, in[0].select(0, 1)}; };
@@ -348,8 +348,8 @@ TEST_CASE("torch/hostile: an input's layout changes between calls at the same si
 
 // Another element type at the same shape is refused (wrong_input_type), as an undefined tensor
 // and a scalar where a tensor was are; the pool goes on with the first type.
-TEST_CASE("torch/hostile: another element type, an undefined tensor, a scalar: refused, never a wrong value",
-          "[gpu][hostile]") {
+TEST_CASE("torch/layouts: another element type, an undefined tensor, a scalar: refused, never a wrong value",
+          "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2 + 1}; };
@@ -379,7 +379,7 @@ TEST_CASE("torch/hostile: another element type, an undefined tensor, a scalar: r
 
 // Integer and bool inputs (indices, a mask) through the graph's copy nodes (1- and 4-byte
 // elements), a static float table, and integer and bool outputs.
-TEST_CASE("torch/hostile: integer and bool inputs and outputs", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: integer and bool inputs and outputs", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -404,7 +404,7 @@ TEST_CASE("torch/hostile: integer and bool inputs and outputs", "[gpu][hostile]"
 // conjugate (at the recording, whose first run the copy node makes, and at every replay); copy_
 // applies the bit. The bits are part of the shape key: views, then plain tensors of the same
 // sizes, each warm up and record a graph of their own.
-TEST_CASE("torch/hostile: conjugate and negative views as inputs", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: conjugate and negative views as inputs", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -427,7 +427,7 @@ TEST_CASE("torch/hostile: conjugate and negative views as inputs", "[gpu][hostil
 // A static input is read in place, as its bytes were when recorded. Its lazy conjugate (or negated
 // view) has the same address and sizes: it must not replay the graph recorded for the plain
 // tensor, which would hand back the function of z for the function of conj(z).
-TEST_CASE("torch/hostile: a static input's conjugate at the same address is another input", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: a static input's conjugate at the same address is another input", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2 + 1, at::imag(in[0]), in[1] * 3}; };
@@ -450,7 +450,7 @@ TEST_CASE("torch/hostile: a static input's conjugate at the same address is anot
 // Outputs that are inputs or views of them: a copied input comes back as (a view of) its slot,
 // holding this call's values; a static input (a parameter, changed in place between calls) as
 // the parameter itself.
-TEST_CASE("torch/hostile: outputs that are inputs, views of inputs, or a parameter", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: outputs that are inputs, views of inputs, or a parameter", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -498,7 +498,7 @@ void expect_same_aliasing(const cgt::torch::Outputs& out, const Values& want) {
 // Several outputs over one storage (the tensor, its transpose, two slices, a row, a broadcast):
 // after each replay they still share it, each at its offset, and a write through one shows in
 // the others.
-TEST_CASE("torch/hostile: outputs that view one storage", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: outputs that view one storage", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -521,7 +521,7 @@ TEST_CASE("torch/hostile: outputs that view one storage", "[gpu][hostile]") {
 // The odd outputs: a broadcast view of a pool tensor, no elements (a view of pool memory, and a
 // tensor without memory), no dimensions, undefined, at an offset, transposed, a strided column,
 // the same bytes as another element type.
-TEST_CASE("torch/hostile: broadcast, empty, 0-dim, undefined, offset and transposed outputs", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: broadcast, empty, 0-dim, undefined, offset and transposed outputs", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) {
@@ -554,7 +554,7 @@ TEST_CASE("torch/hostile: broadcast, empty, 0-dim, undefined, offset and transpo
 // Outputs that are lazily conjugated or negated views of pool tensors: a replay rebuilds each
 // output over its storage from the recorded layout, and lost the bit (z instead of its conjugate,
 // the imaginary part with the wrong sign); so did a copy made by copy_out_on_new_step.
-TEST_CASE("torch/hostile: conjugate and negative views as outputs", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: conjugate and negative views as outputs", "[gpu]") {
   REQUIRE_GPU();
   const Body body = [](const Tensors& in) {
     const at::Tensor z = in[0] * 2;
@@ -601,8 +601,8 @@ TEST_CASE("torch/hostile: conjugate and negative views as outputs", "[gpu][hosti
 // caller drops the first call's output 0 before the second call in some steps (keeping output 1,
 // so that the path goes on) and keeps it in others: the second call gets a graph of its own for
 // each pattern, and never overwrites an output the caller holds.
-TEST_CASE("torch/hostile: an output held while its function runs again in the same step keeps its values",
-          "[gpu][hostile]") {
+TEST_CASE("torch/layouts: an output held while its function runs again in the same step keeps its values",
+          "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2 + 1, in[0].t() * 3}; };
@@ -637,7 +637,7 @@ TEST_CASE("torch/hostile: an output held while its function runs again in the sa
 
 // Leases kept past a new step: reclaimed (output_overwritten, escaped copies poisoned), or, with
 // copy_out_on_new_step, copied out with their layouts; take()n copies are the caller's for good.
-TEST_CASE("torch/hostile: outputs kept over new steps", "[gpu][hostile]") {
+TEST_CASE("torch/layouts: outputs kept over new steps", "[gpu]") {
   REQUIRE_GPU();
   const Body body = [](const Tensors& in) {
     const at::Tensor y = in[0] * 2 - 1;
@@ -702,8 +702,8 @@ TEST_CASE("torch/hostile: outputs kept over new steps", "[gpu][hostile]") {
 // A borrowed output is a `const at::Tensor&`, yet libtorch's in-place metadata methods are const:
 // a caller may transpose, unsqueeze, resize, restride it or make it require grad. The next replay
 // must still return what the function returns, not the changed tensor.
-TEST_CASE("torch/hostile: in-place metadata changes of a replay's output do not reach the next replay",
-          "[gpu][hostile]") {
+TEST_CASE("torch/layouts: in-place metadata changes of a replay's output do not reach the next replay",
+          "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2, (in[0] + 1).t()}; };

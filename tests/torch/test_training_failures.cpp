@@ -3,7 +3,7 @@
 // training goes on as if nothing failed; restart_step drops the micro-batches taken. Each test
 // states the promise it tries to break (from modules/cgt.torch-optim.inc and docs/training.md) and
 // checks what a user relies on: values, errors, and which state holds after. Tagged
-// [gpu][training][hostile] (SKIPPED without a GPU).
+// [gpu][training] (SKIPPED without a GPU).
 #include <torch/torch.h>
 #include <ATen/autocast_mode.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
@@ -123,8 +123,8 @@ AccumulationRun train_accumulating(std::optional<at::ScalarType> autocast,
 // goes on exactly as a run in which nothing failed, with the same graphs (a failure in an intact
 // capture is passing: no shape falls back to eager). The failures are placed where the loss
 // function runs: the warm-ups and the recordings of the first, middle and stepping calls.
-TEST_CASE("training/hostile: a loss function that throws or runs out of memory mid-step changes nothing",
-          "[gpu][training][hostile][provokes-api-errors]") {
+TEST_CASE("training/failures: a loss function that throws or runs out of memory mid-step changes nothing",
+          "[gpu][training][provokes-api-errors]") {
   REQUIRE_GPU();
   const std::map<std::pair<int, int>, Failure> plan{
       {{0, 1}, Failure::out_of_memory},  // the middle calls' warm-up
@@ -149,8 +149,8 @@ TEST_CASE("training/hostile: a loss function that throws or runs out of memory m
 // After a failed call the program may give up the step: restart_step drops the micro-batches it
 // took, and the next call begins it again (its first micro-batch zeroes the gradients). Two
 // micro-batches taken and dropped leave no trace in the training that follows.
-TEST_CASE("training/hostile: restart_step drops the micro-batches taken and begins the step again",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/failures: restart_step drops the micro-batches taken and begins the step again",
+          "[gpu][training]") {
   REQUIRE_GPU();
   const auto data = micro_batch_data();
   const auto run = [&data](bool abandon_a_step) {

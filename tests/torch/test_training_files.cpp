@@ -4,7 +4,7 @@
 // state tensor, rate, count or parameter; targets in odd layouts receive the values in their
 // logical order. Each test states the promise it tries to break (from modules/cgt.torch-optim.inc
 // and docs/training.md) and checks what a user relies on: values, errors, and which state holds
-// after. Tagged [training][hostile]; those that need a GPU [gpu] too (SKIPPED without one).
+// after. Tagged [training]; those that need a GPU [gpu] too (SKIPPED without one).
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -111,7 +111,7 @@ Tamper dropping(const std::string& which) {
 // invalid_argument naming what differs, and the rate and the schedule's count stay. The same file
 // untampered, with a key more (a later version's), and with a count of 2^62, loads. An optimizer
 // over no parameters needs no device.
-TEST_CASE("training/hostile: broken and tampered optimizer files change nothing", "[training][hostile]") {
+TEST_CASE("training/files: broken and tampered optimizer files change nothing", "[training]") {
   const TempFile good("hostile_file_good");
   {
     auto source = must(cgt::torch::make_adam({}, {.lr = 0.01}));
@@ -188,8 +188,8 @@ TEST_CASE("training/hostile: broken and tampered optimizer files change nothing"
 // changed, not even those that fit; a truncated file changes nothing either. Targets in odd layouts
 // (a transposed view, a strided view with gaps) receive the file's values in their logical order,
 // at their addresses, and the gaps between their elements are left alone.
-TEST_CASE("training/hostile: load_parameters_in_place changes nothing or everything, in any layout",
-          "[training][hostile]") {
+TEST_CASE("training/files: load_parameters_in_place changes nothing or everything, in any layout",
+          "[training]") {
   struct NarrowImpl : torch::nn::Module {  // Mlp's names, its last layer 4 wide instead of 8
     NarrowImpl()
         : fc1(register_module("fc1", torch::nn::Linear(16, 64))),
@@ -305,8 +305,8 @@ void eager_scaled_step(Mlp& model, cgt::torch::Adam& adam, int seed, double fact
 // range) or the count out of range, the loss scale's tensors of another shape or dtype; and whole
 // files: truncated, of fewer parameters, of float64 parameters, of SGD. A save inside a recording is refused too. The
 // good file then loads.
-TEST_CASE("training/hostile: optimizer files that do not fit leave every state tensor as it was",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/files: optimizer files that do not fit leave every state tensor as it was",
+          "[gpu][training]") {
   REQUIRE_GPU();
   torch::manual_seed(0);
   Mlp model;
@@ -408,8 +408,8 @@ TEST_CASE("training/hostile: optimizer files that do not fit leave every state t
 // into one with takes the file's scale and skips, and a file with them into an optimizer without
 // is refused (the float16 run's scale would be dropped), as is a file with part of them; a refused
 // load changes nothing.
-TEST_CASE("training/hostile: a file's grad scaler state loads into an optimizer that scales the loss, only",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/files: a file's grad scaler state loads into an optimizer that scales the loss, only",
+          "[gpu][training]") {
   REQUIRE_GPU();
   const TempFile scaled_file("hostile_scaled");
   const TempFile plain_file("hostile_plain");

@@ -3,7 +3,7 @@
 // optimizer over no parameters (its steps, eager, graphed and from given gradients, update nothing
 // and clip nothing). Each test states the promise it tries to break (from modules/cgt.torch-optim.inc
 // and docs/training.md) and checks what a user relies on: values, errors, and which state holds
-// after. Tagged [training][hostile]; those that need a GPU [gpu] too (SKIPPED without one).
+// after. Tagged [training]; those that need a GPU [gpu] too (SKIPPED without one).
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -40,7 +40,7 @@ using training_test::TempFile;
 // invalid_argument naming itself, or answers an empty value (0, undefined, false), and nothing it
 // is asked reaches the optimizer its state went to. An optimizer over no parameters needs no
 // device, so this runs everywhere.
-TEST_CASE("training/hostile: optimizer handles without state refuse every new member", "[training][hostile]") {
+TEST_CASE("training/handles: optimizer handles without state refuse every new member", "[training]") {
   auto adam = must(cgt::torch::make_adam({}, {.lr = 0.25, .max_grad_norm = 1.0}));
   must(adam.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), 3));
   cgt::torch::Adam moved = std::move(adam);
@@ -103,7 +103,7 @@ TEST_CASE("training/hostile: optimizer handles without state refuse every new me
 // nothing, eager or from given gradients (an empty list: the foreach kernels would refuse it), and
 // with `max_grad_norm` it clips nothing: `clips_gradients()` is false and `grad_norm()` undefined,
 // so no training step hands out a norm that no step writes. Needs no device.
-TEST_CASE("training/hostile: an optimizer over no parameters steps and clips nothing", "[training][hostile]") {
+TEST_CASE("training/handles: an optimizer over no parameters steps and clips nothing", "[training]") {
   auto adam = must(cgt::torch::make_adam({}, {.lr = 0.25, .max_grad_norm = 1.0, .loss_scale = {.dynamic = true}}));
   auto sgd = must(cgt::torch::make_sgd({}, {.lr = 0.5, .momentum = 0.9, .max_grad_norm = 1.0}));
   for (cgt::torch::Optimizer* none : std::initializer_list<cgt::torch::Optimizer*>{&adam, &sgd}) {
@@ -133,8 +133,8 @@ TEST_CASE("training/hostile: an optimizer over no parameters steps and clips not
 // moved into drives the step made from the old one, the norm and the loss scale are read through
 // it, and with every handle gone the step trains on at the rate last set. SGD on (w * x).sum()
 // with x = 1: each step moves every weight by exactly minus the rate.
-TEST_CASE("training/hostile: steps and optimizers moved mid-step keep the rate, the schedule, the norm and the scale",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/handles: steps and optimizers moved mid-step keep the rate, the schedule, the norm and the scale",
+          "[gpu][training]") {
   REQUIRE_GPU();
   auto w = torch::zeros({8}, gpu).requires_grad_();
   std::optional<cgt::torch::SGD> sgd(must(cgt::torch::make_sgd(
@@ -213,8 +213,8 @@ TEST_CASE("training/hostile: steps and optimizers moved mid-step keep the rate, 
 // gradients) runs the loss function and no backward (a constant has none), updates nothing and
 // hands out the loss alone (no norm: the optimizer clips nothing), at warm-up, recording and
 // replays; the schedule counts its steps.
-TEST_CASE("training/hostile: a training step over no parameters runs its loss function and updates nothing",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/handles: a training step over no parameters runs its loss function and updates nothing",
+          "[gpu][training]") {
   REQUIRE_GPU();
   const auto constant_loss = [](cgt::torch::Inputs in) { return cgt::torch::Values{(in[0] * 2).sum()}; };
   const auto x = torch::arange(8, torch::TensorOptions(gpu).dtype(torch::kFloat));

@@ -3,7 +3,7 @@
 // and strides, and the gaps are never written; what cannot be trained is refused. Each test states
 // the promise it tries to break (from modules/cgt.torch-optim.inc and docs/training.md) and checks
 // what a user relies on: values, errors, and which state holds after. Tagged
-// [gpu][training][hostile] (SKIPPED without a GPU).
+// [gpu][training] (SKIPPED without a GPU).
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -113,8 +113,8 @@ OddRun odd_libtorch(const std::vector<OddBatch>& data, int k, bool per_call) {
 // libtorch's on contiguous copies, each parameter keeps its address and strides, and the elements
 // between a strided parameter's (its buffer's gaps) are never written. Rows that the micro-batches
 // cannot share fail the call and change nothing; the same tensor twice is not two parameters.
-TEST_CASE("training/hostile: parameters and inputs in odd layouts train as contiguous ones",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/layouts: parameters and inputs in odd layouts train as contiguous ones",
+          "[gpu][training]") {
   REQUIRE_GPU();
   constexpr int steps = 8;
   const auto data = odd_batches(steps);
@@ -197,8 +197,8 @@ TEST_CASE("training/hostile: parameters and inputs in odd layouts train as conti
 // be updated in place (libtorch refuses writes to overlapping memory), so every step would fail
 // after counting its steps and moments. make_adam and make_sgd "fail with invalid_argument for an
 // unusable parameter": this one is.
-TEST_CASE("training/hostile: a parameter whose elements overlap is refused when the optimizer is made",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/layouts: a parameter whose elements overlap is refused when the optimizer is made",
+          "[gpu][training]") {
   REQUIRE_GPU();
   auto expanded = torch::zeros({1}, gpu).expand({8}).detach().requires_grad_();
   REQUIRE(expanded.stride(0) == 0);

@@ -3,7 +3,7 @@
 // float32's range) or throw (a std::exception or anything else): the call fails before the pool is
 // called and the previous rate holds, on the host and on the device. Each test states the promise
 // it tries to break (from modules/cgt.torch-optim.inc and docs/training.md) and checks what a user
-// relies on: values, errors, and which state holds after. Tagged [training][hostile]; those that
+// relies on: values, errors, and which state holds after. Tagged [training]; those that
 // need a GPU [gpu] too (SKIPPED without one).
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
@@ -49,8 +49,8 @@ using Catch::Matchers::ContainsSubstring;
 // the rate before its first step (`schedule(step - 1)` at step 0, as a resumed run's log does) must
 // get the first rate, not a negative one, nor infinity, nor a rate above the peak. At any count the
 // rates stay finite and >= 0 (set_lr would refuse anything else and fail the step).
-TEST_CASE("training/hostile: schedules count steps below 0 as 0 and stay finite at every count",
-          "[training][hostile]") {
+TEST_CASE("training/rates: schedules count steps below 0 as 0 and stay finite at every count",
+          "[training]") {
   constexpr std::int64_t lowest = std::numeric_limits<std::int64_t>::min();
   constexpr std::int64_t highest = std::numeric_limits<std::int64_t>::max();
   const std::vector<std::pair<const char*, cgt::torch::LrSchedule>> schedules{
@@ -76,7 +76,7 @@ TEST_CASE("training/hostile: schedules count steps below 0 as 0 and stay finite 
 // A schedule counts steps from 0 to 2^62 (cgt.torch-optim.inc, Optimizer::set_schedule): a start
 // above (INT64_MAX would overflow at the next step) fails with invalid_argument naming the
 // function, and the schedule's count stays; 2^62 itself is taken.
-TEST_CASE("training/hostile: a schedule may not start above 2^62 steps", "[training][hostile]") {
+TEST_CASE("training/rates: a schedule may not start above 2^62 steps", "[training]") {
   auto sgd = must(cgt::torch::make_sgd({}, {.lr = 0.5}));
   must(sgd.set_schedule(cgt::torch::lr::linear(1.0, 0.5, 10), 5));
   for (const std::int64_t start : {std::numeric_limits<std::int64_t>::max(), most_scheduled_steps + 1}) {
@@ -96,8 +96,8 @@ TEST_CASE("training/hostile: a schedule may not start above 2^62 steps", "[train
 // taken, the schedule's count, the host's rate and the device's rate stay, and no parameter moves.
 // The device's rate is read back by the update: the schedule taken away, the next step moves each
 // weight by the rate before the failures. Then the schedule resumes at its count.
-TEST_CASE("training/hostile: schedules that return bad rates or throw keep the previous rate",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/rates: schedules that return bad rates or throw keep the previous rate",
+          "[gpu][training]") {
   REQUIRE_GPU();
   auto w = torch::zeros({8}, gpu).requires_grad_();
   auto sgd = must(cgt::torch::make_sgd({w}, {.lr = 0.5}));
@@ -170,8 +170,8 @@ TEST_CASE("training/hostile: schedules that return bad rates or throw keep the p
 // throws anything (std::exception or not) fails with function_failed. A schedule is the program's
 // code too: one that throws something other than a std::exception must fail the training step's
 // and the graphed update's call the same way, not escape from it.
-TEST_CASE("training/hostile: a schedule that throws a non-std exception fails the call, never escapes",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/rates: a schedule that throws a non-std exception fails the call, never escapes",
+          "[gpu][training]") {
   REQUIRE_GPU();
   auto w = torch::zeros({8}, gpu).requires_grad_();
   auto sgd = must(cgt::torch::make_sgd({w}, {.lr = 0.5}));
@@ -211,7 +211,7 @@ TEST_CASE("training/hostile: a schedule that throws a non-std exception fails th
 // The schedule's count stops at 2^62 (cgt.torch-optim.inc, Optimizer::scheduled_steps), so that it
 // never overflows: a schedule resumed there is asked for the rate of step 2^62 at every step, each
 // step trains at that rate, and the count stays.
-TEST_CASE("training/hostile: the schedule's count stops at 2^62", "[gpu][training][hostile]") {
+TEST_CASE("training/rates: the schedule's count stops at 2^62", "[gpu][training]") {
   REQUIRE_GPU();
   auto w = torch::zeros({8}, gpu).requires_grad_();
   auto sgd = must(cgt::torch::make_sgd({w}, {.lr = 0.5}));
@@ -240,7 +240,7 @@ TEST_CASE("training/hostile: the schedule's count stops at 2^62", "[gpu][trainin
 // range (1e300) cannot be written there. It is a bad argument like a negative rate: set_lr, a
 // schedule and make_adam refuse it with invalid_argument, and the rate before stays (host and
 // device).
-TEST_CASE("training/hostile: a rate beyond float32's range is refused as a bad argument", "[gpu][training][hostile]") {
+TEST_CASE("training/rates: a rate beyond float32's range is refused as a bad argument", "[gpu][training]") {
   REQUIRE_GPU();
   auto w = torch::zeros({8}, gpu).requires_grad_();
   auto sgd = must(cgt::torch::make_sgd({w}, {.lr = 0.01}));

@@ -3,7 +3,7 @@
 // what is turned away fails with concurrent_use and changes nothing, and the training equals a
 // single thread's. Each test states the promise it tries to break (from
 // modules/cgt.torch-optim.inc and docs/training.md) and checks what a user relies on: values,
-// errors, and which state holds after. Tagged [gpu][training][hostile] (SKIPPED without a GPU).
+// errors, and which state holds after. Tagged [gpu][training] (SKIPPED without a GPU).
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
@@ -57,8 +57,8 @@ using Catch::Matchers::ContainsSubstring;
 // Every step moves every weight by one of the two rates the other thread writes, exactly (SGD on
 // (w * x).sum(), x = 1), no step fails, nothing falls back to eager, and once the threads are done
 // the rate set last is the one the next step takes.
-TEST_CASE("training/hostile: set_lr from another thread while steps run takes effect between steps",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/threads: set_lr from another thread while steps run takes effect between steps",
+          "[gpu][training]") {
   REQUIRE_GPU();
   constexpr double slow = 1e-3;
   constexpr double fast = 3e-3;
@@ -128,8 +128,8 @@ TEST_CASE("training/hostile: set_lr from another thread while steps run takes ef
 // changes nothing: the micro-batches taken and the schedule's count are the first call's alone,
 // the recording is not disturbed, and the training equals a single thread's. A graphed update of
 // the same optimizer (an OptimizerStep on another pool) is turned away too: one step at a time.
-TEST_CASE("training/hostile: a step called from two threads at once fails with concurrent_use and counts once",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/threads: a step called from two threads at once fails with concurrent_use and counts once",
+          "[gpu][training]") {
   REQUIRE_GPU();
   const auto data = micro_batch_data();
   const auto schedule = cgt::torch::lr::warmup_cosine(3e-3, 2, 10, 3e-4);
@@ -228,8 +228,8 @@ TEST_CASE("training/hostile: a step called from two threads at once fails with c
 // a run in which no other thread called anything (a load of the step-0 checkpoint, a rate of 1, a
 // schedule from step 0, a zero_grad or a step would each have changed it). On the step's own
 // thread (inside its loss function, at the first call's warm-up) the same members work.
-TEST_CASE("training/hostile: optimizer members called from another thread while a step runs change nothing",
-          "[gpu][training][hostile]") {
+TEST_CASE("training/threads: optimizer members called from another thread while a step runs change nothing",
+          "[gpu][training]") {
   REQUIRE_GPU();
   const auto data = micro_batch_data();
   const auto schedule = cgt::torch::lr::warmup_cosine(3e-3, 2, 10, 3e-4);
