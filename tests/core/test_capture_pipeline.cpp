@@ -57,8 +57,8 @@ struct Asked {
   int instantiations = 0;
   int first_runs = 0;
   int write_backs = 0;  // write_back
-  int finished = 0;   // finish
-  int discarded = 0;  // captures destroyed unfinished
+  int finished = 0;     // finish
+  int discarded = 0;    // captures destroyed unfinished
 };
 
 class ScriptedDevice final : public host_test::ForwardingDevice {

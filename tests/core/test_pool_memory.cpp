@@ -113,8 +113,7 @@ TEST_CASE("pool memory: a new step that fails before its work keeps the last ste
   must(pool.check_memory());
 }
 
-TEST_CASE("pool memory: after shutdown, a lease's death frees nothing and the lease says why",
-          "[pool_memory][host]") {
+TEST_CASE("pool memory: after shutdown, a lease's death frees nothing and the lease says why", "[pool_memory][host]") {
   auto pool = poisoned_pool();
   auto f = doubling(pool, "f", FunctionMode::inference);
   std::optional<cgt::host::Outputs> held(must(f({filled({4}, 1)})));

@@ -42,7 +42,8 @@ cgt::host::Function counted_plus_one(cgt::host::Pool& pool, Runs& runs, cgt::Fun
 
 // y = 2 * what `inner_value(x)` gives, in a kernel that counts itself: a function whose work
 // depends on another pool's call.
-cgt::host::Function doubling_inner(cgt::host::Pool& pool, Runs& runs, std::function<Buffer(const Buffer&)> inner_value) {
+cgt::host::Function doubling_inner(cgt::host::Pool& pool, Runs& runs,
+                                   std::function<Buffer(const Buffer&)> inner_value) {
   return must(pool.add_function(
       [&runs, inner_value = std::move(inner_value)](Context& ctx, Inputs in) {
         ++runs.bodies;
@@ -113,7 +114,8 @@ TEST_CASE("every eager fallback runs the function once", "[host][runs-once]") {
   auto pool = poisoned_pool(std::move(options));
   Runs runs;
   auto sized = counted_plus_one(pool, runs, {.name = "sized", .graph_sizes = {4}});
-  auto bucketed = counted_plus_one(pool, runs, {.name = "bucketed", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}});
+  auto bucketed =
+      counted_plus_one(pool, runs, {.name = "bucketed", .buckets = {.sizes = {4}, .pad = cgt::Pad::constant(0)}});
   auto keyed = counted_plus_one(pool, runs, {.name = "keyed"});
   int expected = 0;
   const auto once = [&](const cgt::host::Function& f, const Buffer& x, K kind) {
@@ -125,16 +127,16 @@ TEST_CASE("every eager fallback runs the function once", "[host][runs-once]") {
     for (double& v : plus_one) v += 1;
     CHECK(output_values(out, 0) == plus_one);
   };
-  once(sized, filled({3}, 1), K::eager);           // size_not_graphed
-  once(bucketed, filled({0}, 1), K::eager);        // size 0: no bucket
-  once(bucketed, filled({5}, 1), K::eager);        // size_above_buckets
-  once(keyed, filled({1}, 1), K::warmup);          // key 1
-  once(keyed, filled({2}, 1), K::warmup);          // key 2 (warm_up_each_shape)
-  once(keyed, filled({3}, 1), K::eager);           // a third key past shape_key_limit
-  once(sized, filled({4}, 1), K::warmup);          // a graphed size: warm-up, recording, replay
+  once(sized, filled({3}, 1), K::eager);     // size_not_graphed
+  once(bucketed, filled({0}, 1), K::eager);  // size 0: no bucket
+  once(bucketed, filled({5}, 1), K::eager);  // size_above_buckets
+  once(keyed, filled({1}, 1), K::warmup);    // key 1
+  once(keyed, filled({2}, 1), K::warmup);    // key 2 (warm_up_each_shape)
+  once(keyed, filled({3}, 1), K::eager);     // a third key past shape_key_limit
+  once(sized, filled({4}, 1), K::warmup);    // a graphed size: warm-up, recording, replay
   once(sized, filled({4}, 2), K::recording);
   once(sized, filled({4}, 3), K::replay);
-  CHECK(runs.bodies == expected - 1);              // the replay ran no body
+  CHECK(runs.bodies == expected - 1);  // the replay ran no body
 }
 
 TEST_CASE("a capture that breaks after the warm-up: the call runs once eagerly, its kernels once",

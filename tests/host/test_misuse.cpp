@@ -314,8 +314,7 @@ TEST_CASE("a function returning a pool buffer it kept from an earlier call fails
   }
 }
 
-TEST_CASE("an escaped copy of an output, passed back after its memory was reclaimed, is output_overwritten",
-          "[host]") {
+TEST_CASE("an escaped copy of an output, passed back after its memory was reclaimed, is output_overwritten", "[host]") {
   auto pool = make_pool({.debug_checks = true});
   auto make = plus(pool, 1, {.name = "make"});
   auto use = plus(pool, 0, {.name = "use"});

@@ -151,8 +151,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("an Outputs moved between threads, reset, reused and dropped on a third thread",
-          "[replay-path][host]") {
+TEST_CASE("an Outputs moved between threads, reset, reused and dropped on a third thread", "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
   auto f = scaling(pool, "scaled", 2);
   const Buffer x = filled({4}, 1.5);
@@ -374,8 +373,7 @@ TEST_CASE(
   CHECK_FALSE(lease.is_valid());
 }
 
-TEST_CASE("a lease moved twice into one call is consumed once: a view of it stays live",
-          "[replay-path][host]") {
+TEST_CASE("a lease moved twice into one call is consumed once: a view of it stays live", "[replay-path][host]") {
   auto pool = poisoned_pool({.debug_checks = true});
   auto f = scaling(pool, "scaled", 2);
   auto view = identity(pool);
@@ -426,8 +424,7 @@ TEST_CASE(
   must(pool.check_memory());
 }
 
-TEST_CASE("a child recorded consuming its input's lease is not replayed for a borrowed one",
-          "[replay-path][host]") {
+TEST_CASE("a child recorded consuming its input's lease is not replayed for a borrowed one", "[replay-path][host]") {
   auto pool = poisoned_pool({.skip_warmup = true, .debug_checks = true});
   auto f = scaling(pool, "f", 2);
   auto g = scaling(pool, "g", 3);
@@ -520,8 +517,7 @@ TEST_CASE("a pool function that drops its own pool's Outputs (more than eight le
   must(pool.check_memory());
 }
 
-TEST_CASE("outputs, released leases and reset bundles outlive shutdown() and the Pool handle",
-          "[replay-path][host]") {
+TEST_CASE("outputs, released leases and reset bundles outlive shutdown() and the Pool handle", "[replay-path][host]") {
   std::optional<cgt::host::Outputs> wide_out;
   std::optional<cgt::host::Outputs> one_out;
   std::optional<cgt::host::OutputLease> lease;

@@ -348,8 +348,7 @@ TEST_CASE("torch/layouts: an input's layout changes between calls at the same si
 
 // Another element type at the same shape is refused (wrong_input_type), as an undefined tensor
 // and a scalar where a tensor was are; the pool goes on with the first type.
-TEST_CASE("torch/layouts: another element type, an undefined tensor, a scalar: refused, never a wrong value",
-          "[gpu]") {
+TEST_CASE("torch/layouts: another element type, an undefined tensor, a scalar: refused, never a wrong value", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2 + 1}; };
@@ -601,8 +600,7 @@ TEST_CASE("torch/layouts: conjugate and negative views as outputs", "[gpu]") {
 // caller drops the first call's output 0 before the second call in some steps (keeping output 1,
 // so that the path goes on) and keeps it in others: the second call gets a graph of its own for
 // each pattern, and never overwrites an output the caller holds.
-TEST_CASE("torch/layouts: an output held while its function runs again in the same step keeps its values",
-          "[gpu]") {
+TEST_CASE("torch/layouts: an output held while its function runs again in the same step keeps its values", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2 + 1, in[0].t() * 3}; };
@@ -702,8 +700,7 @@ TEST_CASE("torch/layouts: outputs kept over new steps", "[gpu]") {
 // A borrowed output is a `const at::Tensor&`, yet libtorch's in-place metadata methods are const:
 // a caller may transpose, unsqueeze, resize, restride it or make it require grad. The next replay
 // must still return what the function returns, not the changed tensor.
-TEST_CASE("torch/layouts: in-place metadata changes of a replay's output do not reach the next replay",
-          "[gpu]") {
+TEST_CASE("torch/layouts: in-place metadata changes of a replay's output do not reach the next replay", "[gpu]") {
   REQUIRE_GPU();
   auto pool = new_pool();
   const Body body = [](const Tensors& in) { return Values{in[0] * 2, (in[0] + 1).t()}; };

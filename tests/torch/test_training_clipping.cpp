@@ -255,8 +255,7 @@ TEST_CASE("training/clipping_options_that_cannot_work_are_errors", "[gpu][traini
 // infinity (the norm is infinite: every finite gradient becomes 0, the infinite one NaN). Orders 2
 // and infinity; the edge comes at a replay, after a warm-up and a recording on finite gradients.
 // SGD on (w1 * a).sum() + (w2 * b).sum(): the gradients are a and b.
-TEST_CASE("training/clipping: clipping zero, NaN and infinite gradients as clip_grad_norm_ does",
-          "[gpu][training]") {
+TEST_CASE("training/clipping: clipping zero, NaN and infinite gradients as clip_grad_norm_ does", "[gpu][training]") {
   REQUIRE_GPU();
   enum class Edge : std::uint8_t { zero, nan, inf };
   for (const double order : {2.0, infinity}) {

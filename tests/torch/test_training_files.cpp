@@ -188,8 +188,7 @@ TEST_CASE("training/files: broken and tampered optimizer files change nothing", 
 // changed, not even those that fit; a truncated file changes nothing either. Targets in odd layouts
 // (a transposed view, a strided view with gaps) receive the file's values in their logical order,
 // at their addresses, and the gaps between their elements are left alone.
-TEST_CASE("training/files: load_parameters_in_place changes nothing or everything, in any layout",
-          "[training]") {
+TEST_CASE("training/files: load_parameters_in_place changes nothing or everything, in any layout", "[training]") {
   struct NarrowImpl : torch::nn::Module {  // Mlp's names, its last layer 4 wide instead of 8
     NarrowImpl()
         : fc1(register_module("fc1", torch::nn::Linear(16, 64))),
@@ -305,8 +304,7 @@ void eager_scaled_step(Mlp& model, cgt::torch::Adam& adam, int seed, double fact
 // range) or the count out of range, the loss scale's tensors of another shape or dtype; and whole
 // files: truncated, of fewer parameters, of float64 parameters, of SGD. A save inside a recording is refused too. The
 // good file then loads.
-TEST_CASE("training/files: optimizer files that do not fit leave every state tensor as it was",
-          "[gpu][training]") {
+TEST_CASE("training/files: optimizer files that do not fit leave every state tensor as it was", "[gpu][training]") {
   REQUIRE_GPU();
   torch::manual_seed(0);
   Mlp model;

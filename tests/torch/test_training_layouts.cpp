@@ -113,8 +113,7 @@ OddRun odd_libtorch(const std::vector<OddBatch>& data, int k, bool per_call) {
 // libtorch's on contiguous copies, each parameter keeps its address and strides, and the elements
 // between a strided parameter's (its buffer's gaps) are never written. Rows that the micro-batches
 // cannot share fail the call and change nothing; the same tensor twice is not two parameters.
-TEST_CASE("training/layouts: parameters and inputs in odd layouts train as contiguous ones",
-          "[gpu][training]") {
+TEST_CASE("training/layouts: parameters and inputs in odd layouts train as contiguous ones", "[gpu][training]") {
   REQUIRE_GPU();
   constexpr int steps = 8;
   const auto data = odd_batches(steps);

@@ -49,8 +49,7 @@ using Catch::Matchers::ContainsSubstring;
 // the rate before its first step (`schedule(step - 1)` at step 0, as a resumed run's log does) must
 // get the first rate, not a negative one, nor infinity, nor a rate above the peak. At any count the
 // rates stay finite and >= 0 (set_lr would refuse anything else and fail the step).
-TEST_CASE("training/rates: schedules count steps below 0 as 0 and stay finite at every count",
-          "[training]") {
+TEST_CASE("training/rates: schedules count steps below 0 as 0 and stay finite at every count", "[training]") {
   constexpr std::int64_t lowest = std::numeric_limits<std::int64_t>::min();
   constexpr std::int64_t highest = std::numeric_limits<std::int64_t>::max();
   const std::vector<std::pair<const char*, cgt::torch::LrSchedule>> schedules{
@@ -96,8 +95,7 @@ TEST_CASE("training/rates: a schedule may not start above 2^62 steps", "[trainin
 // taken, the schedule's count, the host's rate and the device's rate stay, and no parameter moves.
 // The device's rate is read back by the update: the schedule taken away, the next step moves each
 // weight by the rate before the failures. Then the schedule resumes at its count.
-TEST_CASE("training/rates: schedules that return bad rates or throw keep the previous rate",
-          "[gpu][training]") {
+TEST_CASE("training/rates: schedules that return bad rates or throw keep the previous rate", "[gpu][training]") {
   REQUIRE_GPU();
   auto w = torch::zeros({8}, gpu).requires_grad_();
   auto sgd = must(cgt::torch::make_sgd({w}, {.lr = 0.5}));
