@@ -3,7 +3,7 @@
 // that broke, a function that failed, a write to an input, node rewrites or an earlier executable
 // that fits. Each case is a user's calls, then what the pipeline decided: the error or eager run,
 // the counts, which primitives ran, and that a capture given up kept nothing.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 #include <catch2/generators/catch_generators.hpp>
 
 #include <cstddef>
@@ -15,25 +15,9 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
 import cgt.core;
 
-#include "scenario/scenarios.hpp"
 #include "host/forwarding.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::repeat;
-using scenario::must;
-using K = cgt::CallKind;
 
 namespace {
 

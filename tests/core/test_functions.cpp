@@ -5,7 +5,7 @@
 // graph a call with those shapes replays, or a call no graph can serve (a size outside
 // `graph_sizes`, a key past `shape_key_limit`) runs eagerly. Functions is module-internal (its
 // partition is not exported), so these tests drive it through a host pool.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cstddef>
@@ -13,28 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
 using Catch::Matchers::ContainsSubstring;
 using cgt::CallKind;
 using cgt::Errc;
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
 using host_test::scaling;
-using scenario::must;
-
 namespace {
 
 /// What one call did: replayed or recorded (or ran eagerly), which node.

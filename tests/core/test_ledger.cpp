@@ -5,7 +5,7 @@
 // "an escaped copy is refused even when its memory lives again"), a lease moved into a failing
 // call stays valid (tests/host/test_handles.cpp), drops racing a stream of calls
 // (tests/host/test_stress.cpp, [threads]).
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cmath>
 #include <cstddef>
@@ -14,25 +14,6 @@
 #include <thread>
 #include <utility>
 #include <vector>
-
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
-using host_test::values_of;
-using scenario::must;
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The path's contract (src/core/path.cppm), through what a program sees: the current path, node
 // views, leases and stats. Path is module-internal, so these tests drive it through a host pool.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -8,25 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
 using cgt::FunctionMode;
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
-using scenario::must;
-
 namespace {
 
 /// y = 2x, throwing while `*fail` is set (null: never).

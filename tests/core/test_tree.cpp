@@ -2,7 +2,7 @@
 // (found by id), the node each call replayed or recorded, and why a node was recorded. Tree is
 // module-internal, so these tests drive it through a host pool. The pools record at a function's
 // first call (`skip_warmup`), so every call below records or replays a graph node.
-#include <catch2/catch_test_macros.hpp>
+#include "host/host_test.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -10,28 +10,9 @@
 #include <utility>
 #include <vector>
 
-#include "scenario/spec.hpp"
-
-import cgt;
-import cgt.host;
-
-#include "scenario/scenarios.hpp"
-#include "host/harness.hpp"
-#include "host/values.hpp"
-
 using cgt::CallKind;
 using cgt::NodeReason;
-using cgt::host::Buffer;
-using cgt::host::Context;
-using cgt::host::Inputs;
-using cgt::host::Values;
-using host_test::output_values;
-using host_test::poisoned_pool;
-using host_test::repeat;
 using host_test::scaling;
-using host_test::values_of;
-using scenario::must;
-
 namespace {
 
 /// (2x, 3x), each in a storage of its own.
