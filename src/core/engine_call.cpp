@@ -59,10 +59,6 @@ class DeviceCallScope {
   backend::Device* device_;
 };
 
-std::string in_quotes(const std::string& name) {
-  return "'" + name + "'";
-}
-
 // Reads every argument's description into `slots` and `descs`; an error names the input.
 Result<void> describe_arguments(const ArgSource& source, const std::string& function, std::span<backend::ArgSlot> slots,
                                 std::span<backend::ArgDesc> descs, std::vector<std::shared_ptr<const void>>& keep) {

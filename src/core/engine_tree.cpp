@@ -14,10 +14,6 @@ import :engine;
 namespace cgt::detail {
 namespace {
 
-std::string in_quotes(const std::string& name) {
-  return "'" + name + "'";
-}
-
 bool needs_warmup(const FunctionRecord& function, const Variant& variant, const Path& path,
                   const Options& options) noexcept {
   // A warm-up allocates at addresses the caching state of that moment decides, so a recording

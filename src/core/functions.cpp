@@ -16,14 +16,6 @@ module cgt.core;
 import :functions;
 
 namespace cgt::detail {
-namespace {
-
-std::string in_quotes(const std::string& name) {
-  return "'" + name + "'";
-}
-
-}  // namespace
-
 Error in_call(Error error, const FunctionRecord& function, const char* doing, std::int64_t node) {
   error.message = "'" + function.name + "' failed while " + doing + ": " + error.message;
   error.function = function.name;

@@ -22,6 +22,11 @@ import :spi;
 
 namespace cgt::detail {
 
+/// A function's name as the engine's messages quote it: 'name'.
+[[nodiscard]] inline std::string in_quotes(const std::string& name) {
+  return "'" + name + "'";
+}
+
 /// One function at one shape key (PyTorch's FunctionID): nodes of the tree belong to a variant.
 /// Made by `Functions::select`; the engine's steps write its decisions, each named beside it.
 struct Variant {
