@@ -6,6 +6,8 @@
 //   static Result<void> describe(const Value&, backend::ArgDesc&);  // fails for unusable values
 //   static Result<Value> take(const Value&);                        // copy out of the pool
 //   static std::unique_ptr<backend::Invoker> make_invoker(Callable&&);
+//   using Device = ...;                                              // the program's view of a pool's device
+//   static Device& view(backend::Device&);                          // finds it (`Pool::device()`)
 //
 // Every handle, in every state, answers with a value or an `Errc`: a moved-from handle is empty
 // (its calls fail with `invalid_argument`, its queries return empty values), and after
@@ -47,12 +49,16 @@ template <class B>
 class Outputs;
 template <class B>
 class Pool;
+class PoolBase;
 
 namespace backend {
 /// For backends: a new pool of backend `B` over `device` (what a backend's own `make_pool` returns
 /// once it has made its device). Fails with `invalid_argument` for contradictory options.
 template <class B>
 [[nodiscard]] Result<Pool<B>> make_pool(std::unique_ptr<Device> device, Options options);
+/// For backends and tests that stand a device in for one: the backend device under `pool`, which
+/// its engine owns (a fake device may forward to it). REQUIRES: `pool` is not moved from.
+[[nodiscard]] Device& device_of(PoolBase& pool) noexcept;
 }  // namespace backend
 
 /// A read-only reference to the value a lease hands out. It converts to `const T&`, and reads like
@@ -529,6 +535,9 @@ class PoolBase {
  protected:
   explicit PoolBase(detail::EngineRef engine) noexcept : engine_(std::move(engine)) {}
   detail::EngineRef engine_;
+
+ private:
+  friend backend::Device& backend::device_of(PoolBase& pool) noexcept;
 };
 
 /// One graph tree and its memory pool, for one device and stream. Made by a backend
@@ -548,15 +557,16 @@ class Pool : public PoolBase {
     return Function<B>(engine_, *id);
   }
 
-  /// The backend's device (its stream, its allocator), for code that needs it; valid while the
-  /// pool's engine lives (this handle, a function or a lease keeps it). Fails with
+  /// The program's view of the pool's device (`B::Device`: its index, its memory to look at, its
+  /// stream), never the engine's side of it; valid while the pool's engine lives (this handle, a
+  /// function or a lease keeps it). Fails with
   /// `pool_shut_down` after `shutdown()`, `invalid_argument` on a moved-from pool.
   [[nodiscard]] Result<std::reference_wrapper<typename B::Device>> device() & [[clang::lifetimebound]] {
     if (!engine_) return moved_from("device()");
     if (is_shut_down()) {
       return fail(Errc::pool_shut_down, "device() after the pool was shut down: its device is released");
     }
-    return std::ref(static_cast<typename B::Device&>(detail::device(*engine_)));
+    return std::ref(B::view(detail::device(*engine_)));
   }
   // A temporary pool may be the last handle on the engine: the device would die with it.
   [[nodiscard]] Result<std::reference_wrapper<typename B::Device>> device() && =
