@@ -24,8 +24,7 @@ namespace cgt::detail {
 
 /// The number of captures in progress in the process: the process gate's count, which every call
 /// reads (a global, not a static of a function: no guard to test on the way).
-// NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): the process's one count, changed under the gate's
-// lock
+// NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): changed under the gate's lock
 inline constinit std::atomic<std::uint32_t> captures_in_process{0};
 
 /// Owns the captures in progress in the process (their pool, thread, and whether a call of another
