@@ -113,8 +113,8 @@ using cgt::ElementType;
 using cgt::Layout;
 using cgt::max_rank;
 
-// The handles a program holds, templates over a backend (modules/cgt-handles.cppm); each backend
-// names them for its own type, e.g. `cgt::host::Pool`.
+// The handles a program holds, templates over a backend (modules/cgt-handles.cppm lists their
+// files); each backend names them for its own type, e.g. `cgt::host::Pool`.
 using cgt::Arg;          // one argument of a call: a value, a lease (borrowed or moved in), an integer
 using cgt::Function;     // a function registered with a pool
 using cgt::Node;         // a read-only view of one node of the tree

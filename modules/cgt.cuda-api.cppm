@@ -17,8 +17,9 @@ export module cgt.cuda:api;
 import cgt.core;
 
 namespace cgt::cuda {
+class CudaDevice;   // the engine's side of the device (backend::Device), src/cuda/device.cpp; not exported
 class CudaCapture;  // a recording in progress (backend::Capture), src/cuda/device.cpp; not exported
-}
+}  // namespace cgt::cuda
 
 export namespace cgt::cuda {
 
@@ -110,8 +111,6 @@ using OutOfMemory = backend::OutOfMemory;
 /// byte count that overflows); the call fails with `invalid_argument`.
 using InvalidArgument = backend::InvalidArgument;
 
-class Device;
-
 /// What a pool function receives: where to allocate and where to launch.
 class Context {
  public:
@@ -129,12 +128,12 @@ class Context {
   [[nodiscard]] bool is_capturing() const noexcept { return capturing_; }
 
  private:
-  friend class Device;
+  friend class CudaDevice;
   friend class CudaCapture;
   enum class Target : std::uint8_t { device_memory, pool };
-  Context(Device& device, Target target, bool capturing) noexcept
+  Context(CudaDevice& device, Target target, bool capturing) noexcept
       : device_(device), target_(target), capturing_(capturing) {}
-  Device& device_;
+  CudaDevice& device_;
   Target target_;
   bool capturing_;
   std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
@@ -182,91 +181,40 @@ using GraphCounts = cgt::GraphCounts;
 /// Number of usable CUDA devices (0 without a driver). Never throws.
 [[nodiscard]] int device_count() noexcept;
 
-/// The CUDA device of one pool: its arena and its stream. Reach it with `pool.device()`.
-class Device final : public backend::Device {
+/// The CUDA device of one pool, as a program sees it: its index, its arena to look at, its stream,
+/// how its graphs came to be. Reach it with `pool.device()`; it is valid while the pool's engine
+/// lives (the `Pool`, a `Function` or a lease keeps it). Not copyable: a reference to the pool's
+/// own view.
+class Device {
  public:
-  Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-         bool update_graphs_in_place = true, bool rewrite_memset_nodes = true, bool rewrite_memcpy_nodes = false);
-  ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
-  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
-  /// The pool's memory, to look at (what is allocated, where): the engine's to change, not the program's.
-  [[nodiscard]] const Arena& arena() const noexcept { return *arena_; }
-  /// Waits for the pool's stream.
+  /// The CUDA device index (`PoolOptions::device`).
+  [[nodiscard]] std::int32_t index() const noexcept;
+  /// Whether `address` is memory of the pool's arena (false after `Pool::shutdown()`).
+  [[nodiscard]] bool contains(std::uintptr_t address) const noexcept;
+  /// The pool's stream: warm-ups, recordings and replays run on it.
+  [[nodiscard]] cudaStream_t stream() const noexcept;
+  /// The pool's memory, to look at (what is allocated, where): the engine's to change, not the
+  /// program's. REQUIRES: the pool is not shut down (`shutdown()` releases the arena).
+  [[nodiscard]] const Arena& arena() const noexcept;
+  /// Waits for the pool's stream. Fails with `backend_error` for a CUDA error.
   [[nodiscard]] Result<void> synchronize() const;
   /// Orders this pool's later work after the work issued so far on `producer`'s stream, without
   /// blocking the host (an event recorded there, waited for here). Every pool has its own stream,
   /// and two pools' streams are not ordered with each other (a blocking stream waits for the
   /// legacy stream only): before passing another pool's output (or anything written on its
   /// stream) into this pool's function, call `consumer.wait_for(producer)`. Either device.
+  /// Fails with `backend_error` for a CUDA error.
   [[nodiscard]] Result<void> wait_for(const Device& producer) const;
-  [[nodiscard]] const GraphCounts& graph_counts() const noexcept { return counts_; }
+  /// How this pool's graphs came to be: instantiated, updated in place, nodes rewritten.
+  [[nodiscard]] const GraphCounts& graph_counts() const noexcept;
 
  private:
-  // The engine's side (backend::Device), which it calls through the base class: private here, so
-  // that the device a program reaches with `pool.device()` offers only the members above.
-  // (Those it does not override too: a base member would otherwise be public through the base.)
-  using backend::Device::begin_call;
-  using backend::Device::end_call;
-  using backend::Device::pad;
-  using backend::Device::scopes_calls;
-  using backend::Device::sizes_of;
-  using backend::Device::slice;
-  using backend::Device::write_back;
-  [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }
-  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
-  /// Whether the arena contains `storage`.
-  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
-    return arena_ != nullptr && arena_->contains(storage);
-  }
-  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
-  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
-    return std::string(to_string(static_cast<ElementType>(dtype)));
-  }
-  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
-  void stamp(const void* value, std::uint64_t life) const noexcept override {
-    backend::stamp_buffer<Buffer>(value, life);
-  }
-  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                               backend::RunMode mode) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
-                                                                          std::span<const backend::ArgSlot> args,
-                                                                          const backend::RecordPlan& plan) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
-  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
-                                     std::span<backend::StorageHandle* const> live,
-                                     std::span<const std::uintptr_t> dead) override;
-  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
-  void adopt(backend::StorageHandle& storage) override;
-  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
-  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
-                                                   const std::shared_ptr<void>& rescued) override;
-  /// Batch buckets are not supported: padding needs a fill kernel per element type, which cgt.cuda
-  /// does not have (`add_function` with `buckets` fails with `invalid_argument`, saying this).
-  [[nodiscard]] std::string why_no_buckets() const override {
-    return "cgt.cuda cannot pad inputs yet (it has no fill kernel for its buffers): use graph_sizes and pad to "
-           "those sizes yourself, or cgt.torch, which pads";
-  }
-  [[nodiscard]] std::vector<Block> live_blocks() const override;
-  [[nodiscard]] MemoryInfo memory() const override;
-  void shutdown() override;
-
-  friend class Context;
-  friend class CudaCapture;
-  [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
-  [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
-
-  int device_;
-  cudaStream_t stream_;
-  const void* context_;  // the driver context `stream_` was made in: a replay's test that the device is current
-  std::unique_ptr<Arena> arena_;
-  bool poison_;
-  bool update_in_place_;
-  bool rewrite_memsets_;
-  bool rewrite_memcpys_;
-  GraphCounts counts_;
+  friend class CudaDevice;
+  explicit Device(CudaDevice& device) noexcept : device_(&device) {}
+  CudaDevice* device_;
 };
 
 /// The cuda backend, as `cgt::Pool` and friends need it.
@@ -282,6 +230,8 @@ struct Backend {
   /// device first, since a pool's stream may be non-blocking (not ordered with the copy).
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);
   [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
+  /// The program's view of the pool's device. REQUIRES: `device` is a cuda device (`make_pool`'s).
+  [[nodiscard]] static Device& view(backend::Device& device) noexcept;
 };
 
 using Pool = cgt::Pool<Backend>;

@@ -18,8 +18,9 @@ import cgt.core;
 import :buffer;
 
 namespace cgt::host {
+class HostDevice;   // the engine's side of the device (backend::Device), src/host/internal.cppm; not exported
 class HostCapture;  // a recording in progress (backend::Capture), src/host/device.cpp; not exported
-}
+}  // namespace cgt::host
 
 export namespace cgt::host {
 
@@ -70,8 +71,6 @@ using OutOfMemory = backend::OutOfMemory;
 /// byte count that overflows); the call fails with `invalid_argument`.
 using InvalidArgument = backend::InvalidArgument;
 
-class Device;
-
 /// What a pool function receives: where to allocate and where to launch.
 class Context {
  public:
@@ -98,11 +97,11 @@ class Context {
   void synchronize() noexcept;
 
  private:
-  friend class Device;
+  friend class HostDevice;
   friend class HostCapture;
   enum class Target : std::uint8_t { heap, pool };
-  Context(Device& device, Target target) noexcept : device_(device), target_(target) {}
-  Device& device_;
+  Context(HostDevice& device, Target target) noexcept : device_(device), target_(target) {}
+  HostDevice& device_;
   Target target_;
   std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
 };
@@ -125,77 +124,31 @@ struct PoolOptions {
   bool poison_dead_memory = false;
 };
 
-/// The host device of one pool: its arena and stream. Reach it with `pool.device()`.
-class Device final : public backend::Device {
+/// The host device of one pool, as a program sees it: which device, its arena to look at, its
+/// stream. Reach it with `pool.device()`; it is valid while the pool's engine lives (the `Pool`,
+/// a `Function` or a lease keeps it). Not copyable: a reference to the pool's own view.
+class Device {
  public:
-  Device(ArenaOptions arena, bool poison_dead_memory);
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
 
-  /// The pool's memory, to look at (what is allocated, where): the engine's to change, not the program's.
-  [[nodiscard]] const Arena& arena() const noexcept { return *arena_; }
-  [[nodiscard]] Stream& stream() noexcept { return stream_; }
+  /// The device's index: 0, the host.
+  [[nodiscard]] std::int32_t index() const noexcept { return 0; }
+  /// Whether `address` is memory of the pool's arena (false after `Pool::shutdown()`).
+  [[nodiscard]] bool contains(std::uintptr_t address) const noexcept;
+  /// The pool's memory, to look at (what is allocated, where): the engine's to change, not the
+  /// program's. REQUIRES: the pool is not shut down (`shutdown()` releases the arena).
+  [[nodiscard]] const Arena& arena() const noexcept;
+  /// The stream the pool's work runs on.
+  [[nodiscard]] Stream& stream() noexcept;
   /// Recordings for which the engine named the recording they redo because a static input moved
   /// (the host backend has no graph to share with it; cgt.cuda updates that one's in place).
-  [[nodiscard]] std::size_t recordings_redoing_another() const noexcept { return redoing_another_; }
+  [[nodiscard]] std::size_t recordings_redoing_another() const noexcept;
 
  private:
-  // The engine's side (backend::Device), which it calls through the base class: private here, so
-  // that the device a program reaches with `pool.device()` offers only the members above.
-  // (Those it does not override too: a base member would otherwise be public through the base.)
-  using backend::Device::begin_call;
-  using backend::Device::end_call;
-  using backend::Device::scopes_calls;
-  [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
-  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
-  /// Whether the arena contains `storage`.
-  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
-    return arena_ != nullptr && arena_->contains(storage);
-  }
-  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
-  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
-    return std::string(to_string(static_cast<ElementType>(dtype)));
-  }
-  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
-  void stamp(const void* value, std::uint64_t life) const noexcept override {
-    backend::stamp_buffer<Buffer>(value, life);
-  }
-  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                               backend::RunMode mode) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
-                                                                          std::span<const backend::ArgSlot> args,
-                                                                          const backend::RecordPlan& plan) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
-  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
-                                     std::span<backend::StorageHandle* const> live,
-                                     std::span<const std::uintptr_t> dead) override;
-  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
-  void adopt(backend::StorageHandle& storage) override;
-  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
-  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
-                                                   const std::shared_ptr<void>& rescued) override;
-  /// Batch buckets: the host pads into ordinary memory and slices by restriding (src/host/buckets.cpp).
-  [[nodiscard]] std::string why_no_buckets() const override { return {}; }
-  [[nodiscard]] Result<backend::Padded> pad(const void* value, const backend::ArgDesc& desc, std::size_t dim,
-                                            std::int64_t size, Pad pad) override;
-  [[nodiscard]] Result<std::shared_ptr<const void>> slice(const void* value, const backend::StorageHandle* storage,
-                                                          std::size_t dim, std::int64_t bucket,
-                                                          std::int64_t size) override;
-  [[nodiscard]] std::vector<std::int64_t> sizes_of(const void* value) const override;
-  [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
-                                        std::int64_t rows) override;
-  [[nodiscard]] std::vector<Block> live_blocks() const override;
-  [[nodiscard]] MemoryInfo memory() const override;
-  void shutdown() override;
-
-  friend class Context;
-  friend class HostCapture;
-  [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
-  [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
-  [[nodiscard]] bool in_pool(const Buffer& value) const noexcept;
-
-  std::unique_ptr<Arena> arena_;
-  Stream stream_;
-  bool poison_;
-  std::size_t redoing_another_ = 0;
+  friend class HostDevice;
+  explicit Device(HostDevice& device) noexcept : device_(&device) {}
+  HostDevice* device_;
 };
 
 /// The host backend, as `cgt::Pool` and friends need it.
@@ -210,6 +163,8 @@ struct Backend {
   }
   [[nodiscard]] static Result<Buffer> take(const Buffer& buffer);
   [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
+  /// The program's view of the pool's device. REQUIRES: `device` is a host device (`make_pool`'s).
+  [[nodiscard]] static Device& view(backend::Device& device) noexcept;
 };
 
 using Pool = cgt::Pool<Backend>;

@@ -46,6 +46,10 @@ export module cgt.torch:api;
 // The core and the backend interface; importers of cgt.torch get `cgt` only.
 import cgt.core;
 
+namespace cgt::torch {
+class TorchDevice;  // the engine's side of the device (backend::Device), src/torch/internal.cppm; not exported
+}
+
 export namespace cgt::torch {
 
 /// The inputs of a call, by position: `in[i]` is input `i` as a tensor (undefined where the call
@@ -85,81 +89,30 @@ struct PoolOptions {
   return device_count() > 0;
 }
 
-/// The CUDA device of one pool: its private memory pool and the stream warm-ups and recordings
-/// run on (its own, never shared with another pool). Reach it with `pool.device()`. It never
-/// synchronises the whole device, so pools on several threads record and replay at once; their
-/// functions must not draw random numbers from libtorch's default generator while another thread
-/// captures (it is one per device).
-class Device final : public backend::Device {
+/// The CUDA device of one pool, as a program sees it: its index, what memory is its private
+/// memory pool's, how its graphs came to be. Reach it with `pool.device()`; it is valid while the
+/// pool's engine lives (the `Pool`, a `Function` or a lease keeps it). Not copyable: a reference
+/// to the pool's own view. The device warms up and records on a stream of its own (never shared
+/// with another pool) and never synchronises the whole device, so pools on several threads record
+/// and replay at once; their functions must not draw random numbers from libtorch's default
+/// generator while another thread captures (it is one per device).
+class Device {
  public:
-  explicit Device(std::int16_t device, bool update_graphs_in_place = true, bool rewrite_memset_nodes = true,
-                  bool rewrite_memcpy_nodes = false);
-  ~Device() override;
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
+  /// The CUDA device index (`PoolOptions::device`).
   [[nodiscard]] std::int16_t index() const noexcept;
-  /// Is `address` inside a segment of this pool's private memory pool?
+  /// Is `address` inside a segment of this pool's private memory pool? (False after
+  /// `Pool::shutdown()`.)
   [[nodiscard]] bool contains(std::uintptr_t address) const;
   /// How this pool's graphs came to be: instantiated, updated in place, switched, nodes rewritten.
   [[nodiscard]] const GraphCounts& graph_counts() const noexcept;
 
  private:
-  // The engine's side (backend::Device), which it calls through the base class: private here, so
-  // that the device a program reaches with `pool.device()` offers only the members above.
-  // (Those it does not override too: a base member would otherwise be public through the base.)
-  using backend::Device::owns;
-  using backend::Device::stamp;
-  using backend::Device::stamps_values;
-  /// A tensor's element type by name ("Float"), for messages.
-  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
-    return c10::toString(static_cast<c10::ScalarType>(dtype));
-  }
-  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                               backend::RunMode mode) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
-                                                                          std::span<const backend::ArgSlot> args,
-                                                                          const backend::RecordPlan& plan) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
-  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
-                                     std::span<backend::StorageHandle* const> live,
-                                     std::span<const std::uintptr_t> dead) override;
-  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
-  [[nodiscard]] std::int32_t device_index() const noexcept override { return index(); }
-  /// A call whose caller's current stream is capturing a graph of the program's own (an
-  /// `at::cuda::CUDAGraph` around it) is refused: the pool's work would be captured into that
-  /// graph, which replays it without the pool knowing. The call's work runs in the pool's context,
-  /// and the caller's (one the program made, or none) is current again after it.
-  [[nodiscard]] bool scopes_calls() const noexcept override { return true; }
-  [[nodiscard]] Result<void> begin_call() override;
-  void end_call() noexcept override;
-  /// `release` acts on a storage's libtorch record only: one with none has nothing to release.
-  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return false; }
-  void adopt(backend::StorageHandle& storage) override;
-  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
-  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
-                                                   const std::shared_ptr<void>& rescued) override;
-  /// Batch buckets: inputs padded with libtorch ops on the caller's stream, outputs sliced with
-  /// `narrow` (views registered with their storage's record, like the outputs they view).
-  [[nodiscard]] std::string why_no_buckets() const override { return {}; }
-  [[nodiscard]] Result<backend::Padded> pad(const void* value, const backend::ArgDesc& desc, std::size_t dim,
-                                            std::int64_t size, Pad pad) override;
-  [[nodiscard]] Result<std::shared_ptr<const void>> slice(const void* value, const backend::StorageHandle* storage,
-                                                          std::size_t dim, std::int64_t bucket,
-                                                          std::int64_t size) override;
-  [[nodiscard]] std::vector<std::int64_t> sizes_of(const void* value) const override;
-  /// A write to a padded copy (seen through its version counter) copied back into the caller's rows.
-  [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
-                                        std::int64_t rows) override;
-  [[nodiscard]] std::vector<Block> live_blocks() const override;
-  [[nodiscard]] MemoryInfo memory() const override;
-  void shutdown() override;
-
- public:
-  struct State;  // the libtorch objects; defined in src/torch
-
- private:
-  std::unique_ptr<State> state_;
+  friend class TorchDevice;
+  explicit Device(TorchDevice& device) noexcept : device_(&device) {}
+  TorchDevice* device_;
 };
 
 /// The libtorch backend, as `cgt::Pool` and friends need it.
@@ -174,6 +127,8 @@ struct Backend {
   /// `tensor.clone()`: a copy in ordinary CUDA memory.
   [[nodiscard]] static Result<at::Tensor> take(const at::Tensor& tensor);
   [[nodiscard]] static std::unique_ptr<backend::Invoker> make_invoker(Callable&& fn);
+  /// The program's view of the pool's device. REQUIRES: `device` is a libtorch device (`make_pool`'s).
+  [[nodiscard]] static Device& view(backend::Device& device) noexcept;
 };
 
 using Pool = cgt::Pool<Backend>;

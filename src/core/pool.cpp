@@ -303,4 +303,8 @@ std::string_view to_string(NodeReason reason) noexcept {
   return "unknown";
 }
 
+backend::Device& backend::device_of(PoolBase& pool) noexcept {
+  return detail::device(*pool.engine_);
+}
+
 }  // namespace cgt

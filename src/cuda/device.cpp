@@ -176,13 +176,90 @@ class CudaRecording final : public backend::Recording {
   kernels::GraphInExec<Instantiated> graph_;  // this recording's graph in its (shared) executable
   cudaStream_t stream_;
   int device_;
-  const void* context_;  // the pool's (Device::context_)
+  const void* context_;  // the pool's (CudaDevice::context_)
   std::vector<Copy> copies_;
   Values outputs_;
   GraphCounts& counts_;
 };
 
 }  // namespace
+
+// The engine's side of the CUDA device of one pool: its arena, its stream, its graphs' counts. A
+// program sees it through its view (`cuda::Device`), which it owns.
+class CudaDevice final : public backend::Device {
+ public:
+  CudaDevice(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
+             bool update_graphs_in_place = true, bool rewrite_memset_nodes = true, bool rewrite_memcpy_nodes = false);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  [[nodiscard]] cuda::Device& view() noexcept { return view_; }
+
+  [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
+  /// Null after `shutdown()`.
+  [[nodiscard]] const Arena* arena() const noexcept { return arena_.get(); }
+  /// See `cuda::Device`, the view.
+  [[nodiscard]] Result<void> synchronize() const;
+  [[nodiscard]] Result<void> wait_for(const CudaDevice& producer) const;
+  [[nodiscard]] const GraphCounts& graph_counts() const noexcept { return counts_; }
+
+  [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }
+  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
+  /// Whether the arena contains `storage`.
+  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
+    return arena_ != nullptr && arena_->contains(storage);
+  }
+  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
+  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
+    return std::string(to_string(static_cast<ElementType>(dtype)));
+  }
+  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
+  void stamp(const void* value, std::uint64_t life) const noexcept override {
+    backend::stamp_buffer<Buffer>(value, life);
+  }
+  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                               backend::RunMode mode) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
+                                                                          std::span<const backend::ArgSlot> args,
+                                                                          const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
+  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
+                                     std::span<backend::StorageHandle* const> live,
+                                     std::span<const std::uintptr_t> dead) override;
+  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
+  void adopt(backend::StorageHandle& storage) override;
+  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
+  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
+                                                   const std::shared_ptr<void>& rescued) override;
+  /// Batch buckets are not supported: padding needs a fill kernel per element type, which cgt.cuda
+  /// does not have (`add_function` with `buckets` fails with `invalid_argument`, saying this).
+  [[nodiscard]] std::string why_no_buckets() const override {
+    return "cgt.cuda cannot pad inputs yet (it has no fill kernel for its buffers): use graph_sizes and pad to "
+           "those sizes yourself, or cgt.torch, which pads";
+  }
+  [[nodiscard]] std::vector<Block> live_blocks() const override;
+  [[nodiscard]] MemoryInfo memory() const override;
+  void shutdown() override;
+
+  [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
+  [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
+
+ private:
+  friend class Context;
+  friend class CudaCapture;
+  cuda::Device view_{*this};
+
+  int device_;
+  cudaStream_t stream_;
+  const void* context_;  // the driver context `stream_` was made in: a replay's test that the device is current
+  std::unique_ptr<Arena> arena_;
+  bool poison_;
+  bool update_in_place_;
+  bool rewrite_memsets_;
+  bool rewrite_memcpys_;
+  GraphCounts counts_;
+};
 
 int device_count() noexcept {
   int count = 0;
@@ -207,8 +284,8 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
   return device_.allocate_in_pool(*this, type, sizes);
 }
 
-Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-               bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes)
+CudaDevice::CudaDevice(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
+                       bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes)
     : device_(device),
       stream_(stream),
       context_(current_context()),  // make_pool made the stream with the device current
@@ -232,15 +309,15 @@ Device::Device(int device, cudaStream_t stream, const ArenaOptions& arena, bool 
   arena_ = std::make_unique<Arena>(std::move(options));
 }
 
-Device::~Device() {
+CudaDevice::~CudaDevice() {
   shutdown();
 }
 
-Result<void> Device::synchronize() const {
+Result<void> CudaDevice::synchronize() const {
   return checked(cudaStreamSynchronize(stream_), "waiting for the pool's stream");
 }
 
-Result<void> Device::wait_for(const Device& producer) const {
+Result<void> CudaDevice::wait_for(const CudaDevice& producer) const {
   if (&producer == this) return {};
   CurrentDevice on_producer;  // an event is recorded on a stream of its own device
   if (auto entered = on_producer.enter(producer.device_, producer.context_); !entered) return entered;
@@ -255,7 +332,7 @@ Result<void> Device::wait_for(const Device& producer) const {
   return recorded;
 }
 
-Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
+Buffer CudaDevice::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
   const auto bytes = contiguous_bytes(type, sizes);
   if (!bytes) throw InvalidArgument("Context::allocate: " + bytes.error().message);
   auto memory = arena_->allocate(*bytes);
@@ -264,14 +341,14 @@ Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<co
   return Buffer::view_of(*memory, *bytes, type, sizes, device_);
 }
 
-Result<backend::RunResult> Device::finish(Context& context, Values&& outputs) {
+Result<backend::RunResult> CudaDevice::finish(Context& context, Values&& outputs) {
   // Temporaries die with the call (kernels on the pool's stream that use them run before any
   // later allocation's kernels, so the memory can be reused at once).
   return backend::finish_call(*arena_, context.allocations_, std::move(outputs));
 }
 
-Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                       backend::RunMode mode) {
+Result<backend::RunResult> CudaDevice::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                           backend::RunMode mode) {
   CurrentDevice current;
   if (auto set = current.enter(device_, context_); !set) return std::unexpected(set.error());
   const CallInputs inputs(args);
@@ -302,7 +379,7 @@ std::string why_uncapturable(cudaError_t ended) {
 // The pool's device is current while it lives.
 class CudaCapture final : public backend::Capture {
  public:
-  CudaCapture(Device& device, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+  CudaCapture(CudaDevice& device, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
               const backend::RecordPlan& plan)
       : device_(device), fn_(fn), plan_(plan), inputs_(args), context_(device, Context::Target::pool, true) {}
   CudaCapture(const CudaCapture&) = delete;
@@ -437,7 +514,7 @@ class CudaCapture final : public backend::Capture {
   [[nodiscard]] cudaStream_t stream() const noexcept { return device_.stream_; }
 
   CurrentDevice current_;  // declared first: the device is put back after everything below is gone
-  Device& device_;
+  CudaDevice& device_;
   backend::Invoker& fn_;
   backend::RecordPlan plan_;
   CallInputs inputs_;  // the function's inputs: the copied ones replaced by their slots
@@ -451,24 +528,24 @@ class CudaCapture final : public backend::Capture {
   Values outputs_;                            // the function's, from the capture
 };
 
-Result<std::unique_ptr<backend::Capture>> Device::begin_recording(backend::Invoker& fn,
-                                                                  std::span<const backend::ArgSlot> args,
-                                                                  const backend::RecordPlan& plan) {
+Result<std::unique_ptr<backend::Capture>> CudaDevice::begin_recording(backend::Invoker& fn,
+                                                                      std::span<const backend::ArgSlot> args,
+                                                                      const backend::RecordPlan& plan) {
   auto capture = std::make_unique<CudaCapture>(*this, fn, args, plan);
   if (auto entered = capture->enter_device(); !entered) return std::unexpected(entered.error());
   return capture;
 }
 
-Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
+Result<std::unique_ptr<backend::Checkpoint>> CudaDevice::checkpoint() {
   return backend::checkpoint_arena(*arena_);
 }
 
-Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
-                             std::span<const std::uintptr_t> dead) {
+Result<void> CudaDevice::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+                                 std::span<const std::uintptr_t> dead) {
   return backend::restore_arena(*arena_, checkpoint, live, dead);
 }
 
-void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
+void CudaDevice::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
   if (!arena_) return;
   // Zero bytes: a zero-element output, which points at no device memory (no_elements_storage).
   if (poison_ && storage.bytes != 0) {
@@ -481,9 +558,9 @@ void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, 
   if (storage.owned_by_allocator) (void)arena_->free(storage.address);  // NOLINT(bugprone-unused-return-value)
 }
 
-void Device::adopt(backend::StorageHandle& /*storage*/) {}
+void CudaDevice::adopt(backend::StorageHandle& /*storage*/) {}
 
-Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
+Result<std::shared_ptr<void>> CudaDevice::rescue(const backend::StorageHandle& storage) {
   CurrentDevice current;
   if (auto set = current.enter(device_, context_); !set) return std::unexpected(set.error());
   auto copy = device_allocation(storage.bytes, "copying an output out of the pool");
@@ -497,21 +574,21 @@ Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& stora
   return copy;
 }
 
-std::shared_ptr<const void> Device::rebase(const void* value, const backend::StorageHandle& from,
-                                           const std::shared_ptr<void>& rescued) {
+std::shared_ptr<const void> CudaDevice::rebase(const void* value, const backend::StorageHandle& from,
+                                               const std::shared_ptr<void>& rescued) {
   const Buffer& original = *static_cast<const Buffer*>(value);
   return std::make_shared<Buffer>(original.on_storage(static_cast<std::byte*>(rescued.get()), from.bytes, rescued));
 }
 
-std::vector<Block> Device::live_blocks() const {
+std::vector<Block> CudaDevice::live_blocks() const {
   return arena_ ? arena_->live_blocks() : std::vector<Block>{};
 }
 
-MemoryInfo Device::memory() const {
+MemoryInfo CudaDevice::memory() const {
   return arena_ ? arena_->memory() : MemoryInfo{};
 }
 
-void Device::shutdown() {
+void CudaDevice::shutdown() {
   if (!arena_) return;
   CurrentDevice current;
   // Without the pool's device current the wait is skipped: the cudaFree of the segments below
@@ -547,6 +624,38 @@ std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
   return std::make_unique<CudaInvoker>(std::move(fn));
 }
 
+Device& Backend::view(backend::Device& device) noexcept {
+  return static_cast<CudaDevice&>(device).view();
+}
+
+std::int32_t Device::index() const noexcept {
+  return device_->device_index();
+}
+
+bool Device::contains(std::uintptr_t address) const noexcept {
+  return device_->owns(address);
+}
+
+cudaStream_t Device::stream() const noexcept {
+  return device_->stream();
+}
+
+const Arena& Device::arena() const noexcept {
+  return *device_->arena();
+}
+
+Result<void> Device::synchronize() const {
+  return device_->synchronize();
+}
+
+Result<void> Device::wait_for(const Device& producer) const {
+  return device_->wait_for(*producer.device_);
+}
+
+const GraphCounts& Device::graph_counts() const noexcept {
+  return device_->graph_counts();
+}
+
 Result<Pool> make_pool(PoolOptions options) {
   if (options.device < 0 || options.device >= device_count()) {
     return fail(Errc::backend_error, "no usable CUDA device " + std::to_string(options.device) + " (this machine has " +
@@ -559,9 +668,9 @@ Result<Pool> make_pool(PoolOptions options) {
   if (auto created = checked(cudaStreamCreateWithFlags(&stream, flags), "creating the pool's stream"); !created) {
     return std::unexpected(created.error());
   }
-  auto device = std::make_unique<Device>(options.device, stream, options.arena, options.poison_dead_memory,
-                                         options.update_graphs_in_place, options.rewrite_memset_nodes,
-                                         options.rewrite_memcpy_nodes);
+  auto device = std::make_unique<CudaDevice>(options.device, stream, options.arena, options.poison_dead_memory,
+                                             options.update_graphs_in_place, options.rewrite_memset_nodes,
+                                             options.rewrite_memcpy_nodes);
   return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
 }
 

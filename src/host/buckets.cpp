@@ -9,6 +9,7 @@ module;
 
 module cgt.host;
 import cgt.core;
+import :internal;
 
 namespace cgt::host {
 namespace {
@@ -22,8 +23,8 @@ Buffer narrow(const Buffer& buffer, std::size_t dim, std::int64_t start, std::in
 
 }  // namespace
 
-Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /*desc*/, std::size_t dim,
-                                    std::int64_t size, Pad pad) {
+Result<backend::Padded> HostDevice::pad(const void* value, const backend::ArgDesc& /*desc*/, std::size_t dim,
+                                        std::int64_t size, Pad pad) {
   const Buffer& source = *static_cast<const Buffer*>(value);
   if (pad.mode == PadMode::constant && !holds_exactly(source.type(), pad.value)) {
     // Converting it would be undefined (NaN, out of range) or silently another value (0.5 as 0).
@@ -57,7 +58,7 @@ Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /
   return result;
 }
 
-Result<void> Device::write_back(const void* padded, const void* original, std::size_t dim, std::int64_t rows) {
+Result<void> HostDevice::write_back(const void* padded, const void* original, std::size_t dim, std::int64_t rows) {
   const Buffer& source = *static_cast<const Buffer*>(padded);
   const Buffer& target = *static_cast<const Buffer*>(original);
   if (dim >= source.rank() || source.sizes()[dim] < rows || target.rank() != source.rank() ||
@@ -68,15 +69,15 @@ Result<void> Device::write_back(const void* padded, const void* original, std::s
   return {};
 }
 
-Result<std::shared_ptr<const void>> Device::slice(const void* value, const backend::StorageHandle* /*storage*/,
-                                                  std::size_t dim, std::int64_t bucket, std::int64_t size) {
+Result<std::shared_ptr<const void>> HostDevice::slice(const void* value, const backend::StorageHandle* /*storage*/,
+                                                      std::size_t dim, std::int64_t bucket, std::int64_t size) {
   const Buffer& output = *static_cast<const Buffer*>(value);
   if (output.empty() || dim >= output.rank() || output.sizes()[dim] != bucket) return nullptr;
   // The view keeps the output's life number (a copy of the buffer): the pool tells it live or stale.
   return std::make_shared<Buffer>(narrow(output, dim, 0, size));
 }
 
-std::vector<std::int64_t> Device::sizes_of(const void* value) const {
+std::vector<std::int64_t> HostDevice::sizes_of(const void* value) const {
   const Buffer& buffer = *static_cast<const Buffer*>(value);
   return {buffer.sizes().begin(), buffer.sizes().end()};
 }

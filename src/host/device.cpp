@@ -16,6 +16,7 @@ module;
 
 module cgt.host;
 import cgt.core;
+import :internal;
 
 namespace cgt::host {
 namespace {
@@ -155,21 +156,21 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
 }
 
 void Context::launch(Kernel kernel) {
-  device_.stream_.launch(std::move(kernel));
+  device_.stream().launch(std::move(kernel));
 }
 
 bool Context::is_capturing() const noexcept {
-  return device_.stream_.is_capturing();
+  return device_.stream().is_capturing();
 }
 
 void Context::synchronize() noexcept {
-  device_.stream_.synchronize();
+  device_.stream().synchronize();
 }
 
-Device::Device(ArenaOptions arena, bool poison_dead_memory)
+HostDevice::HostDevice(ArenaOptions arena, bool poison_dead_memory)
     : arena_(std::make_unique<Arena>(std::move(arena))), poison_(poison_dead_memory) {}
 
-Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
+Buffer HostDevice::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
   const auto bytes = contiguous_bytes(type, sizes);
   if (!bytes) throw InvalidArgument("Context::allocate: " + bytes.error().message);
   auto memory = arena_->allocate(*bytes);
@@ -178,13 +179,13 @@ Buffer Device::allocate_in_pool(Context& context, ElementType type, std::span<co
   return Buffer::view_of(*memory, *bytes, type, sizes);
 }
 
-Result<backend::RunResult> Device::finish(Context& context, Values&& outputs) {
+Result<backend::RunResult> HostDevice::finish(Context& context, Values&& outputs) {
   // Temporaries die with the call, as a tensor does when its last reference goes.
   return backend::finish_call(*arena_, context.allocations_, std::move(outputs));
 }
 
-Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                       backend::RunMode mode) {
+Result<backend::RunResult> HostDevice::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                           backend::RunMode mode) {
   const CallInputs inputs(args);
   Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::heap);
   const InputSnapshots snapshots(inputs.values, [&](std::size_t i) { return !in_pool(inputs.values[i]); });
@@ -198,7 +199,7 @@ Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const bac
   return finished;
 }
 
-bool Device::in_pool(const Buffer& value) const noexcept {
+bool HostDevice::in_pool(const Buffer& value) const noexcept {
   return owns(address_of(value.storage()));
 }
 
@@ -206,7 +207,7 @@ bool Device::in_pool(const Buffer& value) const noexcept {
 // captured on the pool's stream, and the graph's first run.
 class HostCapture final : public backend::Capture {
  public:
-  HostCapture(Device& device, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+  HostCapture(HostDevice& device, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
               const backend::RecordPlan& plan)
       : device_(device),
         fn_(static_cast<HostInvoker&>(fn)),
@@ -315,7 +316,7 @@ class HostCapture final : public backend::Capture {
  private:
   [[nodiscard]] Arena& arena() const noexcept { return *device_.arena_; }
 
-  Device& device_;
+  HostDevice& device_;
   HostInvoker& fn_;
   backend::RecordPlan plan_;
   std::span<const backend::ArgSlot> args_;  // the caller's arguments
@@ -328,52 +329,52 @@ class HostCapture final : public backend::Capture {
   Values outputs_;  // the function's, from the capture
 };
 
-Result<std::unique_ptr<backend::Capture>> Device::begin_recording(backend::Invoker& fn,
-                                                                  std::span<const backend::ArgSlot> args,
-                                                                  const backend::RecordPlan& plan) {
+Result<std::unique_ptr<backend::Capture>> HostDevice::begin_recording(backend::Invoker& fn,
+                                                                      std::span<const backend::ArgSlot> args,
+                                                                      const backend::RecordPlan& plan) {
   if (plan.replaces != nullptr) ++redoing_another_;
   return std::make_unique<HostCapture>(*this, fn, args, plan);
 }
 
-Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
+Result<std::unique_ptr<backend::Checkpoint>> HostDevice::checkpoint() {
   return backend::checkpoint_arena(*arena_);
 }
 
-Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
-                             std::span<const std::uintptr_t> dead) {
+Result<void> HostDevice::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+                                 std::span<const std::uintptr_t> dead) {
   return backend::restore_arena(*arena_, checkpoint, live, dead);
 }
 
-void Device::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
+void HostDevice::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
   if (poison_) std::memset(pointer_to(storage.address), 0xFF, storage.bytes);
   if (!storage.owned_by_allocator) return;
   (void)arena_->free(storage.address);  // NOLINT(bugprone-unused-return-value): fails only if already free
 }
 
-void Device::adopt(backend::StorageHandle& /*storage*/) {}
+void HostDevice::adopt(backend::StorageHandle& /*storage*/) {}
 
-Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
+Result<std::shared_ptr<void>> HostDevice::rescue(const backend::StorageHandle& storage) {
   std::shared_ptr<std::byte[]> copy_of(new std::byte[std::max<std::size_t>(storage.bytes, 1)]);  // NOLINT
   std::memcpy(copy_of.get(), pointer_to(storage.address), storage.bytes);
   return std::shared_ptr<void>(copy_of, copy_of.get());
 }
 
-std::shared_ptr<const void> Device::rebase(const void* value, const backend::StorageHandle& from,
-                                           const std::shared_ptr<void>& rescued) {
+std::shared_ptr<const void> HostDevice::rebase(const void* value, const backend::StorageHandle& from,
+                                               const std::shared_ptr<void>& rescued) {
   const Buffer& original = *static_cast<const Buffer*>(value);
   auto* bytes = static_cast<std::byte*>(rescued.get());
   return std::make_shared<Buffer>(original.on_storage(bytes, from.bytes, std::shared_ptr<std::byte[]>(rescued, bytes)));
 }
 
-std::vector<Block> Device::live_blocks() const {
+std::vector<Block> HostDevice::live_blocks() const {
   return arena_ ? arena_->live_blocks() : std::vector<Block>{};
 }
 
-MemoryInfo Device::memory() const {
+MemoryInfo HostDevice::memory() const {
   return arena_ ? arena_->memory() : MemoryInfo{};
 }
 
-void Device::shutdown() {
+void HostDevice::shutdown() {
   stream_.discard_capture();
   arena_.reset();
 }
@@ -387,8 +388,28 @@ std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
   return std::make_unique<HostInvoker>(std::move(fn));
 }
 
+Device& Backend::view(backend::Device& device) noexcept {
+  return static_cast<HostDevice&>(device).view();
+}
+
+bool Device::contains(std::uintptr_t address) const noexcept {
+  return device_->owns(address);
+}
+
+const Arena& Device::arena() const noexcept {
+  return *device_->arena();
+}
+
+Stream& Device::stream() noexcept {
+  return device_->stream();
+}
+
+std::size_t Device::recordings_redoing_another() const noexcept {
+  return device_->recordings_redoing_another();
+}
+
 Result<Pool> make_pool(PoolOptions options) {
-  auto device = std::make_unique<Device>(options.arena, options.poison_dead_memory);
+  auto device = std::make_unique<HostDevice>(options.arena, options.poison_dead_memory);
   return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
 }
 

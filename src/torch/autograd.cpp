@@ -112,7 +112,7 @@ std::vector<Arg> args_of(std::span<const at::Tensor> values) {
 /// What every call of one autograd function shares, and what its nodes keep alive. Made by
 /// make_autograd_function once its pool functions are registered, so that it always holds all
 /// three (a Function has no empty state).
-struct AutogradFunction::State {
+struct AutogradState {
   /// The parameters that receive gradients, and their gradient buffers (outside the pool): the
   /// `.grad()` a parameter had when the function was made (an optimizer's static gradient, so
   /// that the backward graph accumulates into it with no copy: `adopted`), otherwise buffers made
@@ -283,7 +283,7 @@ struct SavedInput {
 /// The grad_fn of an autograd function's outputs.
 class GraphedBackward final : public ::torch::autograd::Node {
  public:
-  GraphedBackward(std::shared_ptr<AutogradFunction::State> state, ::torch::autograd::edge_list&& edges)
+  GraphedBackward(std::shared_ptr<AutogradState> state, ::torch::autograd::edge_list&& edges)
       : Node(std::move(edges)), state_(std::move(state)) {}
 
   [[nodiscard]] std::string name() const override { return "cgt::GraphedBackward(" + state_->name + ")"; }
@@ -336,7 +336,7 @@ class GraphedBackward final : public ::torch::autograd::Node {
     saved.clear();
   }
 
-  std::shared_ptr<AutogradFunction::State> state_;
+  std::shared_ptr<AutogradState> state_;
   std::mutex mutex_;
   bool released_ = false;
 };
@@ -377,7 +377,7 @@ void GraphedBackward::check_inputs_unmodified() const {
 /// `backward(inputs=...)` does only into the leaves it names. The backward graph treats the
 /// parameters as one, so naming some of them, or asking `grad` for one, is refused rather than
 /// answered wrongly.
-bool parameters_wanted(const AutogradFunction::State& state) {
+bool parameters_wanted(const AutogradState& state) {
   const auto* exec_info = ::torch::autograd::get_current_graph_task_exec_info();
   if (exec_info == nullptr || exec_info->empty()) return true;
   // The leaves asked for are AccumulateGrad nodes of the task (no edge of this node leads to a
@@ -417,7 +417,7 @@ bool parameters_wanted(const AutogradFunction::State& state) {
   const std::lock_guard lock(mutex_);
   TORCH_CHECK(!released_, ::torch::autograd::ERR_BACKWARD_TWICE, " (in the backward of cgt autograd function \"",
               state_->name, "\")");
-  AutogradFunction::State& state = *state_;
+  AutogradState& state = *state_;
   // The engine runs a create_graph backward's nodes under grad mode (and others without it).
   const bool create_graph = at::GradMode::is_enabled();
   check_inputs_unmodified();
@@ -575,7 +575,7 @@ const Function& AutogradFunction::backward_function() const {
 
 Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tensor>& inputs) const {
   if (!state_) return fail(Errc::invalid_argument, "call of an empty AutogradFunction handle (moved from)");
-  const State& state = *state_;
+  const AutogradState& state = *state_;
   if (inputs.size() > max_positions) {
     return fail(Errc::invalid_argument, in_quotes(state.name) + " takes at most " + std::to_string(max_positions) +
                                             " inputs; it was given " + std::to_string(inputs.size()));
@@ -675,7 +675,7 @@ Result<AutogradOutputs> AutogradFunction::operator()(const std::vector<at::Tenso
 
 namespace {
 
-using Gradients = AutogradFunction::State::Gradients;
+using Gradients = AutogradState::Gradients;
 
 /// Those of `parameters` that receive gradients: the ones that require one. Fails with
 /// `invalid_argument` for one that is undefined or not a leaf.
@@ -731,7 +731,7 @@ void make_flat_buffers(Gradients& gradients, const std::vector<std::size_t>& to_
   }
 }
 
-/// The gradient buffers of `parameters` (see State::Gradients): a `.grad()` the parameter has is
+/// The gradient buffers of `parameters` (see AutogradState::Gradients): a `.grad()` the parameter has is
 /// adopted where it can be (`adoptable`); the others are made here, zero, outside the pool.
 /// Throws what libtorch throws.
 Gradients make_gradients(std::vector<at::Tensor> parameters, const Device& pool_device) {
@@ -863,15 +863,15 @@ Result<AutogradFunction> make_autograd_function(Pool& pool, Callable fn, Autogra
       },
       ".backward", FunctionMode::backward);
   if (!backward) return std::unexpected(std::move(backward.error()));
-  return AutogradFunction(std::make_shared<AutogradFunction::State>(
-      AutogradFunction::State{.name = std::move(name),
-                              .device = device->get().index(),
-                              .fn = body,
-                              .inference = std::move(*inference),
-                              .forward = std::move(*forward),
-                              .backward = std::move(*backward),
-                              .gradients = std::move(*gradients),
-                              .backward_stream = std::move(backward_stream)}));
+  return AutogradFunction(
+      std::make_shared<AutogradState>(AutogradState{.name = std::move(name),
+                                                    .device = device->get().index(),
+                                                    .fn = body,
+                                                    .inference = std::move(*inference),
+                                                    .forward = std::move(*forward),
+                                                    .backward = std::move(*backward),
+                                                    .gradients = std::move(*gradients),
+                                                    .backward_stream = std::move(backward_stream)}));
 }
 
 }  // namespace cgt::torch

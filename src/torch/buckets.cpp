@@ -47,8 +47,8 @@ at::Scalar fill_value(const at::Tensor& tensor, double value) {
 
 }  // namespace
 
-Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /*desc*/, std::size_t dim,
-                                    std::int64_t size, Pad pad) {
+Result<backend::Padded> TorchDevice::pad(const void* value, const backend::ArgDesc& /*desc*/, std::size_t dim,
+                                         std::int64_t size, Pad pad) {
   const at::Tensor& source = *static_cast<const at::Tensor*>(value);
   return guarded("padding an input to its bucket", [&]() -> Result<backend::Padded> {
     // On the caller's stream of the tensor's device, like the caller's own work on it: a replay
@@ -84,7 +84,7 @@ Result<backend::Padded> Device::pad(const void* value, const backend::ArgDesc& /
   });
 }
 
-Result<void> Device::write_back(const void* padded, const void* original, std::size_t dim, std::int64_t rows) {
+Result<void> TorchDevice::write_back(const void* padded, const void* original, std::size_t dim, std::int64_t rows) {
   const at::Tensor& source = *static_cast<const at::Tensor*>(padded);
   const at::Tensor& target = *static_cast<const at::Tensor*>(original);
   return guarded("copying a write to a padded input back", [&]() -> Result<void> {
@@ -99,8 +99,8 @@ Result<void> Device::write_back(const void* padded, const void* original, std::s
   });
 }
 
-Result<std::shared_ptr<const void>> Device::slice(const void* value, const backend::StorageHandle* storage,
-                                                  std::size_t dim, std::int64_t bucket, std::int64_t size) {
+Result<std::shared_ptr<const void>> TorchDevice::slice(const void* value, const backend::StorageHandle* storage,
+                                                       std::size_t dim, std::int64_t bucket, std::int64_t size) {
   const at::Tensor& output = *static_cast<const at::Tensor*>(value);
   if (!output.defined() || dim >= static_cast<std::size_t>(output.dim()) ||
       output.size(static_cast<std::int64_t>(dim)) != bucket) {
@@ -117,7 +117,7 @@ Result<std::shared_ptr<const void>> Device::slice(const void* value, const backe
   });
 }
 
-std::vector<std::int64_t> Device::sizes_of(const void* value) const {
+std::vector<std::int64_t> TorchDevice::sizes_of(const void* value) const {
   const at::Tensor& tensor = *static_cast<const at::Tensor*>(value);
   if (!tensor.defined()) return {};
   return tensor.sizes().vec();

@@ -67,7 +67,8 @@ int device_count() noexcept {
   return c10::cuda::device_count();
 }
 
-Device::Device(std::int16_t device, bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes) {
+TorchDevice::TorchDevice(std::int16_t device, bool update_graphs_in_place, bool rewrite_memset_nodes,
+                         bool rewrite_memcpy_nodes) {
   const auto index = static_cast<c10::DeviceIndex>(device);
   const c10::cuda::CUDAGuard device_guard(index);
   // The caching allocator must be initialised before its pool functions are used.
@@ -90,7 +91,7 @@ Device::Device(std::int16_t device, bool update_graphs_in_place, bool rewrite_me
   allocator::createOrIncrefPool(index, state_->pool);
 }
 
-Result<void> Device::begin_call() {
+Result<void> TorchDevice::begin_call() {
   State& state = *state_;
   CUcontext caller = nullptr;
   const bool known = kernels::read_current_context(caller);
@@ -122,7 +123,7 @@ Result<void> Device::begin_call() {
   return {};
 }
 
-void Device::end_call() noexcept {
+void TorchDevice::end_call() noexcept {
   State& state = *state_;
   if (!state.switched_context) return;
   (void)kernels::make_context_current(static_cast<CUcontext>(state.caller_context));
@@ -130,7 +131,7 @@ void Device::end_call() noexcept {
   state.caller_context = nullptr;
 }
 
-Device::~Device() {
+TorchDevice::~TorchDevice() {
   shutdown();
   if (state_ && state_->own_stream != nullptr) {
     const c10::cuda::CUDAGuard device_guard(state_->index);
@@ -139,21 +140,21 @@ Device::~Device() {
   }
 }
 
-std::int16_t Device::index() const noexcept {
+std::int16_t TorchDevice::index() const noexcept {
   return state_->index;
 }
 
-const GraphCounts& Device::graph_counts() const noexcept {
+const GraphCounts& TorchDevice::graph_counts() const noexcept {
   return state_->graph_counts;
 }
 
-bool Device::contains(std::uintptr_t address) const {
+bool TorchDevice::contains(std::uintptr_t address) const {
   return std::ranges::any_of(pool_segments(*state_), [address](const auto& segment) {
     return address >= segment.first && address < segment.first + segment.second;
   });
 }
 
-Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
+Result<std::unique_ptr<backend::Checkpoint>> TorchDevice::checkpoint() {
   return guarded("checkpointing the pool", [&]() -> Result<std::unique_ptr<backend::Checkpoint>> {
     const c10::cuda::CUDAGuard device_guard(state_->index);
     // Only the allocator's books, which the pool's queued work does not change: no waiting for it.
@@ -163,8 +164,8 @@ Result<std::unique_ptr<backend::Checkpoint>> Device::checkpoint() {
   });
 }
 
-Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
-                             std::span<const std::uintptr_t> dead) {
+Result<void> TorchDevice::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
+                                  std::span<const std::uintptr_t> dead) {
   return guarded("restoring a checkpoint", [&]() -> Result<void> {
     const State& state = *state_;
     const c10::cuda::CUDAGuard device_guard(state.index);
@@ -198,7 +199,7 @@ Result<void> Device::restore(const backend::Checkpoint& checkpoint, std::span<ba
   });
 }
 
-void Device::release(backend::StorageHandle& storage, backend::Release why, std::string_view function) {
+void TorchDevice::release(backend::StorageHandle& storage, backend::Release why, std::string_view function) {
   auto* record = static_cast<TorchStorage*>(storage.native);
   if (record == nullptr || !record->impl || state_->shut_down) return;
   record->held_by_replay = false;
@@ -217,7 +218,7 @@ void Device::release(backend::StorageHandle& storage, backend::Release why, std:
   }
 }
 
-void Device::adopt(backend::StorageHandle& storage) {
+void TorchDevice::adopt(backend::StorageHandle& storage) {
   auto record = std::make_shared<TorchStorage>();
   record->impl = storage_over(storage.address, storage.bytes, state_->index);
   state_->records[record->impl.get()] = record;
@@ -225,7 +226,7 @@ void Device::adopt(backend::StorageHandle& storage) {
   storage.native_owner = std::move(record);
 }
 
-Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& storage) {
+Result<std::shared_ptr<void>> TorchDevice::rescue(const backend::StorageHandle& storage) {
   return guarded("copying an output out of the pool", [&]() -> Result<std::shared_ptr<void>> {
     const c10::cuda::CUDAGuard device_guard(state_->index);
     auto rescued = std::make_shared<Rescued>();
@@ -242,8 +243,8 @@ Result<std::shared_ptr<void>> Device::rescue(const backend::StorageHandle& stora
   });
 }
 
-std::shared_ptr<const void> Device::rebase(const void* value, const backend::StorageHandle& /*from*/,
-                                           const std::shared_ptr<void>& rescued) {
+std::shared_ptr<const void> TorchDevice::rebase(const void* value, const backend::StorageHandle& /*from*/,
+                                                const std::shared_ptr<void>& rescued) {
   const at::Tensor& original = *static_cast<const at::Tensor*>(value);
   const at::Tensor& bytes = static_cast<Rescued*>(rescued.get())->bytes;
   auto copy =
@@ -254,7 +255,7 @@ std::shared_ptr<const void> Device::rebase(const void* value, const backend::Sto
   return copy;
 }
 
-std::vector<Block> Device::live_blocks() const {
+std::vector<Block> TorchDevice::live_blocks() const {
   if (state_->shut_down) return {};
   try {
     return allocated_blocks(*state_);
@@ -264,7 +265,7 @@ std::vector<Block> Device::live_blocks() const {
   return {};
 }
 
-MemoryInfo measure_memory(Device::State& state) {
+MemoryInfo measure_memory(TorchDevice::State& state) {
   MemoryInfo info;
   for (const auto& [address, bytes] : pool_segments(state)) info.reserved_bytes += bytes;
   for (const Block& block : allocated_blocks(state)) {
@@ -285,7 +286,7 @@ MemoryInfo measure_memory(Device::State& state) {
   return info;
 }
 
-MemoryInfo Device::memory() const {
+MemoryInfo TorchDevice::memory() const {
   if (state_->shut_down) return {};
   try {
     return measure_memory(*state_);
@@ -295,7 +296,7 @@ MemoryInfo Device::memory() const {
   return {};
 }
 
-void Device::shutdown() {
+void TorchDevice::shutdown() {
   if (!state_ || state_->shut_down) return;
   state_->shut_down = true;
   try {
@@ -360,14 +361,30 @@ std::unique_ptr<backend::Invoker> Backend::make_invoker(Callable&& fn) {
   return std::make_unique<TorchInvoker>(std::move(fn));
 }
 
+Device& Backend::view(backend::Device& device) noexcept {
+  return static_cast<TorchDevice&>(device).view();
+}
+
+std::int16_t Device::index() const noexcept {
+  return device_->index();
+}
+
+const GraphCounts& Device::graph_counts() const noexcept {
+  return device_->graph_counts();
+}
+
+bool Device::contains(std::uintptr_t address) const {
+  return device_->contains(address);
+}
+
 Result<Pool> make_pool(PoolOptions options) {
   if (options.device < 0 || options.device >= device_count()) {
     return fail(Errc::backend_error, "no usable CUDA device " + std::to_string(options.device) + " (this machine has " +
                                          std::to_string(device_count()) + ")");
   }
-  auto device = guarded("making the pool", [&]() -> Result<std::unique_ptr<Device>> {
-    return std::make_unique<Device>(options.device, options.update_graphs_in_place, options.rewrite_memset_nodes,
-                                    options.rewrite_memcpy_nodes);
+  auto device = guarded("making the pool", [&]() -> Result<std::unique_ptr<TorchDevice>> {
+    return std::make_unique<TorchDevice>(options.device, options.update_graphs_in_place, options.rewrite_memset_nodes,
+                                         options.rewrite_memcpy_nodes);
   });
   if (!device) return std::unexpected(std::move(device.error()));
   return backend::make_pool<Backend>(std::move(*device), std::move(options.tree));

@@ -53,7 +53,7 @@ struct TorchStorage {
   c10::intrusive_ptr<c10::StorageImpl> impl;
   std::vector<const at::Tensor*> views;
   /// A replay handed it out and no release came since: it is in use, though the pool's allocator,
-  /// which never saw a replay's outputs, counts its memory as free (`Device::memory`).
+  /// which never saw a replay's outputs, counts its memory as free (`TorchDevice::memory`).
   bool held_by_replay = false;
 
   void add_view(const at::Tensor* tensor) { views.push_back(tensor); }
@@ -81,8 +81,76 @@ struct RunOwner {
   std::vector<std::shared_ptr<TorchStorage>> storages;
 };
 
+// The engine's side of the CUDA device of one pool: its private memory pool and its stream, held
+// in `State`. A program sees it through its view (`torch::Device`), which it owns.
+class TorchDevice final : public backend::Device {
+ public:
+  explicit TorchDevice(std::int16_t device, bool update_graphs_in_place = true, bool rewrite_memset_nodes = true,
+                       bool rewrite_memcpy_nodes = false);
+  ~TorchDevice() override;
+  TorchDevice(const TorchDevice&) = delete;
+  TorchDevice& operator=(const TorchDevice&) = delete;
+
+  [[nodiscard]] torch::Device& view() noexcept { return view_; }
+
+  /// See `torch::Device`, the view.
+  [[nodiscard]] std::int16_t index() const noexcept;
+  [[nodiscard]] bool contains(std::uintptr_t address) const;
+  [[nodiscard]] const GraphCounts& graph_counts() const noexcept;
+
+  /// A tensor's element type by name ("Float"), for messages.
+  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
+    return c10::toString(static_cast<c10::ScalarType>(dtype));
+  }
+  [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                               backend::RunMode mode) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
+                                                                          std::span<const backend::ArgSlot> args,
+                                                                          const backend::RecordPlan& plan) override;
+  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
+  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
+                                     std::span<backend::StorageHandle* const> live,
+                                     std::span<const std::uintptr_t> dead) override;
+  void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
+  [[nodiscard]] std::int32_t device_index() const noexcept override { return index(); }
+  /// A call whose caller's current stream is capturing a graph of the program's own (an
+  /// `at::cuda::CUDAGraph` around it) is refused: the pool's work would be captured into that
+  /// graph, which replays it without the pool knowing. The call's work runs in the pool's context,
+  /// and the caller's (one the program made, or none) is current again after it.
+  [[nodiscard]] bool scopes_calls() const noexcept override { return true; }
+  [[nodiscard]] Result<void> begin_call() override;
+  void end_call() noexcept override;
+  /// `release` acts on a storage's libtorch record only: one with none has nothing to release.
+  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return false; }
+  void adopt(backend::StorageHandle& storage) override;
+  [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
+  [[nodiscard]] std::shared_ptr<const void> rebase(const void* value, const backend::StorageHandle& from,
+                                                   const std::shared_ptr<void>& rescued) override;
+  /// Batch buckets: inputs padded with libtorch ops on the caller's stream, outputs sliced with
+  /// `narrow` (views registered with their storage's record, like the outputs they view).
+  [[nodiscard]] std::string why_no_buckets() const override { return {}; }
+  [[nodiscard]] Result<backend::Padded> pad(const void* value, const backend::ArgDesc& desc, std::size_t dim,
+                                            std::int64_t size, Pad pad) override;
+  [[nodiscard]] Result<std::shared_ptr<const void>> slice(const void* value, const backend::StorageHandle* storage,
+                                                          std::size_t dim, std::int64_t bucket,
+                                                          std::int64_t size) override;
+  [[nodiscard]] std::vector<std::int64_t> sizes_of(const void* value) const override;
+  /// A write to a padded copy (seen through its version counter) copied back into the caller's rows.
+  [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
+                                        std::int64_t rows) override;
+  [[nodiscard]] std::vector<Block> live_blocks() const override;
+  [[nodiscard]] MemoryInfo memory() const override;
+  void shutdown() override;
+
+  struct State;  // the libtorch objects (below)
+
+ private:
+  torch::Device view_{*this};
+  std::unique_ptr<State> state_;
+};
+
 /// A pool's libtorch objects.
-struct Device::State {
+struct TorchDevice::State {
   c10::DeviceIndex index = 0;
   /// The pool's own stream (made for it, never shared with another pool: a capture on one
   /// thread must not take in another pool's warm-up on the same stream).
@@ -94,7 +162,7 @@ struct Device::State {
   std::size_t host_pool_uses_kept = 0;
   cudaStream_t own_stream = nullptr;  ///< `stream`, created for this pool; destroyed with it
   const void* context = nullptr;      ///< the driver context `own_stream` was made in (kernels::CurrentDevice)
-  /// The caller's context, while a call runs in the pool's instead (Device::begin_call, end_call).
+  /// The caller's context, while a call runs in the pool's instead (TorchDevice::begin_call, end_call).
   void* caller_context = nullptr;
   bool switched_context = false;
   bool update_graphs_in_place = true;
@@ -141,7 +209,7 @@ inline void follow(const c10::cuda::CUDAStream& later, const c10::cuda::CUDAStre
 /// same. Not while either stream is capturing (a pool called inside another pool's capture): a
 /// capture cannot wait for work outside it, and the outer capture orders the call. Returns the
 /// caller's stream.
-inline c10::cuda::CUDAStream follow_last_caller(Device::State& state) {
+inline c10::cuda::CUDAStream follow_last_caller(TorchDevice::State& state) {
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
   if (state.last_caller == current) return current;
   const auto capturing = [](const c10::cuda::CUDAStream& stream) {
@@ -158,7 +226,7 @@ inline c10::cuda::CUDAStream follow_last_caller(Device::State& state) {
 
 /// Waits on the host for the pool's stream and the caller's current stream: the only streams that
 /// use the pool's memory. Never the whole device: another thread may be capturing.
-inline void synchronize_pool_streams(const Device::State& state) {
+inline void synchronize_pool_streams(const TorchDevice::State& state) {
   state.stream.synchronize();
   const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
   if (current != state.stream) current.synchronize();
@@ -188,7 +256,7 @@ inline void clear_workspaces_of(const c10::cuda::CUDAStream& stream) {
 /// pool's stream (PyTorch's `_use_cuda_memory_pool_manager`).
 class PoolAllocation {
  public:
-  explicit PoolAllocation(Device::State& state) : state_(state), stream_guard_(state.stream) {
+  explicit PoolAllocation(TorchDevice::State& state) : state_(state), stream_guard_(state.stream) {
     allocator::beginAllocateToPool(state.index, state.pool,
                                    [stream = state.stream.stream()](cudaStream_t target) { return target == stream; });
   }
@@ -200,7 +268,7 @@ class PoolAllocation {
   }
 
  private:
-  Device::State& state_;
+  TorchDevice::State& state_;
   c10::cuda::CUDAStreamGuard stream_guard_;
 };
 
@@ -260,7 +328,7 @@ auto guarded(const char* doing, Work&& work) -> decltype(std::forward<Work>(work
 
 /// follow_last_caller, with what libtorch throws as an error: for a warm-up, recording or eager
 /// run (a replay calls it inside its own guard).
-inline Result<void> order_after_last_caller(Device::State& state) {
+inline Result<void> order_after_last_caller(TorchDevice::State& state) {
   return guarded("ordering the call after the pool's last caller", [&]() -> Result<void> {
     (void)follow_last_caller(state);
     return {};
@@ -329,9 +397,9 @@ class NormalTensors {
 };
 
 /// Segments of the pool's private memory pool: [address, address + size).
-std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::State& state);
+std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const TorchDevice::State& state);
 /// The blocks of the pool's private memory pool that its allocator counts as allocated.
-std::vector<Block> allocated_blocks(const Device::State& state);
+std::vector<Block> allocated_blocks(const TorchDevice::State& state);
 /// Fails with `function_failed` for an output cgt cannot hand out: a tensor without strided
 /// storage (sparse, nested, mkldnn: `Cause::unsupported_output`, so that the engine runs those
 /// shapes eagerly), or one whose pool memory was reclaimed (a tensor the function kept from an
@@ -340,12 +408,12 @@ Result<void> check_outputs(const Values& outputs, bool eager);
 /// The outputs of a run, described for the engine; pool memory is recognised by address.
 /// `allocated_before`: the pool's allocated blocks before the call (sorted); an output in one of
 /// them was not allocated by the call (`OutputDesc::allocated_in_call`).
-backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool may_be_pool_memory,
+backend::RunResult describe_outputs(TorchDevice::State& state, Values&& outputs, bool may_be_pool_memory,
                                     std::span<const std::uintptr_t> allocated_before = {});
 /// What the pool has in use now (see MemoryInfo in cgt-info.cppm); raises the recorded peak.
-MemoryInfo measure_memory(Device::State& state);
+MemoryInfo measure_memory(TorchDevice::State& state);
 /// Raises the recorded peak to what is in use now (after a warm-up or a recording).
-inline void note_peak(Device::State& state) {
+inline void note_peak(TorchDevice::State& state) {
   (void)measure_memory(state);
 }
 /// The sorted addresses of `blocks`.

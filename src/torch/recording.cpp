@@ -119,7 +119,7 @@ class TorchRecording final : public backend::Recording {
   // themselves, skipping CUDAGraph::replay (which the graph needs only when it draws random numbers).
   TorchRecording(const std::shared_ptr<SharedExec>& exec, GraphPtr own_graph, std::vector<kernels::CopyBatch> captured,
                  bool direct_launch, std::vector<CopiedInput> copies, std::vector<OutputLayout> layouts,
-                 Device::State& state)
+                 TorchDevice::State& state)
       : own_graph_(std::move(own_graph)),
         graph_(exec, own_graph_ ? own_graph_->raw_cuda_graph() : exec->owner->raw_cuda_graph(), std::move(captured)),
         direct_launch_(direct_launch),
@@ -162,7 +162,7 @@ class TorchRecording final : public backend::Recording {
       for (std::size_t i = 0; i < bound_.size(); ++i) {
         TorchStorage* bound = bound_[i].get();
         if (bound == nullptr) continue;
-        bound->held_by_replay = true;  // handed out now, until released (Device::memory)
+        bound->held_by_replay = true;  // handed out now, until released (TorchDevice::memory)
         // A caller changed its metadata in place after an earlier replay (see as_built): rebuilt
         // at the same address, which stays registered as a view of the storage.
         if (!as_built(outputs_[i], layouts_[i], bound->impl.get())) rebuild(i, *bound);
@@ -240,7 +240,7 @@ class TorchRecording final : public backend::Recording {
   std::vector<OutputLayout> layouts_;
   std::vector<at::Tensor> outputs_;  // handed out on replay; never resized (their addresses are registered)
   std::vector<std::shared_ptr<TorchStorage>> bound_;
-  Device::State& state_;  ///< the pool's: its device, graph counts and last caller's stream
+  TorchDevice::State& state_;  ///< the pool's: its device, graph counts and last caller's stream
 };
 
 // Abandons a capture that failed, wherever it stopped (in capture_begin, in the function, in
@@ -249,7 +249,7 @@ class TorchRecording final : public backend::Recording {
 // default generator's capture mode. Returns why the capture itself broke: a CUDA error when the
 // stream's capture was invalidated or could not end (the function did something a graph cannot
 // hold), cudaSuccess when it was intact (the function merely failed).
-cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, Device::State& state) {
+cudaError_t abandon_capture(at::cuda::CUDAGraph& graph, TorchDevice::State& state) {
   // It undoes what capture_begin registered with the generator, under the same lock.
   const std::lock_guard<std::mutex> registration(generator_registration());
   cudaError_t broken = cudaSuccess;
@@ -303,7 +303,7 @@ std::string why_uncapturable(cudaError_t why) {
 }
 
 // Slots in the pool for the inputs that are copied, with the same layout as the inputs.
-std::vector<at::Tensor> make_slots(Device::State& state, CallInputs& inputs, const backend::RecordPlan& plan) {
+std::vector<at::Tensor> make_slots(TorchDevice::State& state, CallInputs& inputs, const backend::RecordPlan& plan) {
   std::vector<at::Tensor> slots(inputs.values.size());
   const PoolAllocation allocation(state);
   const NormalTensors normal;  // the function's writes to a slot must be seen
@@ -399,7 +399,7 @@ struct CaptureState {
 // The copied inputs' slots in the pool, written on the pool's stream after the caller's work so
 // far (its inputs), ordered by an event: a device-wide synchronisation would break another
 // thread's capture.
-Result<void> prepare_slots(Device::State& state, CaptureState& capture, std::span<const backend::ArgSlot> args,
+Result<void> prepare_slots(TorchDevice::State& state, CaptureState& capture, std::span<const backend::ArgSlot> args,
                            const backend::RecordPlan& plan) {
   return guarded("recording", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
@@ -413,7 +413,7 @@ Result<void> prepare_slots(Device::State& state, CaptureState& capture, std::spa
 
 // Starts capturing the pool's stream into `graph`, allocating in the pool; on failure nothing is
 // left capturing.
-Result<void> begin_capture(Device::State& state, at::cuda::CUDAGraph& graph) {
+Result<void> begin_capture(TorchDevice::State& state, at::cuda::CUDAGraph& graph) {
   try {
     const std::lock_guard<std::mutex> lock(generator_registration());
     graph.capture_begin(state.pool, cudaStreamCaptureModeThreadLocal);
@@ -428,7 +428,7 @@ Result<void> begin_capture(Device::State& state, at::cuda::CUDAGraph& graph) {
 // function on the slots. The inputs it wrote are noted (their version counters moved): for a
 // write to a slot, the pipeline carries the first run's write back to the caller's input
 // (`write_back`) and does not keep the graph, whose replays would write the slot only.
-Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+Result<Values> run_in_capture(TorchDevice::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                               CaptureState& capture) {
   if (const cudaError_t copied = capture_copies(capture.copies, args, state.stream.stream(), capture.nodes);
       copied != cudaSuccess) {
@@ -446,7 +446,7 @@ Result<Values> run_in_capture(Device::State& state, backend::Invoker& fn, std::s
 // function broke, or that cannot end, is abandoned and reported broken (the pipeline runs the
 // function eagerly at these shapes from then on); a function that failed in an intact capture is
 // reported as it failed.
-backend::CaptureOutcome end_capture(Device::State& state, CaptureState& capture, Result<Values> outputs) {
+backend::CaptureOutcome end_capture(TorchDevice::State& state, CaptureState& capture, Result<Values> outputs) {
   at::cuda::CUDAGraph& graph = *capture.graph;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const bool intact =
@@ -476,7 +476,7 @@ backend::CaptureOutcome end_capture(Device::State& state, CaptureState& capture,
 // Captures the input copies and the function into `capture.graph` on the pool's stream. cuBLAS
 // keeps workspaces between calls; cleared around the capture, the graph's workspace is allocated
 // in the pool and accounted for there.
-backend::CaptureOutcome capture_function(Device::State& state, backend::Invoker& fn,
+backend::CaptureOutcome capture_function(TorchDevice::State& state, backend::Invoker& fn,
                                          std::span<const backend::ArgSlot> args, CaptureState& capture) {
   auto outcome = guarded("recording", [&]() -> Result<backend::CaptureOutcome> {
     const c10::cuda::CUDAGuard device_guard(state.index);
@@ -497,7 +497,7 @@ backend::CaptureOutcome capture_function(Device::State& state, backend::Invoker&
 // replaced by kernel nodes (node_rewrite.hpp), before anything compares or instantiates it:
 // launches of the graph then cost what its kernels cost. A graph half rewritten on failure is
 // given up.
-Result<backend::NodeRewrites> rewrite_graph_nodes(Device::State& state, CaptureState& capture) {
+Result<backend::NodeRewrites> rewrite_graph_nodes(TorchDevice::State& state, CaptureState& capture) {
   kernels::NodeRewrites rewrites;
   auto rewritten = guarded("replacing a graph's memset and memcpy nodes by kernels", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
@@ -523,7 +523,7 @@ struct Placement {
 // The executable of `earlier`, the recording a re-recording redoes (a static input moved),
 // updated in place, when the new graph has its topology; null when it has another, or the old
 // graph draws random numbers (it replays through its own CUDAGraph::replay).
-Result<std::shared_ptr<SharedExec>> update_in_place(Device::State& state, backend::Recording& earlier,
+Result<std::shared_ptr<SharedExec>> update_in_place(TorchDevice::State& state, backend::Recording& earlier,
                                                     CaptureState& capture) {
   std::shared_ptr<SharedExec> candidate = static_cast<TorchRecording&>(earlier).shareable();
   if (candidate == nullptr) return nullptr;
@@ -538,7 +538,7 @@ Result<std::shared_ptr<SharedExec>> update_in_place(Device::State& state, backen
 }
 
 // The new graph's own executable.
-Result<Placement> instantiate_graph(Device::State& state, CaptureState& capture) {
+Result<Placement> instantiate_graph(TorchDevice::State& state, CaptureState& capture) {
   auto instantiated = guarded("instantiating a graph", [&]() -> Result<void> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     capture.graph->instantiate();
@@ -554,7 +554,7 @@ Result<Placement> instantiate_graph(Device::State& state, CaptureState& capture)
 
 // The graph's first run (capture ran nothing): it copies the inputs and produces the first outputs.
 // Returns whether the graph's replays may launch it directly: it draws no random numbers.
-Result<bool> run_graph_first(Device::State& state, const Placement& placement) {
+Result<bool> run_graph_first(TorchDevice::State& state, const Placement& placement) {
   return guarded("running a new graph", [&]() -> Result<bool> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     // capture_begin reset the generator's graph state (seed and offset tensors) with kernels on
@@ -588,7 +588,7 @@ Result<bool> run_graph_first(Device::State& state, const Placement& placement) {
 }
 
 // The recording, after its first run, and that run's outputs.
-Result<backend::Recorded> make_recording(Device::State& state, CaptureState& capture, Placement placement,
+Result<backend::Recorded> make_recording(TorchDevice::State& state, CaptureState& capture, Placement placement,
                                          bool direct_launch) {
   return guarded("running a new graph", [&]() -> Result<backend::Recorded> {
     const c10::cuda::CUDAGuard device_guard(state.index);
@@ -608,7 +608,7 @@ Result<backend::Recorded> make_recording(Device::State& state, CaptureState& cap
 // steps above.
 class TorchCapture final : public backend::Capture {
  public:
-  TorchCapture(Device::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+  TorchCapture(TorchDevice::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                const backend::RecordPlan& plan)
       : state_(state), fn_(fn), args_(args), plan_(plan), capture_(args) {}
 
@@ -662,7 +662,7 @@ class TorchCapture final : public backend::Capture {
   [[nodiscard]] GraphCounts* counts() noexcept override { return &state_.graph_counts; }
 
  private:
-  Device::State& state_;
+  TorchDevice::State& state_;
   backend::Invoker& fn_;
   std::span<const backend::ArgSlot> args_;
   backend::RecordPlan plan_;
@@ -673,9 +673,9 @@ class TorchCapture final : public backend::Capture {
 
 }  // namespace
 
-Result<std::unique_ptr<backend::Capture>> Device::begin_recording(backend::Invoker& fn,
-                                                                  std::span<const backend::ArgSlot> args,
-                                                                  const backend::RecordPlan& plan) {
+Result<std::unique_ptr<backend::Capture>> TorchDevice::begin_recording(backend::Invoker& fn,
+                                                                       std::span<const backend::ArgSlot> args,
+                                                                       const backend::RecordPlan& plan) {
   State& state = *state_;
   if (auto ordered = order_after_last_caller(state); !ordered) return std::unexpected(std::move(ordered.error()));
   return std::make_unique<TorchCapture>(state, fn, args, plan);

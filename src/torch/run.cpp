@@ -25,7 +25,7 @@ import :internal;
 
 namespace cgt::torch {
 
-std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::State& state) {
+std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const TorchDevice::State& state) {
   std::vector<std::pair<std::uintptr_t, std::size_t>> segments;
   for (const auto& segment : allocator::snapshot(state.pool, false).segments) {
     if (segment.owner_private_pool_id == state.pool) segments.emplace_back(segment.address, segment.total_size);
@@ -33,7 +33,7 @@ std::vector<std::pair<std::uintptr_t, std::size_t>> pool_segments(const Device::
   return segments;
 }
 
-std::vector<Block> allocated_blocks(const Device::State& state) {
+std::vector<Block> allocated_blocks(const TorchDevice::State& state) {
   std::vector<Block> blocks;
   for (const auto& segment : allocator::snapshot(state.pool, false).segments) {
     if (segment.owner_private_pool_id != state.pool) continue;
@@ -114,7 +114,7 @@ Result<void> check_outputs(const Values& outputs, bool eager) {
   return {};
 }
 
-backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool may_be_pool_memory,
+backend::RunResult describe_outputs(TorchDevice::State& state, Values&& outputs, bool may_be_pool_memory,
                                     std::span<const std::uintptr_t> allocated_before) {
   const auto segments = may_be_pool_memory ? pool_segments(state) : decltype(pool_segments(state)){};
   auto in_pool = [&](std::uintptr_t address) {
@@ -159,8 +159,8 @@ backend::RunResult describe_outputs(Device::State& state, Values&& outputs, bool
   return result;
 }
 
-Result<backend::RunResult> Device::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
-                                       backend::RunMode mode) {
+Result<backend::RunResult> TorchDevice::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
+                                            backend::RunMode mode) {
   State& state = *state_;
   if (auto ordered = order_after_last_caller(state); !ordered) return std::unexpected(std::move(ordered.error()));
   const CallInputs inputs(args);

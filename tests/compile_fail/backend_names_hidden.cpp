@@ -4,7 +4,9 @@
 // from module 'cgt.core'" (the name exists, but no import makes it visible here) or, for the
 // static `Pool::adopt` that backends once used, "no member named". Clang makes a hidden name's
 // neighbours visible once it reported one, so each line is compiled on its own: the build defines
-// HIDDEN_NAME to its number. (`user_surface.cpp` is the other side.)
+// HIDDEN_NAME to its number. The engine's side of a backend's device is exported by no module: its
+// class cannot be named, and the device a program reaches is a view without the engine's members
+// ("no member named"). (`user_surface.cpp` is the other side.)
 import cgt;
 import cgt.host;
 
@@ -62,4 +64,18 @@ using Lease = cgt::detail::LeaseCore;  // expect-error
 #endif
 #if HIDDEN_NAME == 16
 using Source = cgt::detail::ArgSource;  // expect-error
+#endif
+
+// The engine's side of the backends' devices, and its members through the program's view.
+#if HIDDEN_NAME == 17
+using HostDevice = cgt::host::HostDevice;  // expect-error
+#endif
+#if HIDDEN_NAME == 18
+auto* const shut = &cgt::host::Device::shutdown;  // expect-error
+#endif
+#if HIDDEN_NAME == 19
+auto* const book = &cgt::host::Device::checkpoint;  // expect-error
+#endif
+#if HIDDEN_NAME == 20
+auto* const blocks = &cgt::host::Device::live_blocks;  // expect-error
 #endif

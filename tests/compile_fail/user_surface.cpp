@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -82,18 +83,22 @@ namespace {
   const bool same = !path.empty() && path.front().expected_dead_before() == std::vector<cgt::PathIndex>{} &&
                     cgt::PathIndex{} == cgt::PathIndex{};
   cgt::host::Device& device = pool->device()->get();
+  const bool mine = device.index() == 0 && device.contains(reinterpret_cast<std::uintptr_t>(y.storage()));
   return static_cast<int>(line.size()) + static_cast<int>(same) + static_cast<int>(device.arena().block_count()) +
-         static_cast<int>(pool->to_dot().size()) + static_cast<int>(!pool->shutdown());
+         static_cast<int>(mine) + static_cast<int>(pool->to_dot().size()) + static_cast<int>(!pool->shutdown());
 }
-
 
 // The device a program reaches offers none of the engine's side (tests/device_surface.hpp).
 static_assert(!cgt_test::offers_the_engine_side<cgt::host::Device>);
 static_assert(requires(cgt::host::Device& d) {
+  d.index();
+  d.contains(0);
   d.arena();
   d.stream();
   d.recordings_redoing_another();
 });
+// It is a view of the pool's own device: a reference, never a copy a program could keep.
+static_assert(!std::is_copy_constructible_v<cgt::host::Device> && !std::is_copy_assignable_v<cgt::host::Device>);
 // Its memory is there to look at, not to change (the engine's); a device that handed out its arena
 // would allow it.
 struct HandsOutItsArena {

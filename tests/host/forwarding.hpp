@@ -52,13 +52,13 @@ class ForwardingDevice : public cgt::backend::Device {
   void shutdown() override { inner().shutdown(); }
 
  protected:
-  // The engine's side of the host device is private to programs: the fake calls it, as the engine
-  // does, through the base class.
-  cgt::backend::Device& inner() noexcept { return host_; }
-  const cgt::backend::Device& inner() const noexcept { return host_; }
+  // The engine's side of a host device, which programs never reach: the fake calls it as the engine
+  // does. The device is a host pool's, whose engine stays idle.
+  cgt::backend::Device& inner() noexcept { return cgt::backend::device_of(host_); }
+  const cgt::backend::Device& inner() const noexcept { return cgt::backend::device_of(host_); }
 
  private:
-  cgt::host::Device host_{cgt::host::ArenaOptions{}, /*poison_dead_memory=*/true};
+  mutable cgt::host::Pool host_ = *cgt::host::make_pool({.poison_dead_memory = true});
 };
 
 /// A recorded graph that forwards to `inner`; a test overrides what it changes (a check that refuses).
@@ -68,9 +68,7 @@ class ForwardingRecording : public cgt::backend::Recording {
   bool checks_arguments() const noexcept override { return inner_->checks_arguments(); }
   cgt::Result<void> check(std::span<const cgt::backend::ArgSlot> args) const override { return inner_->check(args); }
   cgt::Result<void> replay(std::span<const cgt::backend::ArgSlot> args) override { return inner_->replay(args); }
-  void bind_outputs(std::span<cgt::backend::StorageHandle* const> storages) override {
-    inner_->bind_outputs(storages);
-  }
+  void bind_outputs(std::span<cgt::backend::StorageHandle* const> storages) override { inner_->bind_outputs(storages); }
   const void* output(std::size_t i) const override { return inner_->output(i); }
 
  private:

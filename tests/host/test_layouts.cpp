@@ -394,8 +394,8 @@ TEST_CASE(
 // --- What the backend tells the engine (items 5 and 17, Device::owns) -----------------------------
 
 struct DirectRun {
-  cgt::host::Device host{cgt::host::ArenaOptions{}, false};
-  cgt::backend::Device& device = host;  // the engine's side, which the engine calls through the base
+  cgt::host::Pool host = must(cgt::host::make_pool());
+  cgt::backend::Device& device = cgt::backend::device_of(host);  // the engine's side, as the engine calls it
   std::unique_ptr<cgt::backend::Invoker> invoker;
 
   explicit DirectRun(cgt::host::Callable fn) : invoker(cgt::host::Backend::make_invoker(std::move(fn))) {}
