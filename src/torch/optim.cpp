@@ -84,6 +84,16 @@ bool is_rate(double lr) noexcept {
   return std::isfinite(lr) && lr >= 0 && lr <= std::numeric_limits<float>::max();
 }
 
+namespace {
+
+// A weight decay, eps or momentum an update can use: finite and not below 0 (an infinite one
+// turns every parameter into NaN or infinity at the first step).
+bool is_coefficient(double value) noexcept {
+  return std::isfinite(value) && value >= 0;
+}
+
+}  // namespace
+
 std::string number_text(double value) {
   std::array<char, 32> text{};
   const auto [end, error] = std::to_chars(text.data(), text.data() + text.size(), value);
@@ -375,9 +385,9 @@ Result<void> Optimizer::State::adopt(std::vector<ParamGroup> groups, bool static
                                                 number_text(lr) + ") is beyond float32's range");
       }
     }
-    if (!(group.weight_decay >= 0)) {
+    if (!is_coefficient(group.weight_decay)) {
       return fail(Errc::invalid_argument,
-                  which + "'s weight_decay must be >= 0, not " + number_text(group.weight_decay));
+                  which + "'s weight_decay must be finite and >= 0, not " + number_text(group.weight_decay));
     }
     for (at::Tensor& p : groups[g].params) {
       params.push_back(std::move(p));
@@ -703,10 +713,10 @@ Result<void> set_up(OptimizerState& state, const char* who, std::vector<ParamGro
 }  // namespace
 
 Result<Adam> make_adam(std::vector<ParamGroup> groups, AdamOptions options) {
-  if (!is_rate(options.lr) || !(options.eps >= 0) || !(options.weight_decay >= 0) || !(options.beta1 >= 0) ||
-      !(options.beta1 < 1) || !(options.beta2 >= 0) || !(options.beta2 < 1)) {
+  if (!is_rate(options.lr) || !is_coefficient(options.eps) || !is_coefficient(options.weight_decay) ||
+      !(options.beta1 >= 0) || !(options.beta1 < 1) || !(options.beta2 >= 0) || !(options.beta2 < 1)) {
     return fail(Errc::invalid_argument,
-                "Adam: lr, eps and weight_decay must be >= 0 (lr finite, within float32), betas in [0, 1)");
+                "Adam: lr, eps and weight_decay must be finite and >= 0 (lr within float32), betas in [0, 1)");
   }
   auto state = std::make_shared<Adam::State>();
   state->options_ = options;
@@ -862,8 +872,9 @@ void Adam::State::update_multi_tensor(const Group& group, const std::vector<std:
 }
 
 Result<SGD> make_sgd(std::vector<ParamGroup> groups, SGDOptions options) {
-  if (!is_rate(options.lr) || !(options.momentum >= 0) || !(options.weight_decay >= 0)) {
-    return fail(Errc::invalid_argument, "SGD: lr, momentum and weight_decay must be >= 0 (lr finite, within float32)");
+  if (!is_rate(options.lr) || !is_coefficient(options.momentum) || !is_coefficient(options.weight_decay)) {
+    return fail(Errc::invalid_argument,
+                "SGD: lr, momentum and weight_decay must be finite and >= 0 (lr within float32)");
   }
   if (options.nesterov && options.momentum <= 0) {
     return fail(Errc::invalid_argument, "SGD: Nesterov momentum needs a momentum above 0");

@@ -582,8 +582,8 @@ TEST_CASE("training/groups: an fp16 run with loss scaling resumed from a checkpo
 // ---- no device ----------------------------------------------------------------------------------
 
 // A group's options are checked when the optimizer is made, before its parameters: a rate of its
-// own where the options' rate is 0 (it has no factor), a rate that is not one, a negative weight
-// decay. A group's lr unset where the options' is 0 is a group at rate 0.
+// own where the options' rate is 0 (it has no factor), a rate that is not one, a negative or
+// infinite weight decay (eps, momentum). A group's lr unset where the options' is 0 is a group at rate 0.
 TEST_CASE("training/groups: a group's rate needs the options' rate, and its options must be valid", "[training]") {
   const auto refused = [](const auto& made, const std::string& says) {
     REQUIRE_FALSE(made);
@@ -596,9 +596,17 @@ TEST_CASE("training/groups: a group's rate needs the options' rate, and its opti
   refused(cgt::torch::make_adam({{.params = {}, .lr = std::numeric_limits<double>::quiet_NaN()}}), "group 0's lr");
   refused(cgt::torch::make_adam({{.params = {}, .lr = -1e-3}}), "group 0's lr");
   refused(cgt::torch::make_adam({{.params = {}, .lr = 1e-3}, {.params = {}, .weight_decay = -0.1}}),
-          "group 1's weight_decay must be >= 0");
+          "group 1's weight_decay must be finite and >= 0");
   refused(cgt::torch::make_sgd({{.params = {}, .weight_decay = std::numeric_limits<double>::quiet_NaN()}}, {.lr = 1}),
           "group 0's weight_decay");
+  // An infinite weight decay, eps or momentum would turn every parameter into NaN at the first step.
+  const double inf = std::numeric_limits<double>::infinity();
+  refused(cgt::torch::make_adam({{.params = {}, .weight_decay = inf}}), "group 0's weight_decay must be finite");
+  refused(cgt::torch::make_adam({{.params = {}}}, {.weight_decay = inf}), "weight_decay must be finite");
+  refused(cgt::torch::make_adam({{.params = {}}}, {.eps = inf}), "eps and weight_decay must be finite");
+  refused(cgt::torch::make_sgd({{.params = {}}}, {.lr = 1, .momentum = inf}),
+          "momentum and weight_decay must be finite");
+  refused(cgt::torch::make_sgd({{.params = {}}}, {.lr = 1, .weight_decay = inf}), "weight_decay must be finite");
 
   auto at_zero = must(cgt::torch::make_sgd({{.params = {}}}, {.lr = 0}));
   CHECK(must(at_zero.group(0)).lr == 0);
