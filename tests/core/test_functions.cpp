@@ -16,21 +16,9 @@
 using Catch::Matchers::ContainsSubstring;
 using cgt::CallKind;
 using cgt::Errc;
+using host_test::Ran;
+using host_test::ran;
 using host_test::scaling;
-namespace {
-
-/// What one call did: replayed or recorded (or ran eagerly), which node.
-struct Ran {
-  CallKind kind;
-  std::int64_t node;
-  friend bool operator==(const Ran&, const Ran&) = default;
-};
-
-Ran ran(const cgt::host::Outputs& out) {
-  return {.kind = out.kind(), .node = out.node()};
-}
-
-}  // namespace
 
 TEST_CASE("a refused first call fixes no signature: the next first call does", "[functions][host]") {
   auto pool = poisoned_pool({.debug_checks = true});

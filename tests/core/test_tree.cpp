@@ -12,7 +12,10 @@
 
 using cgt::CallKind;
 using cgt::NodeReason;
+using host_test::Ran;
+using host_test::ran;
 using host_test::scaling;
+
 namespace {
 
 /// (2x, 3x), each in a storage of its own.
@@ -55,17 +58,6 @@ std::vector<std::string> functions_of(const std::vector<cgt::Node>& nodes) {
   std::vector<std::string> names;
   for (const cgt::Node& node : nodes) names.push_back(node.function());
   return names;
-}
-
-/// What one call did: replayed or recorded, which node.
-struct Ran {
-  CallKind kind;
-  std::int64_t node;
-  friend bool operator==(const Ran&, const Ran&) = default;
-};
-
-Ran ran(const cgt::host::Outputs& out) {
-  return {.kind = out.kind(), .node = out.node()};
 }
 
 }  // namespace

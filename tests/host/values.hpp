@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,18 @@ import cgt;
 import cgt.host;
 
 namespace host_test {
+
+/// What one call did: replayed, recorded or ran eagerly, and which node (-1: none).
+struct Ran {
+  cgt::CallKind kind;
+  std::int64_t node;
+  friend bool operator==(const Ran&, const Ran&) = default;
+};
+
+/// What the call that gave `out` did.
+inline Ran ran(const cgt::host::Outputs& out) {
+  return {.kind = out.kind(), .node = out.node()};
+}
 
 /// Every element of `buffer`, in order, as doubles.
 inline std::vector<double> values_of(const cgt::host::Buffer& buffer) {
