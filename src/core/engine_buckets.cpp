@@ -119,19 +119,15 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
   const std::vector<std::int64_t>& buckets = function.options.buckets.sizes;
   const std::size_t dim = function.options.size_source.dim;
   const std::int64_t size = frame.descs[function.options.size_source.input].sizes[dim];
-  // No graph serves the call at its own size: `run_decided` runs it eagerly, with no variant.
-  auto run_unfit = [&frame, this](Reason reason) {
-    frame.unfit = reason;
-    frame.same_shapes_as_last = false;
-    return run_decided(frame);
-  };
   // Size 0 has no row to pad from (or to replicate): it runs eagerly, where it computes nothing.
   if (size == 0) {
-    return run_unfit(Reason::size_not_graphed);
+    frame.unfit = Reason::size_not_graphed;  // `run_decided` runs it eagerly, with no variant
+    return run_decided(frame);
   }
   const auto bucket = std::ranges::lower_bound(buckets, size);
   if (bucket == buckets.end()) {
-    return run_unfit(Reason::size_above_buckets);
+    frame.unfit = Reason::size_above_buckets;
+    return run_decided(frame);
   }
   // Inputs that grow with the batch are copied into the graph's slots whatever memory they are in:
   // a padded copy never is pool memory, and a call at a bucket's own size must replay the same graph.
@@ -152,7 +148,8 @@ Result<CallOutputs> Engine::run_bucketed(CallFrame& frame) {
                   "skipping graphs for '" + function.name + "' at size " + std::to_string(size) +
                       ": it mutates input " + std::to_string(i) + ", which would be padded to bucket " +
                       std::to_string(*bucket) + " (a copy); make that input static, or call at a bucket size");
-      return run_unfit(Reason::mutated_input);
+      frame.unfit = Reason::mutated_input;
+      return run_decided(frame);
     }
   }
 
