@@ -1,4 +1,4 @@
-// cgt.core:arg — one argument of a call (`Arg`): a value, a lease (borrowed or moved in), an integer.
+// cgt:arg — one argument of a call (`Arg`): a value, a lease (borrowed or moved in), an integer.
 module;
 #include <expected>
 #include <climits>
@@ -8,9 +8,9 @@ module;
 #include <type_traits>
 #include <vector>
 
-export module cgt.core:arg;
-import :error;
-import :spi;
+export module cgt:arg;
+import cgt.vocabulary;
+import cgt.core;
 import :lease;
 
 export namespace cgt {

@@ -1,4 +1,4 @@
-// cgt.core:function — a function registered with a pool (`Function`): calling it.
+// cgt:function — a function registered with a pool (`Function`): calling it.
 module;
 #include <expected>
 #include <cstddef>
@@ -10,10 +10,9 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.core:function;
-import :error;
-import :spi;
-import :detail;
+export module cgt:function;
+import cgt.vocabulary;
+import cgt.core;
 import :lease;
 import :arg;
 import :outputs;

@@ -1,4 +1,4 @@
-// cgt.core:lease — a claim on one output of a call (`OutputLease`), and the reference it lends (`Ref`).
+// cgt:lease — a claim on one output of a call (`OutputLease`), and the reference it lends (`Ref`).
 module;
 #include <expected>
 #include <type_traits>
@@ -8,9 +8,9 @@ module;
 // earlier): the message is what a user who wrote a dangling borrow reads.
 #pragma clang diagnostic ignored "-Wc++26-extensions"
 
-export module cgt.core:lease;
-import :error;
-import :detail;
+export module cgt:lease;
+import cgt.vocabulary;
+import cgt.core;
 
 export namespace cgt {
 

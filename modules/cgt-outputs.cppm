@@ -1,4 +1,4 @@
-// cgt.core:outputs — the outputs of one call (`Outputs`), and the result that holds them (`Owning`).
+// cgt:outputs — the outputs of one call (`Outputs`), and the result that holds them (`Owning`).
 module;
 #include <expected>
 #include <cstddef>
@@ -11,10 +11,9 @@ module;
 // earlier): the message is what a user who wrote a dangling borrow reads.
 #pragma clang diagnostic ignored "-Wc++26-extensions"
 
-export module cgt.core:outputs;
-import :error;
-import :info;
-import :detail;
+export module cgt:outputs;
+import cgt.vocabulary;
+import cgt.core;
 import :lease;
 
 export namespace cgt {

@@ -1,4 +1,4 @@
-// cgt.core:pool — one graph tree and its memory pool (`Pool`, `PoolBase`), and how a backend makes one.
+// cgt:pool — one graph tree and its memory pool (`Pool`, `PoolBase`).
 module;
 #include <expected>
 #include <functional>
@@ -11,12 +11,9 @@ module;
 // earlier): the message is what a user who wrote a dangling borrow reads.
 #pragma clang diagnostic ignored "-Wc++26-extensions"
 
-export module cgt.core:pool;
-import :error;
-import :options;
-import :info;
-import :spi;
-import :detail;
+export module cgt:pool;
+import cgt.vocabulary;
+import cgt.core;
 import :function;
 import :node;
 
@@ -25,16 +22,6 @@ export namespace cgt {
 template <class B>
 class Pool;
 class PoolBase;
-
-namespace backend {
-/// For backends: a new pool of backend `B` over `device` (what a backend's own `make_pool` returns
-/// once it has made its device). Fails with `invalid_argument` for contradictory options.
-template <class B>
-[[nodiscard]] Result<Pool<B>> make_pool(std::unique_ptr<Device> device, Options options);
-/// For backends and tests that stand a device in for one: the backend device under `pool`, which
-/// its engine owns (a fake device may forward to it). REQUIRES: `pool` is not moved from.
-[[nodiscard]] Device& device_of(PoolBase& pool) noexcept;
-}  // namespace backend
 
 /// What every pool can do, whatever its backend. A moved-from pool is empty: its queries return
 /// empty values (`options()` the defaults), `mark_step_begin()` does nothing, and what would
@@ -47,44 +34,43 @@ class PoolBase {
   /// A new step begins: at the next call, the memory of every output of earlier calls may be
   /// reclaimed, and leases still held on it report `output_overwritten` (or keep a copy, with
   /// `Options::copy_out_on_new_step`). Call it at the top of each training or inference step.
-  void mark_step_begin() noexcept;
+  void mark_step_begin() noexcept { detail::pool_view::mark_step_begin(engine_); }
   /// Ends the pool: frees its graphs and memory. Dropping the `Pool` handle alone is not a shutdown: functions and
   /// leases still held keep working. A second `shutdown()` succeeds and does nothing. Fails with
   /// `concurrent_use` during a call, `invalid_argument` on a moved-from pool.
   /// ENSURES: on success, `is_shut_down()`; every later call and lease access of this pool fails
   /// with `pool_shut_down`.
-  [[nodiscard]] Result<void> shutdown();
+  [[nodiscard]] Result<void> shutdown() { return detail::pool_view::shutdown(engine_); }
   /// True when a forward function ran and no backward function has since (PyTorch's
   /// `running_forwards_with_pending_backwards`): until one does, forwards begin no new step.
-  [[nodiscard]] bool has_pending_backward() const noexcept;
+  [[nodiscard]] bool has_pending_backward() const noexcept { return detail::pool_view::has_pending_backward(engine_); }
   /// True after `shutdown()`, and for a moved-from pool (which can run nothing either).
-  [[nodiscard]] bool is_shut_down() const noexcept;
+  [[nodiscard]] bool is_shut_down() const noexcept { return detail::pool_view::is_shut_down(engine_); }
 
   /// The options the pool was made with (the defaults for a moved-from pool).
-  [[nodiscard]] const Options& options() const noexcept;
-  [[nodiscard]] Stats stats() const noexcept;
+  [[nodiscard]] const Options& options() const noexcept { return detail::pool_view::options(engine_); }
+  [[nodiscard]] Stats stats() const noexcept { return detail::pool_view::stats(engine_); }
   /// The pool's memory now; all zero after `shutdown()` or once moved from.
-  [[nodiscard]] MemoryInfo memory() const;
+  [[nodiscard]] MemoryInfo memory() const { return detail::pool_view::memory(engine_); }
   /// Allocated blocks of the pool now (PyTorch's tests count these as "live blocks").
-  [[nodiscard]] std::vector<Block> live_blocks() const;
+  [[nodiscard]] std::vector<Block> live_blocks() const { return detail::pool_view::live_blocks(engine_); }
   /// Root recordings, in recording order.
-  [[nodiscard]] std::vector<Node> roots() const;
+  [[nodiscard]] std::vector<Node> roots() const { return Node::views(engine_, detail::pool_view::roots(engine_)); }
   /// The nodes of the current path, root first (empty when no path is being executed).
-  [[nodiscard]] std::vector<Node> current_path() const;
+  [[nodiscard]] std::vector<Node> current_path() const {
+    return Node::views(engine_, detail::pool_view::current_path(engine_));
+  }
   /// The tree as a Graphviz DOT graph: recordings, warm-ups of the current path, why each was made.
-  [[nodiscard]] std::string to_dot() const;
+  [[nodiscard]] std::string to_dot() const { return detail::pool_view::to_dot(engine_); }
   /// Checks now that the pool's live blocks are exactly the memory of live leases; the check
   /// `Options::debug_checks` runs after every call. Fails with `invariant_violation`,
   /// `pool_shut_down`, `concurrent_use` from inside a call of the pool (its function, a kernel,
   /// the log sink: the call is halfway done), `invalid_argument` on a moved-from pool.
-  [[nodiscard]] Result<void> check_memory() const;
+  [[nodiscard]] Result<void> check_memory() const { return detail::pool_view::check_memory(engine_); }
 
  protected:
   explicit PoolBase(detail::EngineRef engine) noexcept : engine_(std::move(engine)) {}
   detail::EngineRef engine_;
-
- private:
-  friend backend::Device& backend::device_of(PoolBase& pool) noexcept;
 };
 
 /// One graph tree and its memory pool, for one device and stream. Made by a backend
@@ -122,19 +108,12 @@ class Pool : public PoolBase {
       delete("the device of a temporary Pool dies with it at the end of the statement: name the pool first");
 
  private:
-  friend Result<Pool> backend::make_pool<B>(std::unique_ptr<backend::Device> device, Options options);
+  friend struct detail::HandleAccess<Pool>;  // backend::make_pool makes pools, backend::device_of reads them
   explicit Pool(detail::EngineRef engine) noexcept : PoolBase(std::move(engine)) {}
   static std::unexpected<Error> moved_from(const char* what) {
     return fail(Errc::invalid_argument,
                 std::string(what) + " on an empty Pool handle (moved from); use the handle it was moved into");
   }
 };
-
-template <class B>
-Result<Pool<B>> backend::make_pool(std::unique_ptr<Device> device, Options options) {
-  auto engine = detail::make_engine(std::move(device), std::move(options));
-  if (!engine) return std::unexpected(std::move(engine.error()));
-  return Pool<B>(std::move(*engine));
-}
 
 }  // namespace cgt

@@ -58,73 +58,32 @@
 // `mark_step_begin()` may be called from any thread or from inside a pool function (the step
 // begins at the next call).
 //
-// This module is the whole user's surface: the names below, and what the backend modules add in
-// their namespaces (`cgt::host`, `cgt::cuda`, `cgt::torch`). A backend of your own is written
-// against `cgt.core` (modules/cgt.core.cppm), which also has the backend interface
-// (`cgt::backend::Device`, ...) and the `cgt::Arena` allocator; `cgt` re-exports only the user's
-// names from it (as `import std;` re-exports the standard library's names).
+// This module is the whole user's surface: the handles below, the vocabulary they speak (module
+// cgt.vocabulary, re-exported whole), and what the backend modules add in their namespaces
+// (`cgt::host`, `cgt::cuda`, `cgt::torch`). It defines the handles; the engine behind them and the
+// interface a backend implements are module `cgt.core` (modules/cgt.core.cppm), which this module
+// imports without exporting: a program that imports `cgt` and a backend cannot name the engine,
+// the backend interface or a backend's device class (tests/compile_fail).
+//
+// The handles, one partition each, are templates over a backend `B` (each backend module names
+// them for its own, e.g. `cgt::host::Pool` is `cgt::Pool<B>` of the host's `B`, a class programs
+// cannot name). Every handle, in every state, answers with a value or an `Errc`: a moved-from
+// handle is empty (its calls fail with `invalid_argument`, its queries return empty values), and
+// after `Pool::shutdown()` what needs the pool fails with `pool_shut_down`. Borrowing is checked by
+// the compiler where it can be: a value cannot be borrowed from a temporary `Outputs` or
+// `OutputLease` (it would dangle at the end of the statement); name the result first.
 module;
 export module cgt;
-import cgt.core;
 
-// clang-tidy 19 takes an exported using-declaration for an unused one.
-// NOLINTBEGIN(misc-unused-using-decls)
-export namespace cgt {
+// The vocabulary (modules/cgt.vocabulary.cppm): errors (`Errc`, `Error`, `Result`, `fail`,
+// `Cause`), the version, options (`Options`, `FunctionOptions`, `Reason`, `Event`, `LogSink`,
+// `Buckets`, `Pad`, ...), what a pool tells (`Stats`, `MemoryInfo`, `Block`, `CallKind`,
+// `NodeKind`, `NodeReason`, `GraphCounts`, `PathIndex`), element types and layouts, `to_string`.
+export import cgt.vocabulary;
 
-// Errors (modules/cgt-error.cppm).
-using cgt::Cause;      // Error::cause: what kind of failure the pool acted on (decide on it, not on text)
-using cgt::Errc;       // what went wrong
-using cgt::Error;      // a failure: code, message, function, node, input
-using cgt::fail;       // `return cgt::fail(Errc::..., "message")` in code returning a Result
-using cgt::Result;     // std::expected<T, Error>: what every fallible operation returns
-using cgt::to_string;  // names of Errc, Reason, FunctionMode, CallKind, NodeReason, ElementType values
-
-// Which cgt this is (modules/cgt-version.cppm): the project's version, as find_package compares it.
-using cgt::Version;         // major, minor, patch; ordered
-using cgt::version;         // the cgt this program was compiled against, e.g. {0, 2, 0}
-using cgt::version_string;  // the same as text, e.g. "0.2.0"
-
-// How a pool behaves and reports its decisions (modules/cgt-options.cppm).
-using cgt::Buckets;             // FunctionOptions::buckets: capture sizes, padding up to the next one
-using cgt::Event;               // one logged decision
-using cgt::EventKind;           // what a logged decision did
-using cgt::FunctionMode;        // inference, or the forward or backward half of a trained function
-using cgt::FunctionOptions;     // one function's static facts: name, static and mutated inputs, sizes, mode
-using cgt::LogSink;             // where decisions go
-using cgt::OnStaticInputMoved;  // Options::on_static_input_moved
-using cgt::Options;             // one pool's behaviour
-using cgt::Pad;                 // how a padded input's added rows are filled
-using cgt::PadMode;             // Pad::mode: a constant, or the last row again
-using cgt::Reason;              // why a call did not replay, or why the pool warns
-using cgt::SizeSource;          // FunctionOptions::size_source
-
-// What a pool tells about itself (modules/cgt-info.cppm).
-using cgt::Block;        // one allocated block
-using cgt::CallKind;     // what one call did: warm-up, recording, replay, eager
-using cgt::GraphCounts;  // how the CUDA graphs of cgt.cuda and cgt.torch pools came to be
-using cgt::MemoryInfo;   // the pool's memory
-using cgt::NodeKind;     // graph or warm-up
-using cgt::NodeReason;   // why a node was made
-using cgt::Stats;        // counters
-
-// Element types and strided layouts of the host and cuda buffers (modules/cgt-layout.cppm).
-using cgt::element_size;
-using cgt::ElementType;
-using cgt::Layout;
-using cgt::max_rank;
-
-// The handles a program holds, templates over a backend (modules/cgt-handles.cppm lists their
-// files); each backend names them for its own type, e.g. `cgt::host::Pool`.
-using cgt::Arg;          // one argument of a call: a value, a lease (borrowed or moved in), an integer
-using cgt::Function;     // a function registered with a pool
-using cgt::Node;         // a read-only view of one node of the tree
-using cgt::OutputLease;  // a claim on one output: its memory is not reused while the lease lives
-using cgt::Outputs;      // the outputs of one call, each held by a lease
-using cgt::Owning;       // a Result of a handle that owns pool memory: no borrowing from a temporary
-using cgt::PathIndex;    // one output of one node of the current path
-using cgt::Pool;         // one graph tree and its memory pool
-using cgt::PoolBase;     // what every pool can do, whatever its backend
-using cgt::Ref;          // a read-only reference to the value a lease hands out
-
-}  // namespace cgt
-// NOLINTEND(misc-unused-using-decls)
+export import :lease;     // OutputLease: a claim on one output; Ref: the value it lends (modules/cgt-lease.cppm)
+export import :arg;       // Arg: one argument of a call: a value, a lease (borrowed or moved in), an integer
+export import :outputs;   // Outputs: the outputs of one call; Owning: a Result that cannot be borrowed from
+export import :function;  // Function: a function registered with a pool; calling it
+export import :node;      // Node: a read-only view of one node of the tree
+export import :pool;      // PoolBase, Pool: one graph tree and its memory pool

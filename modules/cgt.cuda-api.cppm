@@ -14,6 +14,7 @@ module;
 
 export module cgt.cuda:api;
 // The core and the backend interface; importers of cgt.cuda get `cgt` only.
+import cgt;
 import cgt.core;
 
 namespace cgt::cuda {
@@ -217,7 +218,13 @@ class Device {
   CudaDevice* device_;
 };
 
-/// The cuda backend, as `cgt::Pool` and friends need it.
+}  // namespace cgt::cuda
+
+namespace cgt::cuda {
+
+/// The cuda backend, as the handle templates of module cgt need it (modules/cgt.core.cppm lists
+/// what they ask of it). Not exported: programs name the handles (`Pool`, ...) and never `Backend`,
+/// whose members are the engine's side (backend::ArgDesc, backend::Invoker, backend::Device).
 struct Backend {
   using Value = Buffer;
   using Callable = cuda::Callable;
@@ -233,6 +240,10 @@ struct Backend {
   /// The program's view of the pool's device. REQUIRES: `device` is a cuda device (`make_pool`'s).
   [[nodiscard]] static Device& view(backend::Device& device) noexcept;
 };
+
+}  // namespace cgt::cuda
+
+export namespace cgt::cuda {
 
 using Pool = cgt::Pool<Backend>;
 using Function = cgt::Function<Backend>;

@@ -28,4 +28,4 @@
 module;
 export module cgt.cuda;
 export import cgt;
-export import :api;  // Buffer, Context, Inputs, Values, Callable, PoolOptions, Device, Backend, Pool..., make_pool
+export import :api;  // Buffer, Context, Inputs, Values, Callable, PoolOptions, Device, Pool..., make_pool

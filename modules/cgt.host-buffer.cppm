@@ -10,6 +10,7 @@ module;
 
 export module cgt.host:buffer;
 // The core and the backend interface; importers of cgt.host get `cgt` only.
+import cgt;
 import cgt.core;
 
 export namespace cgt::host {

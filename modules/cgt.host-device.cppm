@@ -14,6 +14,7 @@ module;
 
 export module cgt.host:device;
 // The core and the backend interface; importers of cgt.host get `cgt` only.
+import cgt;
 import cgt.core;
 import :buffer;
 
@@ -151,7 +152,13 @@ class Device {
   HostDevice* device_;
 };
 
-/// The host backend, as `cgt::Pool` and friends need it.
+}  // namespace cgt::host
+
+namespace cgt::host {
+
+/// The host backend, as the handle templates of module cgt need it (modules/cgt.core.cppm lists
+/// what they ask of it). Not exported: programs name the handles (`Pool`, ...) and never `Backend`,
+/// whose members are the engine's side (backend::ArgDesc, backend::Invoker, backend::Device).
 struct Backend {
   using Value = Buffer;
   using Callable = host::Callable;
@@ -166,6 +173,10 @@ struct Backend {
   /// The program's view of the pool's device. REQUIRES: `device` is a host device (`make_pool`'s).
   [[nodiscard]] static Device& view(backend::Device& device) noexcept;
 };
+
+}  // namespace cgt::host
+
+export namespace cgt::host {
 
 using Pool = cgt::Pool<Backend>;
 using Function = cgt::Function<Backend>;

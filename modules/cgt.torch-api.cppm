@@ -44,6 +44,7 @@ class Module;
 
 export module cgt.torch:api;
 // The core and the backend interface; importers of cgt.torch get `cgt` only.
+import cgt;
 import cgt.core;
 
 namespace cgt::torch {
@@ -115,7 +116,13 @@ class Device {
   TorchDevice* device_;
 };
 
-/// The libtorch backend, as `cgt::Pool` and friends need it.
+}  // namespace cgt::torch
+
+namespace cgt::torch {
+
+/// The libtorch backend, as the handle templates of module cgt need it (modules/cgt.core.cppm lists
+/// what they ask of it). Not exported: programs name the handles (`Pool`, ...) and never `Backend`,
+/// whose members are the engine's side (backend::ArgDesc, backend::Invoker, backend::Device).
 struct Backend {
   using Value = at::Tensor;
   using Callable = torch::Callable;
@@ -130,6 +137,10 @@ struct Backend {
   /// The program's view of the pool's device. REQUIRES: `device` is a libtorch device (`make_pool`'s).
   [[nodiscard]] static Device& view(backend::Device& device) noexcept;
 };
+
+}  // namespace cgt::torch
+
+export namespace cgt::torch {
 
 using Pool = cgt::Pool<Backend>;
 using Function = cgt::Function<Backend>;

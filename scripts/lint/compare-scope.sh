@@ -10,7 +10,7 @@ cd "$root"
 build="${1:-build}"
 shift || true
 files=("$@")
-[ ${#files[@]} -gt 0 ] || files=(src/core/engine_call.cpp modules/cgt-handles.cppm src/host/device.cpp src/torch/optim.cpp)
+[ ${#files[@]} -gt 0 ] || files=(src/core/engine_call.cpp modules/cgt.cppm src/host/device.cpp src/torch/optim.cpp)
 plugin=$(bash scripts/lint/plugin.sh "$build")
 checks='*,-llvmlibc-*,-fuchsia-*,-altera-*,-llvm-header-guard'
 findings() {  # file [--load=plugin]

@@ -1,6 +1,6 @@
 // The capture pipeline: one recording, from the input slots to the graph's first run, with every
 // decision between the steps taken here, once for every backend. The backend's `Capture`
-// (modules/cgt-spi.cppm) does the device work of each step and reports what happened; a step that
+// (modules/cgt.core-spi.cppm) does the device work of each step and reports what happened; a step that
 // fails returns its error, and destroying the capture discards whatever it made.
 //
 // Its rule: a failure before the graph's first run is an error, and nothing of the function's

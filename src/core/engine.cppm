@@ -24,12 +24,9 @@ module;
 #include "generation_rule.hpp"
 
 export module cgt.core:engine;
-import :error;
-import :options;
-import :info;
+import cgt.vocabulary;
 import :spi;
 import :detail;
-import :handles;
 import :tree;
 import :path;
 import :ledger;

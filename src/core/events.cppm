@@ -5,8 +5,7 @@ module;
 #include <string>
 
 export module cgt.core:events;
-import :options;
-import :info;
+import cgt.vocabulary;
 import :functions;
 
 namespace cgt::detail {

@@ -16,8 +16,7 @@ module;
 #include <vector>
 
 export module cgt.core:functions;
-import :error;
-import :options;
+import cgt.vocabulary;
 import :spi;
 
 namespace cgt::detail {

@@ -13,103 +13,93 @@ module;
 module cgt.core;
 import :engine;
 
-namespace cgt {
-
-// Builds views for the engine; Node's constructor is private to keep views read-only.
-struct NodeAccess {
-  static Node make(const detail::EngineRef& engine, std::int64_t id) { return {engine, id}; }
-  static detail::Engine* engine(const Node& view) { return view.engine_.get(); }
-  static const detail::EngineRef& ref(const Node& view) { return view.engine_; }
-};
+namespace cgt::detail {
 
 namespace {
 
-std::vector<Node> children_views(const detail::EngineRef& engine, const detail::Children& children) {
-  std::vector<const detail::TreeNode*> nodes;
+// The ids of `children` in recording order (a `Node` view is made of an id by module cgt).
+std::vector<std::int64_t> ids_of(const Children& children) {
+  std::vector<const TreeNode*> nodes;
   for (const std::uint32_t variant : children.order()) {
     for (const auto& node : children.of(variant)) nodes.push_back(node.get());
   }
-  std::ranges::sort(nodes, {}, &detail::TreeNode::id);
-  std::vector<Node> views;
-  views.reserve(nodes.size());
-  for (const detail::TreeNode* node : nodes) views.push_back(NodeAccess::make(engine, node->id()));
-  return views;
+  std::ranges::sort(nodes, {}, &TreeNode::id);
+  std::vector<std::int64_t> ids;
+  ids.reserve(nodes.size());
+  for (const TreeNode* node : nodes) ids.push_back(node->id());
+  return ids;
 }
 
-// Reads the node a view names under the engine's state lock (another thread may be dropping
-// handles); `empty` for a moved-from view, or a node gone with a shutdown or its path.
+// Reads node `id` under the engine's state lock (another thread may be dropping handles);
+// `empty` for a moved-from view (a null `pool`), or a node gone with a shutdown or its path.
 template <class R, class Read>
-R read_node(const Node& view, R empty, Read read) {
-  detail::Engine* engine = NodeAccess::engine(view);
-  if (engine == nullptr) return empty;
-  const detail::StateLock lock(*engine);
-  const detail::TreeNode* node = detail::find_node(*engine, view.id());
+R read_node(const EngineRef& pool, std::int64_t id, R empty, Read read) {
+  if (!pool) return empty;
+  const StateLock lock(*pool);
+  const TreeNode* node = find_node(*pool, id);
   if (node == nullptr) return empty;
-  return read(*engine, *node);
+  return read(*pool, *node);
 }
 
 }  // namespace
 
-bool Node::exists() const {
-  return read_node(*this, false, [](const detail::Engine&, const detail::TreeNode&) { return true; });
+namespace node_view {
+
+bool exists(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, false, [](const Engine&, const TreeNode&) { return true; });
 }
 
-NodeKind Node::kind() const {
-  return read_node(*this, NodeKind::graph,
-                   [](const detail::Engine&, const detail::TreeNode& node) { return node.kind(); });
+NodeKind kind(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, NodeKind::graph, [](const Engine&, const TreeNode& node) { return node.kind(); });
 }
 
-NodeReason Node::reason() const {
-  return read_node(*this, NodeReason::first_call,
-                   [](const detail::Engine&, const detail::TreeNode& node) { return node.reason(); });
+NodeReason reason(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, NodeReason::first_call, [](const Engine&, const TreeNode& node) { return node.reason(); });
 }
 
-std::string Node::function() const {
-  return read_node(*this, std::string(), [](const detail::Engine& engine, const detail::TreeNode& node) {
-    return engine.functions().name(detail::function_of(engine, node));
+std::string function(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::string(), [](const Engine& engine, const TreeNode& node) {
+    return engine.functions().name(function_of(engine, node));
   });
 }
 
-std::size_t Node::depth() const {
-  return read_node(*this, std::size_t{0},
-                   [](const detail::Engine&, const detail::TreeNode& node) { return node.depth(); });
+std::size_t depth(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::size_t{0}, [](const Engine&, const TreeNode& node) { return node.depth(); });
 }
 
-std::vector<Node> Node::children() const {
-  return read_node(*this, std::vector<Node>{}, [this](const detail::Engine&, const detail::TreeNode& node) {
-    return children_views(NodeAccess::ref(*this), node.children());
-  });
+std::vector<std::int64_t> children(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::vector<std::int64_t>{},
+                   [](const Engine&, const TreeNode& node) { return ids_of(node.children()); });
 }
 
-std::size_t Node::num_descendants() const {
-  return read_node(*this, std::size_t{0},
-                   [](const detail::Engine&, const detail::TreeNode& node) { return node.num_descendants(); });
+std::size_t num_descendants(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::size_t{0},
+                   [](const Engine&, const TreeNode& node) { return node.num_descendants(); });
 }
 
-std::size_t Node::output_count() const {
-  return read_node(*this, std::size_t{0},
-                   [](const detail::Engine&, const detail::TreeNode& node) { return node.output_count(); });
+std::size_t output_count(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::size_t{0}, [](const Engine&, const TreeNode& node) { return node.output_count(); });
 }
 
-std::size_t Node::live_outputs() const {
-  return read_node(*this, std::size_t{0}, [](const detail::Engine&, const detail::TreeNode& node) {
+std::size_t live_outputs(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::size_t{0}, [](const Engine&, const TreeNode& node) {
     return static_cast<std::size_t>(
-        std::ranges::count_if(node.cells(), [](const detail::CellRef& cell) { return cell && cell->is_live(); }));
+        std::ranges::count_if(node.cells(), [](const CellRef& cell) { return cell && cell->is_live(); }));
   });
 }
 
-std::vector<PathIndex> Node::expected_dead_before() const {
-  return read_node(*this, std::vector<PathIndex>{},
-                   [](const detail::Engine&, const detail::TreeNode& node) { return node.expected_dead_before(); });
+std::vector<PathIndex> expected_dead_before(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::vector<PathIndex>{},
+                   [](const Engine&, const TreeNode& node) { return node.expected_dead_before(); });
 }
 
-std::vector<PathIndex> Node::expected_dead_after() const {
-  return read_node(*this, std::vector<PathIndex>{},
-                   [](const detail::Engine&, const detail::TreeNode& node) { return node.expected_dead_after(); });
+std::vector<PathIndex> expected_dead_after(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::vector<PathIndex>{},
+                   [](const Engine&, const TreeNode& node) { return node.expected_dead_after(); });
 }
 
-std::vector<std::size_t> Node::copied_inputs() const {
-  return read_node(*this, std::vector<std::size_t>{}, [](const detail::Engine&, const detail::TreeNode& node) {
+std::vector<std::size_t> copied_inputs(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, std::vector<std::size_t>{}, [](const Engine&, const TreeNode& node) {
     std::vector<std::size_t> copied;
     for (std::size_t i = 0; i < node.copied_to_slot().size(); ++i) {
       if (node.copied_to_slot()[i]) copied.push_back(i);
@@ -118,26 +108,31 @@ std::vector<std::size_t> Node::copied_inputs() const {
   });
 }
 
-std::vector<Node> PoolBase::roots() const {
-  return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
-    return children_views(engine_, engine.tree().roots());
+}  // namespace node_view
+
+namespace pool_view {
+
+std::vector<std::int64_t> roots(const EngineRef& pool) {
+  return read_engine(pool, std::vector<std::int64_t>{},
+                     [](const Engine& engine) { return ids_of(engine.tree().roots()); });
+}
+
+std::vector<std::int64_t> current_path(const EngineRef& pool) {
+  return read_engine(pool, std::vector<std::int64_t>{}, [](const Engine& engine) {
+    std::vector<std::int64_t> ids;  // NOLINT(misc-const-correctness)
+    for (const TreeNode* node : engine.path().nodes()) ids.push_back(node->id());
+    return ids;
   });
 }
 
-std::vector<Node> PoolBase::current_path() const {
-  return detail::read_engine(engine_, std::vector<Node>{}, [this](const detail::Engine& engine) {
-    std::vector<Node> views;  // NOLINT(misc-const-correctness)
-    for (const detail::TreeNode* node : engine.path().nodes()) views.push_back(NodeAccess::make(engine_, node->id()));
-    return views;
-  });
+std::string to_dot(const EngineRef& pool) {
+  return read_engine(pool, std::string("digraph cgt {\n}\n"),
+                     [](const Engine& engine) { return detail::to_dot(engine); });
 }
 
-std::string PoolBase::to_dot() const {
-  return detail::read_engine(engine_, std::string("digraph cgt {\n}\n"),
-                             [](const detail::Engine& engine) { return detail::to_dot(engine); });
-}
+}  // namespace pool_view
 
-}  // namespace cgt
+}  // namespace cgt::detail
 
 namespace cgt::detail {
 

@@ -16,9 +16,7 @@ module;
 #include <vector>
 
 export module cgt.core:path;
-import :error;
-import :info;
-import :handles;
+import cgt.vocabulary;
 import :tree;
 
 namespace cgt::detail {

@@ -148,33 +148,32 @@ std::vector<std::unique_ptr<backend::Invoker>> Engine::shutdown() {
 
 }  // namespace cgt::detail
 
-namespace cgt {
+namespace cgt::detail::pool_view {
 
-// Every method of a pool handle works on a moved-from handle too: it reads as an empty pool, and
-// what would change one fails with `invalid_argument`.
+// Every method of a pool handle works on a moved-from handle too (a null `pool`): it reads as an
+// empty pool, and what would change one fails with `invalid_argument`.
 
-void PoolBase::mark_step_begin() noexcept {
+void mark_step_begin(const EngineRef& pool) noexcept {
   // Atomic: any thread, and a pool function, may begin a step; the next call sees it. From now
   // on the program says when steps begin: forwards no longer begin them (`FunctionMode::forward`).
-  if (!engine_) return;
-  (*engine_).mark_step_begin();
+  if (!pool) return;
+  (*pool).mark_step_begin();
 }
 
-bool PoolBase::has_pending_backward() const noexcept {
-  return detail::read_engine(engine_, false,
-                             [](const detail::Engine& engine) { return engine.generation_rule().pending_backward(); });
+bool has_pending_backward(const EngineRef& pool) noexcept {
+  return read_engine(pool, false, [](const Engine& engine) { return engine.generation_rule().pending_backward(); });
 }
 
-Result<void> PoolBase::shutdown() {
-  if (!engine_) return fail(Errc::invalid_argument, "shutdown() of a moved-from pool handle");
-  detail::Engine& engine = *engine_;
+Result<void> shutdown(const EngineRef& pool) {
+  if (!pool) return fail(Errc::invalid_argument, "shutdown() of a moved-from pool handle");
+  Engine& engine = *pool;
   if (!engine.caller().try_take()) {
     return fail(Errc::concurrent_use, "shutdown() while a call of the same pool is in flight");
   }
-  const detail::EngineRef keep = engine_;  // the callables released below may hold the pool's last handles
+  const EngineRef keep = pool;  // the callables released below may hold the pool's last handles
   std::vector<std::unique_ptr<backend::Invoker>> callables;
   {
-    const detail::StateLock lock(engine);
+    const StateLock lock(engine);
     callables = engine.shutdown();
   }
   engine.caller().release();
@@ -182,32 +181,32 @@ Result<void> PoolBase::shutdown() {
   return {};
 }
 
-bool PoolBase::is_shut_down() const noexcept {
-  return detail::read_engine(engine_, true, [](const detail::Engine& engine) { return engine.is_shut_down(); });
+bool is_shut_down(const EngineRef& pool) noexcept {
+  return read_engine(pool, true, [](const Engine& engine) { return engine.is_shut_down(); });
 }
-const Options& PoolBase::options() const noexcept {
+const Options& options(const EngineRef& pool) noexcept {
   static const Options none;  // a moved-from handle's
-  return engine_ ? (*engine_).options() : none;
+  return pool ? (*pool).options() : none;
 }
-Stats PoolBase::stats() const noexcept {
-  return detail::read_engine(engine_, Stats{}, [](const detail::Engine& engine) { return engine.stats(); });
+Stats stats(const EngineRef& pool) noexcept {
+  return read_engine(pool, Stats{}, [](const Engine& engine) { return engine.stats(); });
 }
 
-MemoryInfo PoolBase::memory() const {
-  return detail::read_engine(engine_, MemoryInfo{}, [](const detail::Engine& engine) {
+MemoryInfo memory(const EngineRef& pool) {
+  return read_engine(pool, MemoryInfo{}, [](const Engine& engine) {
     return engine.is_shut_down() ? MemoryInfo{} : engine.device().memory();
   });
 }
 
-std::vector<Block> PoolBase::live_blocks() const {
-  return detail::read_engine(engine_, std::vector<Block>{}, [](const detail::Engine& engine) {
+std::vector<Block> live_blocks(const EngineRef& pool) {
+  return read_engine(pool, std::vector<Block>{}, [](const Engine& engine) {
     return engine.is_shut_down() ? std::vector<Block>{} : engine.device().live_blocks();
   });
 }
 
-Result<void> PoolBase::check_memory() const {
-  if (!engine_) return fail(Errc::invalid_argument, "check_memory of a moved-from pool handle");
-  detail::Engine& engine = *engine_;
+Result<void> check_memory(const EngineRef& pool) {
+  if (!pool) return fail(Errc::invalid_argument, "check_memory of a moved-from pool handle");
+  Engine& engine = *pool;
   // From inside a call (its function, a kernel, the log sink) the pool is halfway through it:
   // blocks are allocated that no lease holds yet, and the check would report a bug that is not
   // one.
@@ -216,95 +215,9 @@ Result<void> PoolBase::check_memory() const {
                 "check_memory from inside a call of the same pool (its function, a kernel or the log sink): the "
                 "pool is halfway through the call; check it after the call returns");
   }
-  const detail::StateLock lock(*engine_);
+  const StateLock lock(*pool);
   if (engine.is_shut_down()) return fail(Errc::pool_shut_down, "check_memory after the pool was shut down");
   return engine.pool_memory().check();
 }
 
-std::string_view to_string(Errc code) noexcept {
-  switch (code) {
-    case Errc::wrong_input_count: return "wrong_input_count";
-    case Errc::wrong_input_type: return "wrong_input_type";
-    case Errc::wrong_shape: return "wrong_shape";
-    case Errc::output_overwritten: return "output_overwritten";
-    case Errc::pool_shut_down: return "pool_shut_down";
-    case Errc::static_input_moved: return "static_input_moved";
-    case Errc::graph_unavailable: return "graph_unavailable";
-    case Errc::function_failed: return "function_failed";
-    case Errc::out_of_memory: return "out_of_memory";
-    case Errc::backend_error: return "backend_error";
-    case Errc::concurrent_use: return "concurrent_use";
-    case Errc::invalid_argument: return "invalid_argument";
-    case Errc::invariant_violation: return "invariant_violation";
-    case Errc::nested_capture: return "nested_capture";
-  }
-  return "unknown";
-}
-
-std::string Error::describe() const {
-  std::string text = std::string(to_string(code)) + ": " + message;
-  if (!function.empty()) text += " [function '" + function + "']";
-  if (node >= 0) text += " [node " + std::to_string(node) + "]";
-  if (input >= 0) text += " [input " + std::to_string(input) + "]";
-  return text;
-}
-
-std::string_view to_string(Reason reason) noexcept {
-  switch (reason) {
-    case Reason::mutated_input: return "mutated_input";
-    case Reason::rerecord_limit: return "rerecord_limit";
-    case Reason::shape_key_limit: return "shape_key_limit";
-    case Reason::size_not_graphed: return "size_not_graphed";
-    case Reason::size_above_buckets: return "size_above_buckets";
-    case Reason::input_on_other_device: return "input_on_other_device";
-    case Reason::static_input_moved: return "static_input_moved";
-    case Reason::managed_input_moved: return "managed_input_moved";
-    case Reason::many_shape_keys: return "many_shape_keys";
-    case Reason::capture_failed: return "capture_failed";
-    case Reason::nested_pool: return "nested_pool";
-    case Reason::unsupported_output: return "unsupported_output";
-    case Reason::pending_backward: return "pending_backward";
-    case Reason::undeclared_write: return "undeclared_write";
-    case Reason::padded_output: return "padded_output";
-    case Reason::count_: break;
-  }
-  return "unknown";
-}
-
-std::string_view to_string(FunctionMode mode) noexcept {
-  switch (mode) {
-    case FunctionMode::inference: return "inference";
-    case FunctionMode::forward: return "forward";
-    case FunctionMode::backward: return "backward";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(CallKind kind) noexcept {
-  switch (kind) {
-    case CallKind::warmup: return "warm-up";
-    case CallKind::recording: return "recording";
-    case CallKind::replay: return "replay";
-    case CallKind::eager: return "eager";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(NodeReason reason) noexcept {
-  switch (reason) {
-    case NodeReason::first_call: return "first_call";
-    case NodeReason::new_liveness_pattern: return "new_liveness_pattern";
-    case NodeReason::static_input_moved: return "static_input_moved";
-    case NodeReason::managed_input_moved: return "managed_input_moved";
-    case NodeReason::path_warming_up: return "path_warming_up";
-    case NodeReason::forced_warmup: return "forced_warmup";
-    case NodeReason::recording_not_kept: return "recording_not_kept";
-  }
-  return "unknown";
-}
-
-backend::Device& backend::device_of(PoolBase& pool) noexcept {
-  return detail::device(*pool.engine_);
-}
-
-}  // namespace cgt
+}  // namespace cgt::detail::pool_view

@@ -14,9 +14,7 @@ module;
 #include "generation_rule.hpp"
 
 export module cgt.core:pool_memory;
-import :error;
-import :options;
-import :info;
+import cgt.vocabulary;
 import :spi;
 import :tree;
 import :path;

@@ -15,11 +15,9 @@ module;
 #include <gsl/pointers>
 
 export module cgt.core:tree;
-import :options;
-import :info;
+import cgt.vocabulary;
 import :spi;
 import :detail;
-import :handles;
 
 namespace cgt::detail {
 

@@ -671,7 +671,7 @@ Result<Pool> make_pool(PoolOptions options) {
   auto device = std::make_unique<CudaDevice>(options.device, stream, options.arena, options.poison_dead_memory,
                                              options.update_graphs_in_place, options.rewrite_memset_nodes,
                                              options.rewrite_memcpy_nodes);
-  return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
+  return backend::make_pool<Pool>(std::move(device), std::move(options.tree));
 }
 
 }  // namespace cgt::cuda

@@ -11,6 +11,7 @@ module;
 #include <string>
 
 module cgt.cuda:internal;
+import cgt;
 import cgt.core;
 
 #include "cuda_status.hpp"     // in the purview: it names cgt types (see there)

@@ -410,7 +410,7 @@ std::size_t Device::recordings_redoing_another() const noexcept {
 
 Result<Pool> make_pool(PoolOptions options) {
   auto device = std::make_unique<HostDevice>(options.arena, options.poison_dead_memory);
-  return backend::make_pool<Backend>(std::move(device), std::move(options.tree));
+  return backend::make_pool<Pool>(std::move(device), std::move(options.tree));
 }
 
 }  // namespace cgt::host

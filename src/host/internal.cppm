@@ -13,6 +13,7 @@ module;
 #include <vector>
 
 module cgt.host:internal;
+import cgt;
 import cgt.core;
 import :buffer;
 import :device;

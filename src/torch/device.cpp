@@ -387,7 +387,7 @@ Result<Pool> make_pool(PoolOptions options) {
                                          options.rewrite_memcpy_nodes);
   });
   if (!device) return std::unexpected(std::move(device.error()));
-  return backend::make_pool<Backend>(std::move(*device), std::move(options.tree));
+  return backend::make_pool<Pool>(std::move(*device), std::move(options.tree));
 }
 
 }  // namespace cgt::torch

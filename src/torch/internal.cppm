@@ -33,6 +33,7 @@ module;
 #include <vector>
 
 module cgt.torch:internal;
+import cgt;
 import cgt.core;
 import :api;
 
@@ -410,7 +411,7 @@ Result<void> check_outputs(const Values& outputs, bool eager);
 /// them was not allocated by the call (`OutputDesc::allocated_in_call`).
 backend::RunResult describe_outputs(TorchDevice::State& state, Values&& outputs, bool may_be_pool_memory,
                                     std::span<const std::uintptr_t> allocated_before = {});
-/// What the pool has in use now (see MemoryInfo in cgt-info.cppm); raises the recorded peak.
+/// What the pool has in use now (see MemoryInfo in cgt.vocabulary-info.cppm); raises the recorded peak.
 MemoryInfo measure_memory(TorchDevice::State& state);
 /// Raises the recorded peak to what is in use now (after a warm-up or a recording).
 inline void note_peak(TorchDevice::State& state) {

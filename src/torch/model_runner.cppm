@@ -19,6 +19,7 @@ class AOTIModelPackageLoader;
 }  // namespace torch::inductor
 
 module cgt.torch:model_runner;
+import cgt;
 import cgt.core;
 import :api;
 

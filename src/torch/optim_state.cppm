@@ -24,6 +24,7 @@ class InputArchive;
 }  // namespace torch::serialize
 
 module cgt.torch:optim_state;
+import cgt;
 import cgt.core;
 import :api;
 

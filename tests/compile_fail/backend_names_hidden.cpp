@@ -1,12 +1,11 @@
 // Must not compile: `import cgt;` (with a backend module) gives a program the user's names only.
-// What backend authors need is in `import cgt.core;`, and the engine's plumbing is exported by
-// no module. Each marked line names one of them and must fail with clang's "must be imported
-// from module 'cgt.core'" (the name exists, but no import makes it visible here) or, for the
-// static `Pool::adopt` that backends once used, "no member named". Clang makes a hidden name's
-// neighbours visible once it reported one, so each line is compiled on its own: the build defines
-// HIDDEN_NAME to its number. The engine's side of a backend's device is exported by no module: its
-// class cannot be named, and the device a program reaches is a view without the engine's members
-// ("no member named"). (`user_surface.cpp` is the other side.)
+// What backend authors need is in `import cgt.core;` (which module cgt imports and does not
+// export), the engine's own state in no module. Each marked line names one of them and must fail
+// with clang's "must be imported from module 'cgt.core'" (the name exists, but no import makes it
+// visible here) or, for the static `Pool::adopt` that backends once used, "no member named".
+// Clang makes a hidden name's neighbours visible once it reported one, so each line is compiled
+// on its own: the build defines HIDDEN_NAME to its number. What each backend's device keeps of
+// the engine's side is `backend_device_hidden.cpp`'s; `user_surface.cpp` is the other side.
 import cgt;
 import cgt.host;
 
@@ -43,7 +42,7 @@ using Arena = cgt::Arena;  // expect-error
 
 // Making a pool over a device of one's own.
 #if HIDDEN_NAME == 10
-auto* const make = &cgt::backend::make_pool<cgt::host::Backend>;  // expect-error
+auto* const make = &cgt::backend::make_pool<cgt::host::Pool>;  // expect-error
 #endif
 #if HIDDEN_NAME == 11
 auto* const make = &cgt::detail::make_engine;  // expect-error
@@ -66,16 +65,12 @@ using Lease = cgt::detail::LeaseCore;  // expect-error
 using Source = cgt::detail::ArgSource;  // expect-error
 #endif
 
-// The engine's side of the backends' devices, and its members through the program's view.
 #if HIDDEN_NAME == 17
-using HostDevice = cgt::host::HostDevice;  // expect-error
+auto* const stats = &cgt::detail::pool_view::stats;  // expect-error
 #endif
 #if HIDDEN_NAME == 18
-auto* const shut = &cgt::host::Device::shutdown;  // expect-error
+using Access = cgt::detail::HandleAccess<cgt::host::Pool>;  // expect-error
 #endif
 #if HIDDEN_NAME == 19
-auto* const book = &cgt::host::Device::checkpoint;  // expect-error
-#endif
-#if HIDDEN_NAME == 20
-auto* const blocks = &cgt::host::Device::live_blocks;  // expect-error
+auto* const reach = &cgt::backend::device_of<cgt::host::Pool>;  // expect-error
 #endif

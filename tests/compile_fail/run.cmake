@@ -44,7 +44,7 @@ if(ERRORS STREQUAL "hidden")
   # Clang says "declaration of 'X' must be imported from module 'M' before it is required" for a
   # name that exists in a module the TU reaches but that no import makes visible.
   # A member the program's view of a device does not have is "no member named".
-  string(REGEX MATCHALL "error: (declaration of '[^']+' must be imported from module 'cgt\\.(core|host)[^']*' before it is required|no member named '(adopt|HostDevice|shutdown|checkpoint|live_blocks)' in [^\n]*)"
+  string(REGEX MATCHALL "error: (declaration of '[^']+' must be imported from module 'cgt\\.(core|host|cuda|torch)[^']*' before it is required|no member named '(adopt|HostDevice|shutdown|checkpoint|live_blocks|run)' in [^\n]*)"
          deleted "${output}")
   set(what "not-exported-name")
 endif()

@@ -41,16 +41,23 @@ namespace {
   [[maybe_unused]] const std::int64_t sizes[] = {2, 3};
   [[maybe_unused]] cgt::Layout layout = cgt::Layout::contiguous(type, sizes);
   [[maybe_unused]] cgt::PoolBase& base = pool;
-  [[maybe_unused]] cgt::Pool<cgt::host::Backend>* typed = &pool;
   [[maybe_unused]] std::vector<cgt::Node> roots = pool.roots();
   [[maybe_unused]] cgt::PathIndex index{};
-  using Lease = cgt::OutputLease<cgt::host::Backend>;
-  using Bundle = cgt::Outputs<cgt::host::Backend>;
-  using Handle = cgt::Function<cgt::host::Backend>;
-  using Argument = cgt::Arg<cgt::host::Backend>;
-  using Owned = cgt::Owning<Bundle>;
+  using Owned = cgt::Owning<cgt::host::Outputs>;
   using Borrowed = cgt::Ref<cgt::host::Buffer>;
 }
+
+// The handle templates, over a backend a program never names (`cgt::host::Pool` is one of them).
+template <class B>
+[[maybe_unused]] void templates(cgt::Pool<B>& pool) {
+  using Lease = cgt::OutputLease<B>;
+  using Bundle = cgt::Outputs<B>;
+  using Handle = cgt::Function<B>;
+  using Argument = cgt::Arg<B>;
+  static_assert(std::is_same_v<Lease, cgt::host::OutputLease> && std::is_same_v<Bundle, cgt::host::Outputs> &&
+                std::is_same_v<Handle, cgt::host::Function> && std::is_same_v<Argument, cgt::host::Arg>);
+}
+[[maybe_unused]] void typed(cgt::host::Pool& pool) { templates(pool); }
 
 // What the README and examples do, through `import cgt; import cgt.host;` alone.
 [[maybe_unused]] int program() {

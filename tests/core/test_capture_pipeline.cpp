@@ -141,7 +141,7 @@ ScriptedPool scripted_pool(cgt::Options options = {}) {
   if (!options.log_sink) options.log_sink = [](const cgt::Event& /*event*/) {};  // the tests read what they need
   auto device = std::make_unique<ScriptedDevice>();
   ScriptedDevice* raw = device.get();
-  return {raw, must(cgt::backend::make_pool<cgt::host::Backend>(std::move(device), std::move(options)))};
+  return {raw, must(cgt::backend::make_pool<cgt::host::Pool>(std::move(device), std::move(options)))};
 }
 
 // y = x * w, in the pool; `static_inputs` as given.

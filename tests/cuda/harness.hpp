@@ -20,7 +20,7 @@ import cgt.cuda;
 
 // On CUDA device `DeviceIndex` (the scenario suite runs on device 1 too: tests/multi).
 template <int DeviceIndex = 0>
-struct CudaHarnessOn : scenario::HarnessTypes<cgt::cuda::Backend> {
+struct CudaHarnessOn : scenario::HarnessTypes<cgt::cuda::Pool> {
   static constexpr const char* name = "cuda";
   /// Steps of the randomized walk (scenario::random_calls_match_eager): fewer than the host's,
   /// every call being real launches.

@@ -109,7 +109,7 @@ TEST_CASE("cuda/ten copied inputs of different sizes all reach the graph on ever
       hosts.push_back(t);
       inputs.push_back(H::make(t));
     }
-    const std::vector<cgt::Arg<cgt::cuda::Backend>> args(inputs.begin(), inputs.end());
+    const std::vector<cgt::cuda::Arg> args(inputs.begin(), inputs.end());
     pool.mark_step_begin();
     auto outputs = must(total(args));
     const auto out = H::read(must(outputs.get(0)).get());

@@ -14,7 +14,7 @@
 import cgt;
 import cgt.host;
 
-struct HostHarness : scenario::HarnessTypes<cgt::host::Backend> {
+struct HostHarness : scenario::HarnessTypes<cgt::host::Pool> {
   static constexpr const char* name = "host";
   /// Steps of the randomized walk (scenario::random_calls_match_eager).
   static constexpr std::size_t property_steps = 12000;

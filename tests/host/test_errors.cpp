@@ -1,6 +1,7 @@
 // Every Errc, triggered on the host backend: the call fails with the code and a message naming
 // the function, the pool stays usable, and nothing the caller holds is lost or changed.
 #include "host/host_test.hpp"
+#include "backend_of.hpp"
 
 #include <atomic>
 #include <cstddef>
@@ -66,7 +67,7 @@ class FlakyDevice final : public host_test::ForwardingDevice {
 
  private:
   std::unique_ptr<cgt::backend::Invoker> leaker_ =
-      cgt::host::Backend::make_invoker([](cgt::host::Context& ctx, cgt::host::Inputs /*in*/) {
+      cgt_test::BackendOf<cgt::host::Pool>::make_invoker([](cgt::host::Context& ctx, cgt::host::Inputs /*in*/) {
         return cgt::host::Values{ctx.allocate(ElementType::f32, {16})};
       });
   std::optional<cgt::backend::RunResult> leaked_;
@@ -113,7 +114,7 @@ struct FlakyPool {
 FlakyPool make_flaky_pool(cgt::Options options = {}) {
   auto device = std::make_unique<FlakyDevice>();
   FlakyDevice* raw = device.get();
-  return {raw, *cgt::backend::make_pool<cgt::host::Backend>(std::move(device), std::move(options))};
+  return {raw, *cgt::backend::make_pool<cgt::host::Pool>(std::move(device), std::move(options))};
 }
 
 double first_value(const cgt::host::Outputs& outputs) {

@@ -227,7 +227,7 @@ TEST_CASE("a replay refused for its arguments after a new step began leaves the 
   const bool by_forward = GENERATE(false, true);
   auto device = std::make_unique<RefusingDevice>();
   RefusingDevice& refusing = *device;
-  auto pool = must(cgt::backend::make_pool<cgt::host::Backend>(std::move(device), {.debug_checks = true}));
+  auto pool = must(cgt::backend::make_pool<cgt::host::Pool>(std::move(device), {.debug_checks = true}));
   bool fail = false;
   auto f = doubling(pool, "f", &fail, by_forward ? FunctionMode::forward : FunctionMode::inference);
   auto b = doubling(pool, "b", &fail, FunctionMode::backward);

@@ -18,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend_of.hpp"
+
 import cgt;
 import cgt.host;
 // Drives the host device through the backend interface.
@@ -398,7 +400,7 @@ struct DirectRun {
   cgt::backend::Device& device = cgt::backend::device_of(host);  // the engine's side, as the engine calls it
   std::unique_ptr<cgt::backend::Invoker> invoker;
 
-  explicit DirectRun(cgt::host::Callable fn) : invoker(cgt::host::Backend::make_invoker(std::move(fn))) {}
+  explicit DirectRun(cgt::host::Callable fn) : invoker(cgt_test::BackendOf<cgt::host::Pool>::make_invoker(std::move(fn))) {}
   cgt::Result<cgt::backend::RunResult> warmup(const Buffer& input) {
     const std::array<cgt::backend::ArgSlot, 1> args{cgt::backend::ArgSlot{.value = &input}};
     return device.run(*invoker, args, cgt::backend::RunMode::warmup);

@@ -48,9 +48,12 @@ inline void must(cgt::Result<void> result) {
   if (!result) FAIL(result.error().describe());
 }
 
-/// The handle types a harness names, for backend `B`.
+/// The handle types a harness names, for the backend of pool handle `P` (`cgt::host::Pool`: the
+/// backend's `B` itself is not exported).
+template <class P>
+struct HarnessTypes;
 template <class B>
-struct HarnessTypes {
+struct HarnessTypes<cgt::Pool<B>> {
   using Pool = cgt::Pool<B>;
   using Function = cgt::Function<B>;
   using Outputs = cgt::Outputs<B>;

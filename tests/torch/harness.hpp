@@ -23,7 +23,7 @@ import cgt.torch;
 
 // On CUDA device `DeviceIndex` (the scenario suite runs on device 1 too: tests/multi).
 template <int DeviceIndex = 0>
-struct TorchHarnessOn : scenario::HarnessTypes<cgt::torch::Backend> {
+struct TorchHarnessOn : scenario::HarnessTypes<cgt::torch::Pool> {
   static constexpr const char* name = "torch";
   /// Steps of the randomized walk (scenario::random_calls_match_eager): fewer than the host's,
   /// every call being real launches.

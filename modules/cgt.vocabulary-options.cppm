@@ -1,4 +1,4 @@
-// cgt.core:options — how a pool and its functions behave, and how the pool reports its decisions.
+// cgt.vocabulary:options — how a pool and its functions behave, and how the pool reports its decisions.
 module;
 #include <chrono>
 #include <cstddef>
@@ -9,7 +9,7 @@ module;
 #include <utility>
 #include <vector>
 
-export module cgt.core:options;
+export module cgt.vocabulary:options;
 
 export namespace cgt {
 

@@ -1,4 +1,4 @@
-// cgt.core:info — what a pool can tell about itself: counters, memory, kinds of calls and nodes.
+// cgt.vocabulary:info — what a pool can tell about itself: counters, memory, kinds of calls and nodes.
 module;
 #include <array>
 #include <cstddef>
@@ -6,7 +6,7 @@ module;
 #include <string>
 #include <string_view>
 
-export module cgt.core:info;
+export module cgt.vocabulary:info;
 import :options;
 
 export namespace cgt {
@@ -136,5 +136,12 @@ struct MemoryInfo {
 /// The memory as one line of text, for logs: "1048576 bytes reserved, 0 allocated in 0 blocks,
 /// peak 1024".
 [[nodiscard]] std::string to_string(const MemoryInfo& memory);
+
+/// One position in the current path: output `output` of the node `depth` steps below the root.
+struct PathIndex {
+  std::uint32_t depth = 0;
+  std::uint32_t output = 0;
+  friend bool operator==(const PathIndex&, const PathIndex&) = default;
+};
 
 }  // namespace cgt

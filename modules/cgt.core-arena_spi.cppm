@@ -16,7 +16,7 @@ module;
 export module cgt.core:arena_spi;
 import :arena;
 import :spi;
-import :error;
+import cgt.vocabulary;
 
 export namespace cgt::backend {
 

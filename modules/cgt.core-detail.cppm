@@ -1,6 +1,9 @@
-// cgt.core:detail — the non-template plumbing behind the handle templates of :handles.
-// Nothing here is exported, to users or to backend authors: the handle templates name it where they
-// are defined, so their instantiations in a user's code work without the names being visible there.
+// cgt.core:detail — the engine's side of the handles of module cgt (modules/cgt.cppm): the
+// reference-counted engine handle, the state of a lease, one call's outputs, the arguments'
+// source, and the functions the handles' members forward to. Exported so that module cgt can
+// reach it; module cgt does not export it, so a program that imports only `cgt` and a backend
+// module cannot name any of it (tests/compile_fail/backend_names_hidden.cpp). Backends use
+// `backend::make_pool` and `backend::device_of` below; the rest is for module cgt alone.
 module;
 #include <expected>
 #include <array>
@@ -14,12 +17,10 @@ module;
 #include <vector>
 
 export module cgt.core:detail;
-import :error;
-import :options;
-import :info;
+import cgt.vocabulary;
 import :spi;
 
-namespace cgt::detail {
+export namespace cgt::detail {
 
 class Engine;  // the tree and its state, defined in src/core
 struct Cell;   // one output storage and the leases on it
@@ -222,6 +223,51 @@ class ArgSource {
 [[nodiscard]] const std::string& function_name(Engine& engine, std::uint32_t function) noexcept;
 [[nodiscard]] backend::Device& device(Engine& engine) noexcept;
 
+/// What `PoolBase`'s members ask of the engine (src/core/pool.cpp, introspection.cpp). A null
+/// `pool` is a moved-from handle's: queries return empty values, changes fail with `invalid_argument`.
+namespace pool_view {
+void mark_step_begin(const EngineRef& pool) noexcept;
+[[nodiscard]] Result<void> shutdown(const EngineRef& pool);
+[[nodiscard]] bool has_pending_backward(const EngineRef& pool) noexcept;
+[[nodiscard]] bool is_shut_down(const EngineRef& pool) noexcept;
+[[nodiscard]] const Options& options(const EngineRef& pool) noexcept;
+[[nodiscard]] Stats stats(const EngineRef& pool) noexcept;
+[[nodiscard]] MemoryInfo memory(const EngineRef& pool);
+[[nodiscard]] std::vector<Block> live_blocks(const EngineRef& pool);
+[[nodiscard]] Result<void> check_memory(const EngineRef& pool);
+/// The ids of the root recordings, and of the current path's nodes, for `Node` views.
+[[nodiscard]] std::vector<std::int64_t> roots(const EngineRef& pool);
+[[nodiscard]] std::vector<std::int64_t> current_path(const EngineRef& pool);
+[[nodiscard]] std::string to_dot(const EngineRef& pool);
+}  // namespace pool_view
+
+/// What `Node`'s members ask of the engine about node `id` (src/core/introspection.cpp): each
+/// returns an empty value for a null `pool` or a node that no longer exists.
+namespace node_view {
+[[nodiscard]] bool exists(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] NodeKind kind(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] NodeReason reason(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::string function(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::size_t depth(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::vector<std::int64_t> children(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::size_t num_descendants(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::size_t output_count(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::size_t live_outputs(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::vector<PathIndex> expected_dead_before(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::vector<PathIndex> expected_dead_after(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] std::vector<std::size_t> copied_inputs(const EngineRef& pool, std::int64_t id);
+}  // namespace node_view
+
+/// How code outside module cgt makes a handle of an engine and reaches a handle's engine: each
+/// handle class of module cgt befriends its own `HandleAccess<Handle>` (a class template of
+/// another module cannot be befriended whole), and `backend::make_pool` and `backend::device_of`
+/// below are its only users.
+template <class Handle>
+struct HandleAccess {
+  [[nodiscard]] static Handle make(EngineRef engine) noexcept { return Handle(std::move(engine)); }
+  [[nodiscard]] static const EngineRef& engine(const Handle& handle) noexcept { return handle.engine_; }
+};
+
 /// A fixed-capacity array on the stack that spills to the heap: calls with few arguments
 /// allocate nothing for their argument descriptions.
 template <class T, std::size_t Inline>
@@ -253,3 +299,23 @@ class SmallArray {
 };
 
 }  // namespace cgt::detail
+
+export namespace cgt::backend {
+
+/// A pool handle (`cgt::Pool<B>` of the backend, e.g. `cgt::host::Pool`) over a new engine that
+/// owns `device`. Fails with `invalid_argument` for contradictory options.
+template <class PoolHandle>
+[[nodiscard]] Result<PoolHandle> make_pool(std::unique_ptr<Device> device, Options options) {
+  auto engine = detail::make_engine(std::move(device), std::move(options));
+  if (!engine) return std::unexpected(std::move(engine.error()));
+  return detail::HandleAccess<PoolHandle>::make(std::move(*engine));
+}
+
+/// The engine's side of a pool's device (what the backend gave `make_pool`).
+/// REQUIRES: `pool` is not moved from.
+template <class PoolHandle>
+[[nodiscard]] Device& device_of(PoolHandle& pool) noexcept {
+  return detail::device(*detail::HandleAccess<PoolHandle>::engine(pool));
+}
+
+}  // namespace cgt::backend

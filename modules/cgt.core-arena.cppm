@@ -13,8 +13,7 @@ module;
 #include <vector>
 
 export module cgt.core:arena;
-import :error;
-import :info;
+import cgt.vocabulary;
 
 export namespace cgt {
 

@@ -5,7 +5,7 @@ module;
 #include <string>
 #include <string_view>
 
-module cgt.core;
+module cgt.vocabulary;
 
 namespace cgt {
 namespace {

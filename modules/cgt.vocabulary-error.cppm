@@ -1,11 +1,11 @@
-// cgt.core:error — how every fallible operation of cgt reports failure.
+// cgt.vocabulary:error — how every fallible operation of cgt reports failure.
 module;
 #include <cstdint>
 #include <expected>
 #include <string>
 #include <string_view>
 
-export module cgt.core:error;
+export module cgt.vocabulary:error;
 
 export namespace cgt {
 

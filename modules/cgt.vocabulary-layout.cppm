@@ -1,4 +1,4 @@
-// cgt.core:layout — element types and strided layouts: what a buffer view of the host and cuda backends
+// cgt.vocabulary:layout — element types and strided layouts: what a buffer view of the host and cuda backends
 // is, apart from the memory it views.
 module;
 #include <array>
@@ -8,7 +8,7 @@ module;
 #include <string>
 #include <string_view>
 
-export module cgt.core:layout;
+export module cgt.vocabulary:layout;
 import :error;
 
 export namespace cgt {

@@ -14,7 +14,7 @@ module;
 #include <type_traits>
 #include <utility>
 
-module cgt.core;
+module cgt.vocabulary;
 
 namespace cgt {
 namespace {

@@ -16,12 +16,10 @@ module;
 #include <vector>
 
 export module cgt.core:spi;
-import :error;
-import :info;
-import :options;
+import cgt.vocabulary;
 
-namespace cgt::detail {
-struct LeaseCore;  // a lease's state (:detail); not exported
+export namespace cgt::detail {
+struct LeaseCore;  // a lease's state (:detail), for module cgt's handles
 }
 
 export namespace cgt::backend {

@@ -1,9 +1,9 @@
-// cgt.core:version — which cgt a program was compiled against.
+// cgt.vocabulary:version — which cgt a program was compiled against.
 module;
 #include <compare>
 #include <string_view>
 
-export module cgt.core:version;
+export module cgt.vocabulary:version;
 
 // The numbers are CMake's `project(cgt VERSION ...)`, given to every compile of cgt's module
 // interfaces as definitions (src/CMakeLists.txt): cgt's own, and a consumer's through the installed
