@@ -59,6 +59,9 @@ class Stream {
   void synchronize() noexcept;
   /// Whether the capture in progress was broken by a synchronisation.
   [[nodiscard]] bool capture_broken() const noexcept { return broken_; }
+  /// During a capture: the kernels `launch_all` launches, captured into a graph of their own (a
+  /// loop's or branch's body) instead of the capture in progress, which goes on after it.
+  [[nodiscard]] Graph capture_apart(const std::function<void()>& launch_all);
 
  private:
   Graph capture_;
@@ -96,6 +99,27 @@ class Context {
   /// eagerly from then on (`Reason::capture_failed`), or, if it recorded without a warm-up of its
   /// own (`FunctionOptions::warm_up_each_shape = false`), it warms up and records again.
   void synchronize() noexcept;
+
+  /// The body of a loop or branch decided where the kernels run: it launches its kernels on the
+  /// context it is given (the same context; cgt.cuda's gives one on the body's stream).
+  using Body = std::function<void(Context&)>;
+  /// A loop whose iterations the kernels decide, as a CUDA WHILE node does on the GPU: while the
+  /// one i32 element of `go_on` is non-zero (checked before each iteration, the first included),
+  /// and at most `max_iterations` times, runs `body`, whose kernels write `go_on` to say whether
+  /// to go on. In a recording the body is captured once, into one kernel that loops when the graph
+  /// replays: each replay decides its iterations anew, and the host never reads `go_on`. Outside
+  /// a recording (warm-up, eager) the loop runs now, reading `go_on` before each iteration, as a
+  /// host loop does. Throws `InvalidArgument` (the call then fails with `invalid_argument`) when
+  /// `go_on` is not one i32 element or `max_iterations` is 0.
+  void loop_while(const Buffer& go_on, std::uint64_t max_iterations, const Body& body);
+  /// A branch the kernels decide (a CUDA IF node): runs `body` when the one i32 element of
+  /// `condition` is non-zero. Captured once in a recording and decided at each replay. Throws
+  /// `InvalidArgument` when `condition` is not one i32 element.
+  void if_then(const Buffer& condition, const Body& body);
+  /// A choice the kernels make (a CUDA SWITCH node): runs `bodies[i]` for the one i32 element `i`
+  /// of `index`, none when `i` is out of range. Captured once in a recording (every body) and
+  /// decided at each replay. Throws `InvalidArgument` when `index` is not one i32 element.
+  void switch_on(const Buffer& index, std::span<const Body> bodies);
 
  private:
   friend class HostDevice;

@@ -1,5 +1,6 @@
 // Host streams: kernels run at once, or are captured into a graph.
 module;
+#include <functional>
 #include <utility>
 
 module cgt.host;
@@ -28,6 +29,17 @@ Graph Stream::end_capture() {
   capturing_ = false;
   broken_ = false;
   return std::exchange(capture_, Graph{});
+}
+
+Graph Stream::capture_apart(const std::function<void()>& launch_all) {
+  Graph outer = std::exchange(capture_, Graph{});
+  try {
+    launch_all();
+  } catch (...) {
+    capture_ = std::move(outer);  // the capture in progress goes on (the call then fails)
+    throw;
+  }
+  return std::exchange(capture_, std::move(outer));
 }
 
 void Stream::discard_capture() noexcept {

@@ -1,0 +1,77 @@
+// Loops and branches decided by the kernels (Context::loop_while, if_then, switch_on): run now
+// outside a recording, captured once into one kernel that decides at each replay within one.
+module;
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+module cgt.host;
+import :internal;
+
+namespace cgt::host {
+namespace {
+
+// The value a loop or branch is decided on: one i32 element, read when the kernels before it ran.
+void check_decider(const Buffer& value, const char* what) {
+  if (value.type() != ElementType::i32 || value.numel() != 1) {
+    throw InvalidArgument(std::string("Context::") + what + ": the value it is decided on must be one i32 element");
+  }
+}
+
+std::int64_t decider_of(const Buffer& value) {
+  return static_cast<std::int64_t>(value.get(0));
+}
+
+}  // namespace
+
+void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, const Body& body) {
+  check_decider(go_on, "loop_while");
+  if (max_iterations == 0) throw InvalidArgument("Context::loop_while: max_iterations must be at least 1");
+  Stream& stream = device_.stream();
+  if (!stream.is_capturing()) {
+    for (std::uint64_t i = 0; i < max_iterations && decider_of(go_on) != 0; ++i) body(*this);
+    return;
+  }
+  auto iteration = std::make_shared<const Graph>(stream.capture_apart([&] { body(*this); }));
+  stream.launch([iteration, go_on, max_iterations] {
+    for (std::uint64_t i = 0; i < max_iterations && decider_of(go_on) != 0; ++i) iteration->replay();
+  });
+}
+
+void Context::if_then(const Buffer& condition, const Body& body) {
+  check_decider(condition, "if_then");
+  Stream& stream = device_.stream();
+  if (!stream.is_capturing()) {
+    if (decider_of(condition) != 0) body(*this);
+    return;
+  }
+  auto taken = std::make_shared<const Graph>(stream.capture_apart([&] { body(*this); }));
+  stream.launch([taken, condition] {
+    if (decider_of(condition) != 0) taken->replay();
+  });
+}
+
+void Context::switch_on(const Buffer& index, std::span<const Body> bodies) {
+  check_decider(index, "switch_on");
+  Stream& stream = device_.stream();
+  if (!stream.is_capturing()) {
+    const std::int64_t chosen = decider_of(index);
+    if (chosen >= 0 && static_cast<std::size_t>(chosen) < bodies.size())
+      bodies[static_cast<std::size_t>(chosen)](*this);
+    return;
+  }
+  auto cases = std::make_shared<std::vector<Graph>>();
+  for (const Body& body : bodies) cases->push_back(stream.capture_apart([&] { body(*this); }));
+  stream.launch([cases = std::shared_ptr<const std::vector<Graph>>(std::move(cases)), index] {
+    const std::int64_t chosen = decider_of(index);
+    if (chosen >= 0 && static_cast<std::size_t>(chosen) < cases->size())
+      (*cases)[static_cast<std::size_t>(chosen)].replay();
+  });
+}
+
+}  // namespace cgt::host
