@@ -170,7 +170,9 @@ Result<void> shutdown(const EngineRef& pool) {
   if (!engine.caller().try_take()) {
     return fail(Errc::concurrent_use, "shutdown() while a call of the same pool is in flight");
   }
-  const EngineRef keep = pool;  // the callables released below may hold the pool's last handles
+  // The callables released below may hold the pool's last handles, even the one whose `pool`
+  // this is (a pool kept by its own function): the engine must outlive them, and `pool` may not.
+  const EngineRef keep = pool;  // NOLINT(performance-unnecessary-copy-initialization)
   std::vector<std::unique_ptr<backend::Invoker>> callables;
   {
     const StateLock lock(engine);
