@@ -128,15 +128,51 @@ class Context {
   [[nodiscard]] cudaStream_t stream() const noexcept;
   [[nodiscard]] bool is_capturing() const noexcept { return capturing_; }
 
+  /// The body of a loop or branch the GPU decides: it launches its kernels on `ctx.stream()` of
+  /// the context it is given (this one, whose stream is then the body's).
+  using Body = std::function<void(Context&)>;
+  /// A loop the GPU decides (a CUDA WHILE conditional node): while the one i32 element of `go_on`
+  /// is non-zero (checked before each iteration, the first included), and at most
+  /// `max_iterations` times, runs `body`, whose kernels write `go_on` to say whether to go on. In a
+  /// recording the body is captured once into the node, and each launch of the graph decides its
+  /// iterations on the GPU: the host neither waits nor reads `go_on`. Outside a recording (warm-up,
+  /// eager) it runs now, the host reading `go_on` before each iteration (a wait on the stream).
+  /// A body CUDA forbids in a conditional node (a host callback, an event record or wait, a
+  /// `cudaMallocAsync`) or a driver without conditional nodes gives the recording up: those shapes
+  /// run eagerly, with the same results (`Reason::capture_failed`). Throws `InvalidArgument` (the
+  /// call then fails with `invalid_argument`) when `go_on` is not one i32 element on this device
+  /// or `max_iterations` is 0.
+  void loop_while(const Buffer& go_on, std::uint64_t max_iterations, const Body& body);
+  /// A branch the GPU decides (an IF node): runs `body` when the one i32 element of `condition`
+  /// is non-zero. Captured once in a recording, decided at each launch; as `loop_while` otherwise.
+  void if_then(const Buffer& condition, const Body& body);
+  /// A choice the GPU makes (a SWITCH node, CUDA 12.8+): runs `bodies[i]` for the one i32 element
+  /// `i` of `index`, none when `i` is out of range. Captured once in a recording (every body),
+  /// decided at each launch; as `loop_while` otherwise.
+  void switch_on(const Buffer& index, std::span<const Body> bodies);
+
  private:
   friend class CudaDevice;
   friend class CudaCapture;
   enum class Target : std::uint8_t { device_memory, pool };
   Context(CudaDevice& device, Target target, bool capturing) noexcept
       : device_(device), target_(target), capturing_(capturing) {}
+  /// The stream that captures the bodies of conditional nodes nested `depth` deep (0: the
+  /// outermost), made before the capture began; null past the deepest (src/cuda/device.cpp).
+  [[nodiscard]] cudaStream_t body_stream(std::size_t depth) const noexcept;
+  /// The CUDA device index of the pool (src/cuda/device.cpp).
+  [[nodiscard]] int pool_device() const noexcept;
+  /// Captures what `launch_all` launches on this context into `body`, a conditional node's body
+  /// (src/cuda/control_flow.cpp).
+  void capture_body(cudaGraph_t body, const std::function<void()>& launch_all);
+  /// Gives the recording up (its shapes run eagerly) for `why`; the first reason is kept.
+  void give_up_recording(std::string why);
   CudaDevice& device_;
   Target target_;
   bool capturing_;
+  cudaStream_t body_stream_ = nullptr;       // while a conditional node's body is captured: its stream
+  std::size_t depth_ = 0;                    // how many bodies are being captured, one in another
+  std::string uncapturable_;                 // why the recording must be given up; empty: it need not
   std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
 };
 

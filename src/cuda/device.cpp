@@ -244,6 +244,9 @@ class CudaDevice final : public backend::Device {
 
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
+  /// Makes the streams that capture conditional nodes' bodies, once, before a capture begins (a
+  /// stream is not made during one).
+  [[nodiscard]] Result<void> make_body_streams();
 
  private:
   friend class Context;
@@ -259,6 +262,9 @@ class CudaDevice final : public backend::Device {
   bool rewrite_memsets_;
   bool rewrite_memcpys_;
   GraphCounts counts_;
+  // One per level of conditional nodes nested in one another (Context::body_stream); empty until
+  // the first recording.
+  std::vector<cudaStream_t> body_streams_;
 };
 
 int device_count() noexcept {
@@ -271,7 +277,15 @@ int device_count() noexcept {
 }
 
 cudaStream_t Context::stream() const noexcept {
-  return device_.stream_;
+  return body_stream_ != nullptr ? body_stream_ : device_.stream_;
+}
+
+int Context::pool_device() const noexcept {
+  return device_.device_;
+}
+
+cudaStream_t Context::body_stream(std::size_t depth) const noexcept {
+  return depth < device_.body_streams_.size() ? device_.body_streams_[depth] : nullptr;
 }
 
 Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) {
@@ -421,6 +435,7 @@ class CudaCapture final : public backend::Capture {
   }
 
   [[nodiscard]] backend::CaptureOutcome capture() override {
+    if (auto streams = device_.make_body_streams(); !streams) return {.work = std::move(streams)};
     if (auto began = checked(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "beginning a capture");
         !began) {
       return {.work = std::move(began)};
@@ -433,12 +448,14 @@ class CudaCapture final : public backend::Capture {
     cudaGraph_t ended_graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream(), &ended_graph);  // always: the stream must leave capture
     graph_.reset(ended_graph);
-    if (!outputs || ended != cudaSuccess) {
+    // A conditional node the function asked for that could not be made: its shapes run eagerly.
+    const bool given_up = !context_.uncapturable_.empty();
+    if (!outputs || ended != cudaSuccess || given_up) {
       graph_.reset();
       (void)cudaGetLastError();
       return {.work = backend::status_of(outputs),
-              .broken = ended != cudaSuccess,
-              .broken_because = ended != cudaSuccess ? why_uncapturable(ended) : std::string()};
+              .broken = ended != cudaSuccess || given_up,
+              .broken_because = ended != cudaSuccess ? why_uncapturable(ended) : context_.uncapturable_};
     }
     outputs_ = std::move(*outputs);
     captured_ = kernels::batches_of(nodes_);
@@ -597,6 +614,21 @@ void CudaDevice::shutdown() {
   arena_.reset();  // gives the segments back (cudaFree)
   (void)cudaStreamDestroy(stream_);
   stream_ = nullptr;
+  for (cudaStream_t body : body_streams_) (void)cudaStreamDestroy(body);
+  body_streams_.clear();
+}
+
+Result<void> CudaDevice::make_body_streams() {
+  constexpr std::size_t kNestedBodies = 4;  // a loop in a branch in a loop in a branch
+  while (body_streams_.size() < kNestedBodies) {
+    cudaStream_t body = nullptr;
+    if (auto made = checked(cudaStreamCreateWithFlags(&body, cudaStreamNonBlocking), "creating a body's stream");
+        !made) {
+      return made;
+    }
+    body_streams_.push_back(body);
+  }
+  return {};
 }
 
 Result<Buffer> Backend::take(const Buffer& buffer) {

@@ -101,4 +101,24 @@ cudaError_t sum_inputs(const float* a, const float* b, const float* c, const flo
   return cudaGetLastError();
 }
 
+namespace {
+__global__ void count_step_kernel(float* count, std::int32_t* go_on, const float* target) {
+  *count += 1;
+  *go_on = *count < *target ? 1 : 0;
+}
+__global__ void count_decide_kernel(const float* count, std::int32_t* go_on, const float* target) {
+  *go_on = *count < *target ? 1 : 0;
+}
+}  // namespace
+
+cudaError_t count_step(float* count, std::int32_t* go_on, const float* target, cudaStream_t stream) {
+  count_step_kernel<<<1, 1, 0, stream>>>(count, go_on, target);
+  return cudaGetLastError();
+}
+
+cudaError_t count_decide(const float* count, std::int32_t* go_on, const float* target, cudaStream_t stream) {
+  count_decide_kernel<<<1, 1, 0, stream>>>(count, go_on, target);
+  return cudaGetLastError();
+}
+
 }  // namespace cgt_test

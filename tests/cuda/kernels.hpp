@@ -53,4 +53,9 @@ cudaError_t add_repeatedly(float* data, std::int64_t n, float value, int times, 
 cudaError_t sum_inputs(const float* a, const float* b, const float* c, const float* d, float* out, std::int64_t n,
                        cudaStream_t stream);
 
+/// A counting loop's step: `*count += 1; *go_on = *count < *target` (one thread).
+cudaError_t count_step(float* count, std::int32_t* go_on, const float* target, cudaStream_t stream);
+/// Whether a counting loop goes on: `*go_on = *count < *target` (one thread).
+cudaError_t count_decide(const float* count, std::int32_t* go_on, const float* target, cudaStream_t stream);
+
 }  // namespace cgt_test

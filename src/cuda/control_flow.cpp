@@ -1,0 +1,156 @@
+// Loops and branches the GPU decides (Context::loop_while, if_then, switch_on): conditional graph
+// nodes in a recording (src/kernels/conditional.hpp), run now, the host reading the decider,
+// outside one. A node that cannot be made gives the recording up: its shapes run eagerly.
+module;
+#include <cuda_runtime_api.h>
+
+#include "conditional.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+module cgt.cuda;
+import cgt.core;
+import :internal;
+
+namespace cgt::cuda {
+namespace {
+
+// The value a loop or branch is decided on: one i32 element on the pool's device.
+const std::int32_t* decider_of(const Buffer& value, int device, const char* what) {
+  if (value.type() != ElementType::i32 || value.numel() != 1 || value.device() != device) {
+    throw InvalidArgument(std::string("Context::") + what +
+                          ": the value it is decided on must be one i32 element on the pool's device");
+  }
+  return value.as<std::int32_t>();
+}
+
+// Outside a recording: the decider's value now, once the stream's work before it ran.
+std::int32_t read_now(const std::int32_t* decider, cudaStream_t stream) {
+  std::int32_t value = 0;
+  if (cudaMemcpyAsync(&value, decider, sizeof value, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess) {
+    throw std::runtime_error(std::string("reading the value a loop or branch is decided on failed: ") +
+                             cudaGetErrorString(cudaGetLastError()));
+  }
+  return value;
+}
+
+}  // namespace
+
+void Context::give_up_recording(std::string why) {
+  if (uncapturable_.empty()) uncapturable_ = std::move(why);
+}
+
+void Context::capture_body(cudaGraph_t body, const std::function<void()>& launch_all) {
+  const cudaStream_t side = body_stream(depth_);
+  if (side == nullptr) {
+    give_up_recording("conditional nodes nested deeper than cgt.cuda captures them (4)");
+    return;
+  }
+  if (const cudaError_t began =
+          cudaStreamBeginCaptureToGraph(side, body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal);
+      began != cudaSuccess) {
+    give_up_recording(std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began));
+    return;
+  }
+  // The body's kernels go to its stream, also when it throws; its capture always ends.
+  struct Nest {
+    Context& context;
+    cudaStream_t outer;
+    cudaStream_t side;
+    ~Nest() {
+      cudaGraph_t ended = nullptr;
+      if (const cudaError_t error = cudaStreamEndCapture(side, &ended); error != cudaSuccess) {
+        context.give_up_recording(std::string("a conditional node's body broke its capture: ") +
+                                  cudaGetErrorString(error));
+      }
+      context.body_stream_ = outer;
+      --context.depth_;
+    }
+  } nest{*this, body_stream_, side};
+  body_stream_ = side;
+  ++depth_;
+  launch_all();
+}
+
+void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, const Body& body) {
+  const std::int32_t* decider = decider_of(go_on, pool_device(), "loop_while");
+  if (max_iterations == 0) throw InvalidArgument("Context::loop_while: max_iterations must be at least 1");
+  if (!capturing_) {
+    for (std::uint64_t i = 0; i < max_iterations && read_now(decider, stream()) != 0; ++i) body(*this);
+    return;
+  }
+  if (!uncapturable_.empty()) return;  // given up already: nothing more of this capture is kept
+  const Buffer counter = allocate(ElementType::i64, {1});
+  auto* count = counter.as<unsigned long long>();
+  kernels::ConditionalNode node;
+  if (const cudaError_t added = kernels::append_conditional(stream(), kernels::ConditionalKind::loop_while, decider,
+                                                            count, max_iterations, 1, node);
+      added != cudaSuccess) {
+    give_up_recording(std::string("adding a WHILE node failed: ") + cudaGetErrorString(added));
+    return;
+  }
+  capture_body(node.bodies.front(), [&] {
+    body(*this);
+    if (const cudaError_t decided =
+            kernels::launch_loop_decision(stream(), node.handle, decider, count, max_iterations);
+        decided != cudaSuccess) {
+      give_up_recording(std::string("launching a loop's decision failed: ") + cudaGetErrorString(decided));
+    }
+  });
+  if (std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
+    give_up_recording("a WHILE node's body cannot be recorded as one: " + why);
+  }
+}
+
+void Context::if_then(const Buffer& condition, const Body& body) {
+  const std::int32_t* decider = decider_of(condition, pool_device(), "if_then");
+  if (!capturing_) {
+    if (read_now(decider, stream()) != 0) body(*this);
+    return;
+  }
+  if (!uncapturable_.empty()) return;
+  kernels::ConditionalNode node;
+  if (const cudaError_t added =
+          kernels::append_conditional(stream(), kernels::ConditionalKind::if_then, decider, nullptr, 0, 1, node);
+      added != cudaSuccess) {
+    give_up_recording(std::string("adding an IF node failed: ") + cudaGetErrorString(added));
+    return;
+  }
+  capture_body(node.bodies.front(), [&] { body(*this); });
+  if (std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
+    give_up_recording("an IF node's body cannot be recorded as one: " + why);
+  }
+}
+
+void Context::switch_on(const Buffer& index, std::span<const Body> bodies) {
+  const std::int32_t* decider = decider_of(index, pool_device(), "switch_on");
+  if (!capturing_) {
+    const std::int32_t chosen = read_now(decider, stream());
+    if (chosen >= 0 && static_cast<std::size_t>(chosen) < bodies.size())
+      bodies[static_cast<std::size_t>(chosen)](*this);
+    return;
+  }
+  if (!uncapturable_.empty() || bodies.empty()) return;
+  kernels::ConditionalNode node;
+  if (const cudaError_t added = kernels::append_conditional(stream(), kernels::ConditionalKind::switch_on, decider,
+                                                            nullptr, 0, static_cast<unsigned>(bodies.size()), node);
+      added != cudaSuccess) {
+    give_up_recording(std::string("adding a SWITCH node failed (it needs CUDA 12.8): ") + cudaGetErrorString(added));
+    return;
+  }
+  for (std::size_t i = 0; i < bodies.size(); ++i) {
+    capture_body(node.bodies[i], [&] { bodies[i](*this); });
+    if (std::string why = kernels::forbidden_in_body(node.bodies[i]); !why.empty()) {
+      give_up_recording("a SWITCH node's body cannot be recorded as one: " + why);
+    }
+  }
+}
+
+}  // namespace cgt::cuda

@@ -1,0 +1,243 @@
+// cgt.cuda on a GPU: loops and branches the GPU decides (Context::loop_while, if_then, switch_on)
+// are conditional nodes of the recorded graph: recorded once, each launch iterating or branching
+// as its data says, with the values the same code gives run eagerly; a body CUDA forbids in a
+// conditional node (a host callback) gives the recording up, and the shape runs eagerly with the
+// same values. Tagged [gpu]; SKIPPED without a device.
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/kernels.hpp"
+#include "scenario/spec.hpp"
+
+import cgt;
+import cgt.cuda;
+
+#include "cuda/harness.hpp"
+
+using H = CudaHarness;
+using K = cgt::CallKind;
+using cgt::cuda::Buffer;
+using cgt::cuda::Context;
+using scenario::must;
+
+#define REQUIRE_GPU() scenario::skip_unless_available<H>()
+
+namespace {
+
+void set(const Buffer& buffer, double value) {
+  must(buffer.write(std::vector<double>{value}));
+}
+Buffer scalar(cgt::ElementType type, double value) {
+  Buffer buffer = must(Buffer::make(type, {1}));
+  set(buffer, value);
+  return buffer;
+}
+double value_of(const Buffer& buffer) {
+  return must(buffer.read()).at(0);
+}
+
+// A counting loop's state, in the program's buffers (as a KV cache would be): the count and
+// whether to go on, both written in place by the loop's kernels.
+struct Counter {
+  Buffer count = scalar(cgt::ElementType::f32, 0);
+  Buffer go_on = scalar(cgt::ElementType::i32, 0);
+  std::shared_ptr<int> body_runs = std::make_shared<int>(0);  // how often the body's C++ ran
+};
+
+// Counts up to its target input in a loop of at most `max_iterations` steps the GPU decides, and
+// returns the count reached (pool memory). `host_callback` puts a host node into the body, which
+// CUDA forbids in a conditional node's body.
+cgt::cuda::Function counting_loop(cgt::cuda::Pool& pool, const Counter& counter, std::uint64_t max_iterations,
+                                  bool host_callback = false) {
+  return must(pool.add_function(
+      [runs = counter.body_runs, max_iterations, host_callback](Context& ctx, cgt::cuda::Inputs in) {
+        auto* count = in[0].as<float>();
+        auto* go_on = in[1].as<std::int32_t>();
+        const auto* target = in[2].as<float>();
+        (void)cgt_test::count_decide(count, go_on, target, ctx.stream());
+        ctx.loop_while(in[1], max_iterations, [&](Context& body) {
+          ++*runs;
+          (void)cgt_test::count_step(count, go_on, target, body.stream());
+          if (host_callback) (void)cudaLaunchHostFunc(body.stream(), [](void*) {}, nullptr);
+        });
+        Buffer reached = ctx.allocate(cgt::ElementType::f32, {1});
+        (void)cgt_test::sum_inputs(count, nullptr, nullptr, nullptr, reached.as<float>(), 1, ctx.stream());
+        return cgt::cuda::Values{reached};
+      },
+      {.name = host_callback ? "count_with_callback" : "count", .static_inputs = {0, 1}, .mutated_inputs = {0, 1}}));
+}
+
+struct Reached {
+  double count;
+  K kind;
+};
+// From a count of 0 towards `target` (a copied input: the graph reads it through its slot).
+Reached count_to(cgt::cuda::Pool& pool, cgt::cuda::Function& loop, const Counter& counter, double target) {
+  pool.mark_step_begin();
+  set(counter.count, 0);
+  const Buffer goal = scalar(cgt::ElementType::f32, target);
+  auto out = must(loop({counter.count, counter.go_on, goal}));
+  const double reached = must(must(out.get(0)).get().read()).at(0);
+  CHECK(reached == value_of(counter.count));
+  return {.count = reached, .kind = out.kind()};
+}
+
+}  // namespace
+
+TEST_CASE("cuda/control flow: a WHILE node is recorded once and each replay iterates as its data says",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 100);
+
+  const Reached warmup = count_to(pool, loop, counter, 5);
+  CHECK(warmup.kind == K::warmup);
+  CHECK(warmup.count == 5);
+  CHECK(*counter.body_runs == 5);
+  const Reached recording = count_to(pool, loop, counter, 3);
+  CHECK(recording.kind == K::recording);
+  CHECK(recording.count == 3);
+  CHECK(*counter.body_runs == 6);
+  for (const double target : {7.0, 1.0, 0.0, 42.0, 3.0}) {
+    const Reached replay = count_to(pool, loop, counter, target);
+    CHECK(replay.kind == K::replay);
+    CHECK(replay.count == target);
+  }
+  CHECK(*counter.body_runs == 6);  // the host never ran the body again, nor read go_on
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().eager_calls == 0);
+}
+
+TEST_CASE("cuda/control flow: max_iterations bounds a WHILE node whose condition never turns false",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 8);
+  for (int call = 0; call < 4; ++call) {
+    CHECK(count_to(pool, loop, counter, 1e9).count == 8);
+    CHECK(value_of(counter.go_on) == 1);
+  }
+  CHECK(pool.stats().replays == 2);
+}
+
+TEST_CASE("cuda/control flow: a loop body with a host callback gives the recording up; eager values are the same",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  std::vector<cgt::Event> events;
+  auto pool = must(H::make_pool({.debug_checks = true, .log_sink = [&](const cgt::Event& e) { events.push_back(e); }}));
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 100, /*host_callback=*/true);
+  for (const double target : {5.0, 3.0, 6.0, 2.0}) CHECK(count_to(pool, loop, counter, target).count == target);
+  CHECK(pool.stats().recordings == 0);
+  CHECK(pool.stats().replays == 0);
+  bool said_why = false;
+  for (const cgt::Event& event : events) {
+    said_why = said_why ||
+               (event.reason == cgt::Reason::capture_failed && event.message.find("host node") != std::string::npos);
+  }
+  CHECK(said_why);
+}
+
+TEST_CASE("cuda/control flow: a loop's output lease held across later calls keeps its value", "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 100);
+  for (int warm = 0; warm < 2; ++warm) (void)count_to(pool, loop, counter, 2);
+  pool.mark_step_begin();
+  set(counter.count, 0);
+  const Buffer four = scalar(cgt::ElementType::f32, 4);
+  auto held = must(loop({counter.count, counter.go_on, four}));
+  for (const double target : {9.0, 6.0}) {
+    set(counter.count, 0);
+    const Buffer goal = scalar(cgt::ElementType::f32, target);
+    auto out = must(loop({counter.count, counter.go_on, goal}));
+    CHECK(must(must(out.get(0)).get().read()).at(0) == target);
+  }
+  CHECK(must(must(held.get(0)).get().read()).at(0) == 4);
+}
+
+TEST_CASE("cuda/control flow: IF and SWITCH nodes, and a WHILE inside an IF, decide at each replay as eagerly",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  const Counter counter;
+  auto branch = must(pool.add_function(
+      [](Context& ctx, cgt::cuda::Inputs in) {
+        auto* x = in[0].as<float>();
+        ctx.if_then(in[1], [x](Context& body) { (void)cgt_test::add_repeatedly(x, 1, 10, 1, body.stream()); });
+        std::array<Context::Body, 3> cases;
+        for (std::size_t i = 0; i < cases.size(); ++i) {
+          cases[i] = [x, i](Context& body) {
+            (void)cgt_test::add_repeatedly(x, 1, static_cast<float>(i + 1), 1, body.stream());
+          };
+        }
+        ctx.switch_on(in[2], cases);
+        // A loop nested in a branch: counts to the target when the condition holds.
+        auto* count = in[3].as<float>();
+        auto* go_on = in[4].as<std::int32_t>();
+        const auto* target = in[5].as<float>();
+        ctx.if_then(in[1], [&](Context& body) {
+          (void)cgt_test::count_decide(count, go_on, target, body.stream());
+          body.loop_while(in[4], 50,
+                          [&](Context& inner) { (void)cgt_test::count_step(count, go_on, target, inner.stream()); });
+        });
+        Buffer result = ctx.allocate(cgt::ElementType::f32, {1});
+        (void)cgt_test::sum_inputs(x, count, nullptr, nullptr, result.as<float>(), 1, ctx.stream());
+        return cgt::cuda::Values{result};
+      },
+      {.name = "branch", .static_inputs = {0, 1, 2, 3, 4}, .mutated_inputs = {0, 3, 4}}));
+  const Buffer x = scalar(cgt::ElementType::f32, 0);
+  const Buffer condition = scalar(cgt::ElementType::i32, 0);
+  const Buffer choice = scalar(cgt::ElementType::i32, 0);
+  const std::array<std::pair<int, int>, 8> cases{{{1, 0}, {0, 2}, {1, 1}, {0, -1}, {1, 3}, {0, 0}, {1, 2}, {0, 7}}};
+  std::vector<K> kinds;
+  for (const auto& [taken, chosen] : cases) {
+    pool.mark_step_begin();
+    set(x, 0);
+    set(condition, static_cast<double>(taken));
+    set(choice, static_cast<double>(chosen));
+    set(counter.count, 0);
+    const Buffer goal = scalar(cgt::ElementType::f32, 5);
+    auto out = must(branch({x, condition, choice, counter.count, counter.go_on, goal}));
+    const double expected = (taken != 0 ? 10 + 5 : 0) + (chosen >= 0 && chosen < 3 ? chosen + 1 : 0);
+    CHECK(must(must(out.get(0)).get().read()).at(0) == expected);
+    kinds.push_back(out.kind());
+  }
+  CHECK(kinds.at(0) == K::warmup);
+  CHECK(kinds.at(1) == K::recording);
+  for (std::size_t i = 2; i < kinds.size(); ++i) CHECK(kinds[i] == K::replay);
+}
+
+TEST_CASE("cuda/control flow: a loop decided on a value that is not one i32 element, or bounded by 0, is refused",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({}));
+  auto refused = [&](Buffer decider, std::uint64_t max_iterations) {
+    auto fn = must(pool.add_function(
+        [max_iterations](Context& ctx, cgt::cuda::Inputs in) {
+          ctx.loop_while(in[0], max_iterations, [](Context&) {});
+          return cgt::cuda::Values{};
+        },
+        {.name = "bad", .static_inputs = {0}}));
+    auto out = fn({std::move(decider)});
+    REQUIRE_FALSE(out);
+    return out.error();
+  };
+  CHECK(refused(scalar(cgt::ElementType::f32, 1), 4).code == cgt::Errc::invalid_argument);
+  CHECK(refused(must(Buffer::make(cgt::ElementType::i32, {2})), 4).code == cgt::Errc::invalid_argument);
+  CHECK_THAT(refused(scalar(cgt::ElementType::i32, 1), 0).message,
+             Catch::Matchers::ContainsSubstring("max_iterations"));
+}
