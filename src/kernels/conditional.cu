@@ -72,17 +72,17 @@ cudaError_t append_conditional(cudaStream_t stream, ConditionalKind kind, const 
       error != cudaSuccess) {
     return error;
   }
-  node.bodies.assign(bodies, nullptr);
   cudaGraphNodeParams params{};
   params.type = cudaGraphNodeTypeConditional;
   params.conditional.handle = node.handle;
   params.conditional.type = type_of(kind);
   params.conditional.size = bodies;
-  params.conditional.phGraph_out = node.bodies.data();
   if (const cudaError_t error = cudaGraphAddNode(&node.node, graph, dependencies, edges, count, &params);
       error != cudaSuccess) {
     return error;
   }
+  // CUDA points phGraph_out at an array of its own, which the node owns.
+  node.bodies.assign(params.conditional.phGraph_out, params.conditional.phGraph_out + bodies);
   return cudaStreamUpdateCaptureDependencies(stream, &node.node, nullptr, 1, cudaStreamSetCaptureDependencies);
 }
 

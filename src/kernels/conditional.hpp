@@ -24,7 +24,7 @@ enum class ConditionalKind : std::uint8_t { if_then, loop_while, switch_on };
 struct ConditionalNode {
   cudaGraphConditionalHandle handle = 0;
   cudaGraphNode_t node = nullptr;
-  std::vector<cudaGraph_t> bodies;  ///< owned by the node
+  std::vector<cudaGraph_t> bodies;  ///< owned by the node (CUDA made them with it)
 };
 
 /// Appends to the capture in progress on `stream` the kernel that sets the node's handle from
