@@ -63,6 +63,28 @@ using Values = std::vector<at::Tensor>;
 /// A libtorch pool function.
 using Callable = std::move_only_function<Values(Inputs)>;
 
+/// The body of a loop or branch the GPU decides: libtorch ops on the current stream.
+using Body = std::function<void()>;
+/// A loop the GPU decides, for use inside a pool function (a CUDA WHILE conditional node): while
+/// `go_on` (one int32 element on the pool's device) is non-zero, checked before each iteration
+/// (the first included), and at most `max_iterations` times, runs `body`, whose ops write `go_on`
+/// in place to say whether to go on (`go_on.copy_(...)`). In a recording the body is captured
+/// once into the node and each replay decides its iterations on the GPU, the host neither waiting
+/// nor reading `go_on`; outside one (warm-up, eager) it runs now, reading `go_on` before each
+/// iteration (`item()`, a wait). A body CUDA forbids in a conditional node (a host callback, an
+/// event record or wait, as cross-stream work records) gives the recording up: those shapes run
+/// eagerly with the same results (`Reason::capture_failed`). Throws `InvalidArgument` (the call
+/// then fails with `invalid_argument`) for a `go_on` that is not one int32 element on a CUDA
+/// device, or a `max_iterations` of 0. Outside a pool function it runs as outside a recording.
+void loop_while(const at::Tensor& go_on, std::uint64_t max_iterations, const Body& body);
+/// A branch the GPU decides (an IF node): runs `body` when `condition` (one int32 element) is
+/// non-zero. Captured once in a recording, decided at each replay; as `loop_while` otherwise.
+void if_then(const at::Tensor& condition, const Body& body);
+/// A choice the GPU makes (a SWITCH node): runs `bodies[i]` for `i` the one int32 element of
+/// `index`, none when out of range. Captured once in a recording (every body), decided at each
+/// replay; as `loop_while` otherwise.
+void switch_on(const at::Tensor& index, std::span<const Body> bodies);
+
 /// How a libtorch pool is made.
 struct PoolOptions {
   cgt::Options tree;        ///< the tree's behaviour

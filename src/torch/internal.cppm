@@ -162,7 +162,10 @@ struct TorchDevice::State {
   /// end_failed_capture): given back at shutdown, when no graph of the pool is left.
   std::size_t host_pool_uses_kept = 0;
   cudaStream_t own_stream = nullptr;  ///< `stream`, created for this pool; destroyed with it
-  const void* context = nullptr;      ///< the driver context `own_stream` was made in (kernels::CurrentDevice)
+  /// Streams of libtorch's pool (never `stream`), one per level of conditional nodes nested in
+  /// one another, that capture their bodies; taken before the first recording.
+  std::vector<c10::cuda::CUDAStream> body_streams;
+  const void* context = nullptr;  ///< the driver context `own_stream` was made in (kernels::CurrentDevice)
   /// The caller's context, while a call runs in the pool's instead (TorchDevice::begin_call, end_call).
   void* caller_context = nullptr;
   bool switched_context = false;
@@ -253,6 +256,32 @@ inline void clear_workspaces_of(const c10::cuda::CUDAStream& stream) {
   }
 }
 
+/// What a pool function's loops and branches (control_flow.cpp) need of the recording that runs
+/// it: the recording sets it on its thread while the function runs (`ConditionalScope`), and
+/// reads `given_up` after.
+struct ConditionalRecording {
+  TorchDevice::State* state = nullptr;
+  std::string given_up;   ///< why the recording must be given up; empty: it need not
+  std::size_t depth = 0;  ///< bodies being captured, one in another
+};
+// NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): each thread's own recording
+inline thread_local ConditionalRecording* current_conditional_recording = nullptr;
+/// Makes `recording` the current thread's while it lives.
+class ConditionalScope {
+ public:
+  explicit ConditionalScope(ConditionalRecording& recording) noexcept
+      : previous_(std::exchange(current_conditional_recording, &recording)) {}
+  ConditionalScope(const ConditionalScope&) = delete;
+  ConditionalScope& operator=(const ConditionalScope&) = delete;
+  ~ConditionalScope() { current_conditional_recording = previous_; }
+
+ private:
+  ConditionalRecording* previous_;
+};
+/// Makes the streams that capture conditional nodes' bodies (`State::body_streams`), before a
+/// capture begins: none is made during one (control_flow.cpp).
+void make_body_streams(TorchDevice::State& state);
+
 /// Allocations of the calling code on the pool's stream go to the pool while this lives, on the
 /// pool's stream (PyTorch's `_use_cuda_memory_pool_manager`).
 class PoolAllocation {
@@ -340,7 +369,8 @@ inline Result<void> order_after_last_caller(TorchDevice::State& state) {
 using CallInputs = backend::CallInputs<at::Tensor>;
 using TorchInvoker = backend::InvokerOf<Callable>;
 
-/// Calls the user's function, turning what it throws into `function_failed` (or `out_of_memory`).
+/// Calls the user's function, turning what it throws into `function_failed` (or `out_of_memory`,
+/// or `invalid_argument` for what cgt refused in it).
 inline Result<Values> invoke(backend::Invoker& invoker, const CallInputs& inputs) {
   try {
     return static_cast<TorchInvoker&>(invoker).fn(inputs.view());
@@ -348,6 +378,8 @@ inline Result<Values> invoke(backend::Invoker& invoker, const CallInputs& inputs
     return fail(Errc::out_of_memory, std::string("CUDA out of memory: ") + error.what_without_backtrace());
   } catch (const c10::Error& error) {
     return fail(Errc::function_failed, std::string("the function threw: ") + error.what_without_backtrace());
+  } catch (const backend::InvalidArgument& error) {  // cgt's own refusal (cgt::torch::loop_while's)
+    return fail(Errc::invalid_argument, error.what());
   } catch (const std::exception& error) {
     return fail(Errc::function_failed, std::string("the function threw: ") + error.what());
   } catch (...) {

@@ -394,6 +394,7 @@ struct CaptureState {
   std::vector<std::uintptr_t> allocated_before;                  // the pool's allocated blocks before the call
   Values outputs;                                                // the function's, from the capture
   std::vector<std::uint32_t> written;  // inputs it wrote in place (a slot's version: a copied input)
+  std::string given_up;                // why a loop or branch of the function gave the recording up
 };
 
 // The copied inputs' slots in the pool, written on the pool's stream after the caller's work so
@@ -436,7 +437,12 @@ Result<Values> run_in_capture(TorchDevice::State& state, backend::Invoker& fn, s
     return fail(Errc::backend_error, std::string("capturing the input copies failed: ") + cudaGetErrorString(copied));
   }
   const InputVersions versions(capture.inputs);
-  Result<Values> outputs = invoke(fn, capture.inputs);
+  ConditionalRecording conditional{.state = &state};
+  Result<Values> outputs = [&] {
+    const ConditionalScope scope(conditional);
+    return invoke(fn, capture.inputs);
+  }();
+  capture.given_up = std::move(conditional.given_up);
   if (!outputs) return outputs;
   capture.written = versions.written(capture.inputs);
   return outputs;
@@ -451,8 +457,11 @@ backend::CaptureOutcome end_capture(TorchDevice::State& state, CaptureState& cap
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   const bool intact =
       cudaStreamIsCapturing(state.stream.stream(), &status) == cudaSuccess && status == cudaStreamCaptureStatusActive;
-  if (!outputs || !intact) {
+  if (!outputs || !intact || !capture.given_up.empty()) {
     cudaError_t broken = abandon_capture(graph, state);
+    // A loop or branch that could not be a conditional node: the shapes run eagerly.
+    if (!capture.given_up.empty())
+      return {.work = backend::status_of(outputs), .broken = true, .broken_because = capture.given_up};
     // The function returned, but its capture is not active: it cannot be used.
     if (broken == cudaSuccess && outputs) broken = cudaErrorStreamCaptureInvalidated;
     return {.work = backend::status_of(outputs),
@@ -482,6 +491,7 @@ backend::CaptureOutcome capture_function(TorchDevice::State& state, backend::Inv
     const c10::cuda::CUDAGuard device_guard(state.index);
     const c10::cuda::CUDAStreamGuard stream_guard(state.stream);
     clear_workspaces_of(state.stream);
+    make_body_streams(state);
     if (auto began = begin_capture(state, *capture.graph); !began) {
       return backend::CaptureOutcome{.work = std::move(began)};
     }
