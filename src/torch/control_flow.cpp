@@ -6,6 +6,7 @@
 module;
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -61,44 +62,64 @@ void give_up(ConditionalRecording& recording, std::string why) {
   if (recording.given_up.empty()) recording.given_up = std::move(why);
 }
 
+// Bytes the bodies' pool has allocated now: 0 once every body ended, unless a tensor a body
+// made outlives it.
+std::size_t allocated_in_bodies(const TorchDevice::State& state) {
+  std::size_t bytes = 0;
+  for (const auto& segment : allocator::snapshot(*state.body_pool, false).segments) {
+    if (segment.owner_private_pool_id == *state.body_pool) bytes += segment.allocated_size;
+  }
+  return bytes;
+}
+
 // Captures what `launch_all` launches into `body`, a conditional node's body, on the stream of
-// its depth, whose allocations go to the pool while it captures.
+// its depth, whose allocations go to the bodies' pool while it captures.
 void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::function<void()>& launch_all) {
   TorchDevice::State& state = *recording.state;
-  if (recording.depth >= state.body_streams.size()) {
+  if (recording.depth >= state.body_streams.size() || !state.body_pool) {
     give_up(recording, "conditional nodes nested deeper than cgt.torch captures them (4)");
     return;
   }
   const c10::cuda::CUDAStream side = state.body_streams[recording.depth];
-  if (const cudaError_t began =
-          cudaStreamBeginCaptureToGraph(side.stream(), body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal);
-      began != cudaSuccess) {
-    (void)cudaGetLastError();
-    give_up(recording, std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began));
-    return;
-  }
-  namespace allocator = c10::cuda::CUDACachingAllocator;
-  allocator::beginAllocateToPool(state.index, state.pool,
-                                 [target = side.stream()](cudaStream_t stream) { return stream == target; });
-  // The body's ops go to its stream, also when it throws; its capture and its routing always end.
-  struct Nest {
-    ConditionalRecording& recording;
-    c10::cuda::CUDAStream side;
-    c10::cuda::CUDAStreamGuard guard;
-    ~Nest() {
-      cudaGraph_t ended = nullptr;
-      if (const cudaError_t error = cudaStreamEndCapture(side.stream(), &ended); error != cudaSuccess) {
-        (void)cudaGetLastError();
-        give_up(recording, std::string("a conditional node's body broke its capture: ") + cudaGetErrorString(error));
-      }
-      TorchDevice::State& state = *recording.state;
-      allocator::endAllocateToPool(state.index, state.pool);
-      allocator::releasePool(state.index, state.pool);  // beginAllocateToPool counted a use
-      --recording.depth;
+  {
+    allocator::beginAllocateToPool(state.index, *state.body_pool,
+                                   [target = side.stream()](cudaStream_t stream) { return stream == target; });
+    ++state.body_pool_uses;  // given back at shutdown: the graphs use the pool's memory until then
+    struct Routing {
+      TorchDevice::State& state;
+      ~Routing() { allocator::endAllocateToPool(state.index, *state.body_pool); }
+    } routing{state};
+    if (const cudaError_t began =
+            cudaStreamBeginCaptureToGraph(side.stream(), body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal);
+        began != cudaSuccess) {
+      (void)cudaGetLastError();
+      give_up(recording, std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began));
+      return;
     }
-  } nest{recording, side, c10::cuda::CUDAStreamGuard(side)};
-  ++recording.depth;
-  launch_all();
+    // The body's ops go to its stream, also when it throws; its capture always ends.
+    struct Nest {
+      ConditionalRecording& recording;
+      c10::cuda::CUDAStream side;
+      ~Nest() {
+        cudaGraph_t ended = nullptr;
+        if (const cudaError_t error = cudaStreamEndCapture(side.stream(), &ended); error != cudaSuccess) {
+          (void)cudaGetLastError();
+          give_up(recording, std::string("a conditional node's body broke its capture: ") + cudaGetErrorString(error));
+        }
+        --recording.depth;
+      }
+    } nest{recording, side};
+    const c10::cuda::CUDAStreamGuard guard(side);
+    ++recording.depth;
+    launch_all();
+  }
+  // Every tensor a body made must be dead when the outermost body ends: the next graph's bodies
+  // reuse the memory.
+  if (recording.depth == 0 && allocated_in_bodies(state) > 0) {
+    give_up(recording,
+            "a tensor made in a loop or branch body outlives the body (the bodies' temporaries are reused by "
+            "every graph of the pool): write what the body computes into tensors made outside it");
+  }
 }
 
 // Adds a node of `kind` to the recording on the current stream; false (the recording given up)
@@ -125,6 +146,7 @@ void check_body(ConditionalRecording& recording, cudaGraph_t body, const char* n
 }  // namespace
 
 void make_body_streams(TorchDevice::State& state) {
+  if (!state.body_pool) state.body_pool = at::cuda::graph_pool_handle();
   while (state.body_streams.size() < kNestedBodies) {
     const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, state.index);
     if (stream != state.stream) state.body_streams.push_back(stream);

@@ -165,6 +165,12 @@ struct TorchDevice::State {
   /// Streams of libtorch's pool (never `stream`), one per level of conditional nodes nested in
   /// one another, that capture their bodies; taken before the first recording.
   std::vector<c10::cuda::CUDAStream> body_streams;
+  /// The private memory pool of what conditional nodes' bodies allocate (libtorch routes one
+  /// capture's allocations to one pool only): the bodies' temporaries, dead when each body ends,
+  /// at addresses every graph of this pool may reuse, as they run one after another on `stream`.
+  /// Made with the body streams; each body capture counts a use of it, all given back at shutdown.
+  std::optional<c10::MempoolId_t> body_pool;
+  std::size_t body_pool_uses = 0;
   const void* context = nullptr;  ///< the driver context `own_stream` was made in (kernels::CurrentDevice)
   /// The caller's context, while a call runs in the pool's instead (TorchDevice::begin_call, end_call).
   void* caller_context = nullptr;
