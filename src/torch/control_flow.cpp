@@ -14,9 +14,11 @@ module;
 
 #include "conditional.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -72,8 +74,27 @@ std::size_t allocated_in_bodies(const TorchDevice::State& state) {
   return bytes;
 }
 
+// Routes the allocations of every body stream to the bodies' pool while it lives: from the
+// outermost body's capture to its end (libtorch routes each pool once at a time).
+class BodyRouting {
+ public:
+  explicit BodyRouting(TorchDevice::State& state) : state_(state) {
+    allocator::beginAllocateToPool(state.index, *state.body_pool, [&state](cudaStream_t stream) {
+      return std::ranges::any_of(state.body_streams,
+                                 [stream](const c10::cuda::CUDAStream& body) { return body.stream() == stream; });
+    });
+    ++state.body_pool_uses;  // given back at shutdown: the graphs use the pool's memory until then
+  }
+  BodyRouting(const BodyRouting&) = delete;
+  BodyRouting& operator=(const BodyRouting&) = delete;
+  ~BodyRouting() { allocator::endAllocateToPool(state_.index, *state_.body_pool); }
+
+ private:
+  TorchDevice::State& state_;
+};
+
 // Captures what `launch_all` launches into `body`, a conditional node's body, on the stream of
-// its depth, whose allocations go to the bodies' pool while it captures.
+// its depth, whose allocations go to the bodies' pool.
 void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::function<void()>& launch_all) {
   TorchDevice::State& state = *recording.state;
   if (recording.depth >= state.body_streams.size() || !state.body_pool) {
@@ -82,13 +103,8 @@ void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::
   }
   const c10::cuda::CUDAStream side = state.body_streams[recording.depth];
   {
-    allocator::beginAllocateToPool(state.index, *state.body_pool,
-                                   [target = side.stream()](cudaStream_t stream) { return stream == target; });
-    ++state.body_pool_uses;  // given back at shutdown: the graphs use the pool's memory until then
-    struct Routing {
-      TorchDevice::State& state;
-      ~Routing() { allocator::endAllocateToPool(state.index, *state.body_pool); }
-    } routing{state};
+    std::optional<BodyRouting> routing;
+    if (recording.depth == 0) routing.emplace(state);
     if (const cudaError_t began =
             cudaStreamBeginCaptureToGraph(side.stream(), body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal);
         began != cudaSuccess) {
@@ -96,7 +112,9 @@ void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::
       give_up(recording, std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began));
       return;
     }
-    // The body's ops go to its stream, also when it throws; its capture always ends.
+    // The body's ops go to its stream, also when it throws; its capture always ends, and the
+    // cuBLAS workspaces it made for its stream are given back to the bodies' pool (as the
+    // recording's own are to the pool's: their memory is the graph's temporary).
     struct Nest {
       ConditionalRecording& recording;
       c10::cuda::CUDAStream side;
@@ -106,6 +124,7 @@ void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::
           (void)cudaGetLastError();
           give_up(recording, std::string("a conditional node's body broke its capture: ") + cudaGetErrorString(error));
         }
+        clear_workspaces_of(side);
         --recording.depth;
       }
     } nest{recording, side};
