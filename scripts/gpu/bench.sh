@@ -87,6 +87,27 @@ cmd_overhead() {
   sed -n '/^==> overhead.md/,/^==> memory.md/p' "$logs/report.log" | sed '$d'
 }
 
+# bench-loop [generations]: greedy decoding per token (bench/loop_bench: eager libtorch, a replay
+# per token reading the stop condition or not, the device loop at 1, 4 and 8 tokens per
+# iteration, one graph with every token unrolled; generations per row, default 20) and the GPU
+# time of a WHILE, IF and SWITCH node (bench/conditional_nodes); writes loop.md.
+cmd_bench_loop() {
+  local generations="${1:-20}"
+  keep+=(loop.md)
+  configure
+  build loop_bench conditional_nodes
+  step "loop_bench" loop.log 0 "$build/bench/loop_bench" "$generations" || exit 1
+  step "conditional_nodes" nodes.log 0 "$build/bench/conditional_nodes" 1000 20 || exit 1
+  {
+    echo "# Loops decided on the GPU: $gpu, commit $commit"
+    echo
+    grep -E '^(#|\|)' "$logs/loop.log"
+    echo
+    grep -E '^(#|\|)' "$logs/nodes.log"
+  } >"$logs/loop.md"
+  cat "$logs/loop.md"
+}
+
 # bench-models [calls] [model...]: BERT-base and ResNet-18 (bert, resnet; default both) with random
 # weights, exported here from the machine's transformers / torchvision (nothing downloaded), served
 # by eager PyTorch, reduce-overhead, eager libtorch and cgt.torch (TorchScript and AOTInductor);
