@@ -4,6 +4,8 @@
 // scalar), each with its eager model.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -349,6 +351,69 @@ inline std::vector<FnDef> catalog() {
                         sum.set(0, total);
                       });
                       return Values{map_kernel(ctx, in[0], [](double v) { return (3 * v) - 1; }), sum};
+                    };
+                  })});
+  // Loops and branches the kernels decide (Context::loop_while, if_then, switch_on) over deciders
+  // in pool memory: the first element decides the iterations (its magnitude, truncated, mod 5, at
+  // most 4 by the bound), whether to double, and which of three amounts to add. A recording
+  // captures each body once; every replay decides anew from its own input.
+  defs.push_back({.name = "loop_and_branch",
+                  .inputs = {In::vec},
+                  .outs = {{.temp = 0}},
+                  .model =
+                      [](const auto& x, const auto&) {
+                        const double first = x[0].data.empty() ? 0 : x[0].data[0];
+                        const int k = static_cast<int>(std::fabs(first)) % 5;
+                        const int iterations = std::min(k, 4);
+                        const double factor = first > 0 ? 2 : 1;
+                        const double added = 10.0 * ((k % 3) + 1);
+                        return Expected{{map(x[0],
+                                             [=](double v) {
+                                               for (int i = 0; i < iterations; ++i) v = f32(v + 1);  // stored each time
+                                               return f32(v * factor) + added;
+                                             })},
+                                        {}};
+                      },
+                  .make = body([](auto) {
+                    return [](Context& ctx, Inputs in) {
+                      const Buffer x = in[0];
+                      Buffer y = map_kernel(ctx, x, [](double v) { return v; });
+                      const Buffer k = ctx.allocate(cgt::host::ElementType::i32, {1});
+                      const Buffer count = ctx.allocate(cgt::host::ElementType::i32, {1});
+                      const Buffer go_on = ctx.allocate(cgt::host::ElementType::i32, {1});
+                      const Buffer positive = ctx.allocate(cgt::host::ElementType::i32, {1});
+                      const Buffer choice = ctx.allocate(cgt::host::ElementType::i32, {1});
+                      ctx.launch([x, k, count, go_on, positive, choice] {
+                        const double first = x.numel() == 0 ? 0 : x.get(0);
+                        const int n = static_cast<int>(std::fabs(first)) % 5;
+                        k.set(0, n);
+                        count.set(0, 0);
+                        go_on.set(0, n > 0 ? 1 : 0);
+                        positive.set(0, first > 0 ? 1 : 0);
+                        choice.set(0, n % 3);
+                      });
+                      ctx.loop_while(go_on, 4, [&](Context& loop) {
+                        loop.launch([y, k, count, go_on] {
+                          for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) + 1);
+                          count.set(0, count.get(0) + 1);
+                          go_on.set(0, count.get(0) < k.get(0) ? 1 : 0);
+                        });
+                      });
+                      ctx.if_then(positive, [&](Context& branch) {
+                        branch.launch([y] {
+                          for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) * 2);
+                        });
+                      });
+                      std::vector<Context::Body> cases;
+                      for (int c = 0; c < 3; ++c) {
+                        cases.emplace_back([y, c](Context& chosen) {
+                          chosen.launch([y, c] {
+                            for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) + 10.0 * (c + 1));
+                          });
+                        });
+                      }
+                      ctx.switch_on(choice, cases);
+                      return Values{y};
                     };
                   })});
   defs.push_back(
