@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <vector>
 
 namespace {
@@ -59,6 +60,30 @@ cudaGraph_t capture(cudaStream_t stream, Launch launch_all) {
   launch_all();
   check(cudaStreamEndCapture(stream, &graph), "ending a capture");
   return graph;
+}
+
+// Host CPU microseconds one cudaGraphLaunch of `graph` costs (thread CPU time), the GPU idle before
+// each: the median of `launches`.
+double launch_cpu_us(cudaGraph_t graph, cudaStream_t stream, int launches) {
+  cudaGraphExec_t exec = nullptr;
+  check(cudaGraphInstantiate(&exec, graph, 0), "instantiating");
+  check(cudaGraphUpload(exec, stream), "uploading");
+  std::vector<double> times;
+  for (int i = 0; i < launches + 3; ++i) {
+    check(cudaStreamSynchronize(stream), "sync");
+    timespec begin{}, end{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &begin);
+    check(cudaGraphLaunch(exec, stream), "launch");
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &end);
+    if (i >= 3) {
+      times.push_back(static_cast<double>(end.tv_sec - begin.tv_sec) * 1e6 +
+                      static_cast<double>(end.tv_nsec - begin.tv_nsec) / 1e3);
+    }
+  }
+  check(cudaStreamSynchronize(stream), "sync");
+  std::sort(times.begin(), times.end());
+  check(cudaGraphExecDestroy(exec), "destroy");
+  return times[times.size() / 2];
 }
 
 // GPU microseconds per launch of `graph`, the median of `launches`.
@@ -155,6 +180,34 @@ int main(int argc, char** argv) {
   const double if_us = chain(cudaGraphCondTypeIf, 1, 1);
   const double if_skipped_us = chain(cudaGraphCondTypeIf, 1, 0);
   const double switch_us = chain(cudaGraphCondTypeSwitch, 4, 2);
+
+  // The host's side: one launch of a plain graph of `kernels` empty kernels, against one whose
+  // kernels are the body of a WHILE node (one iteration) or of an IF node taken.
+  auto plain_of = [&](unsigned kernels) {
+    return capture(stream, [&] {
+      for (unsigned i = 0; i < kernels; ++i) empty_kernel<<<1, 1, 0, stream>>>();
+    });
+  };
+  auto conditional_of = [&](cudaGraphConditionalNodeType type, unsigned kernels) {
+    cudaGraph_t graph = nullptr;
+    check(cudaGraphCreate(&graph, 0), "graph");
+    cudaGraphConditionalHandle handle = 0;
+    check(cudaGraphConditionalHandleCreate(&handle, graph, 1, cudaGraphCondAssignDefault), "handle");
+    (void)add_conditional(graph, nullptr, handle, type, 1, side, [&](unsigned) {
+      for (unsigned i = 0; i < kernels; ++i) empty_kernel<<<1, 1, 0, side>>>();
+      if (type == cudaGraphCondTypeWhile) set_handle<<<1, 1, 0, side>>>(handle, 0);
+    });
+    return graph;
+  };
+  std::printf("# host CPU of one cudaGraphLaunch on %s (median of 200, the GPU idle before each)\n", properties.name);
+  std::printf("| graph | 1 kernel | 40 kernels |\n|---|---|---|\n");
+  std::printf("| plain | %.2f | %.2f |\n", launch_cpu_us(plain_of(1), stream, 200), launch_cpu_us(plain_of(40), stream, 200));
+  std::printf("| the kernels in a WHILE node (one iteration) | %.2f | %.2f |\n",
+              launch_cpu_us(conditional_of(cudaGraphCondTypeWhile, 1), stream, 200),
+              launch_cpu_us(conditional_of(cudaGraphCondTypeWhile, 40), stream, 200));
+  std::printf("| the kernels in an IF node (taken) | %.2f | %.2f |\n\n",
+              launch_cpu_us(conditional_of(cudaGraphCondTypeIf, 1), stream, 200),
+              launch_cpu_us(conditional_of(cudaGraphCondTypeIf, 40), stream, 200));
 
   const auto per = [n](double us) { return us / n; };
   std::printf("# conditional nodes on %s, %u repetitions, median of %d launches (GPU time by events)\n",
