@@ -97,6 +97,13 @@ inline void maybe_throw(Control& control) {
   throw 42;  // NOLINT(hicpp-exception-baseclass): a non-std exception, on purpose
 }
 
+/// The iterations `loop_and_branch` asks of its loop: the magnitude of `first`, truncated, mod 5
+/// (0 for a NaN or an infinity; any double, however large, without overflow).
+inline int loop_count(double first) {
+  const double remainder = std::fmod(std::fabs(first), 5.0);
+  return std::isfinite(remainder) ? static_cast<int>(remainder) : 0;
+}
+
 /// How often a function ran: its C++ body (which runs under a capture too), and its work (a kernel
 /// of its own after the body's, which runs in an eager run, a warm-up, a recording's first run and
 /// every replay). A call must run the work once: never twice, whatever it gave up on the way.
@@ -354,8 +361,7 @@ inline std::vector<FnDef> catalog() {
                     };
                   })});
   // Loops and branches the kernels decide (Context::loop_while, if_then, switch_on) over deciders
-  // in pool memory: the first element decides the iterations (its magnitude, truncated, mod 5, at
-  // most 4 by the bound), whether to double, and which of three amounts to add. A recording
+  // in pool memory: the first element decides the iterations (`loop_count`, at most 4 by the bound), whether to double, and which of three amounts to add. A recording
   // captures each body once; every replay decides anew from its own input.
   defs.push_back({.name = "loop_and_branch",
                   .inputs = {In::vec},
@@ -363,7 +369,7 @@ inline std::vector<FnDef> catalog() {
                   .model =
                       [](const auto& x, const auto&) {
                         const double first = x[0].data.empty() ? 0 : x[0].data[0];
-                        const int k = static_cast<int>(std::fabs(first)) % 5;
+                        const int k = loop_count(first);
                         const int iterations = std::min(k, 4);
                         const double factor = first > 0 ? 2 : 1;
                         const double added = 10.0 * ((k % 3) + 1);
@@ -385,7 +391,7 @@ inline std::vector<FnDef> catalog() {
                       const Buffer choice = ctx.allocate(cgt::host::ElementType::i32, {1});
                       ctx.launch([x, k, count, go_on, positive, choice] {
                         const double first = x.numel() == 0 ? 0 : x.get(0);
-                        const int n = static_cast<int>(std::fabs(first)) % 5;
+                        const int n = loop_count(first);
                         k.set(0, n);
                         count.set(0, 0);
                         go_on.set(0, n > 0 ? 1 : 0);

@@ -157,6 +157,32 @@ TEST_CASE("torch/control flow: a loop's output lease held across later calls kee
   CHECK(must(held.get(0)).get().item<float>() == 4);
 }
 
+TEST_CASE("torch/control flow: a WHILE graph re-recorded for moved static state replays each recording on its own state",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  const Counter first;
+  const Counter second;  // the same function over other static tensors: a re-recording
+  auto loop = counting_loop(pool, first, 100);
+  (void)count_to(pool, loop, first, 3);
+  (void)count_to(pool, loop, first, 3);
+  CHECK(count_to(pool, loop, second, 5).kind == K::recording);
+  // The two recordings may share one executable (updated in place to the one a replay needs):
+  // each replay must iterate over its own state, whatever the other left.
+  for (const auto& [state, target] : {std::pair{&first, 4.0}, std::pair{&second, 6.0}, std::pair{&first, 2.0},
+                                      std::pair{&second, 7.0}, std::pair{&first, 9.0}}) {
+    const Counter& other = state == &first ? second : first;
+    other.count.fill_(-100);
+    const Reached replay = count_to(pool, loop, *state, target);
+    CHECK(replay.kind == K::replay);
+    CHECK(replay.count == target);
+    CHECK(other.count.item<float>() == -100);
+  }
+  const cgt::GraphCounts& counts = must(pool.device()).get().graph_counts();
+  INFO("instantiated " << counts.instantiated << ", updated in place " << counts.updated_in_place);
+  CHECK(counts.instantiated + counts.updated_in_place == 2);
+}
+
 TEST_CASE("torch/control flow: IF and SWITCH nodes, and a WHILE inside an IF, decide at each replay as eagerly",
           "[gpu][control_flow]") {
   REQUIRE_GPU();
