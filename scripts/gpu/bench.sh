@@ -89,7 +89,8 @@ cmd_overhead() {
 
 # bench-loop [generations]: greedy decoding per token (bench/loop_bench: eager libtorch, a replay
 # per token reading the stop condition or not, the device loop at 1, 4 and 8 tokens per
-# iteration, one graph with every token unrolled; generations per row, default 20) and the GPU
+# iteration, one graph with every token unrolled; generations per row, default 20), the same
+# decoding under PyTorch's reduce-overhead (bench/loop_decode.py; PY_TIMEOUT) and the GPU
 # time of a WHILE, IF and SWITCH node (bench/conditional_nodes); writes loop.md.
 cmd_bench_loop() {
   local generations="${1:-20}"
@@ -97,11 +98,14 @@ cmd_bench_loop() {
   configure
   build loop_bench conditional_nodes
   step "loop_bench" loop.log 0 "$build/bench/loop_bench" "$generations" || exit 1
+  step "loop_decode.py (reduce-overhead)" python.log "${PY_TIMEOUT:-600}" python3 bench/loop_decode.py "$generations" || exit 1
   step "conditional_nodes" nodes.log 0 "$build/bench/conditional_nodes" 1000 20 || exit 1
   {
     echo "# Loops decided on the GPU: $gpu, commit $commit"
     echo
     grep -E '^(#|\|)' "$logs/loop.log"
+    echo
+    grep -E '^(#|\|)' "$logs/python.log"
     echo
     grep -E '^(#|\|)' "$logs/nodes.log"
   } >"$logs/loop.md"
