@@ -48,7 +48,7 @@ void Context::give_up_recording(std::string why) {
 }
 
 void Context::capture_body(cudaGraph_t body, const std::function<void()>& launch_all) {
-  const cudaStream_t side = body_stream(depth_);
+  auto* const side = body_stream(depth_);
   if (side == nullptr) {
     give_up_recording("conditional nodes nested deeper than cgt.cuda captures them (4)");
     return;
@@ -73,7 +73,7 @@ void Context::capture_body(cudaGraph_t body, const std::function<void()>& launch
       context.body_stream_ = outer;
       --context.depth_;
     }
-  } nest{*this, body_stream_, side};
+  } const nest{.context = *this, .outer = body_stream_, .side = side};
   body_stream_ = side;
   ++depth_;
   launch_all();
@@ -104,7 +104,7 @@ void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, cons
       give_up_recording(std::string("launching a loop's decision failed: ") + cudaGetErrorString(decided));
     }
   });
-  if (std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
+  if (const std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
     give_up_recording("a WHILE node's body cannot be recorded as one: " + why);
   }
 }
@@ -124,7 +124,7 @@ void Context::if_then(const Buffer& condition, const Body& body) {
     return;
   }
   capture_body(node.bodies.front(), [&] { body(*this); });
-  if (std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
+  if (const std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
     give_up_recording("an IF node's body cannot be recorded as one: " + why);
   }
 }
@@ -147,7 +147,7 @@ void Context::switch_on(const Buffer& index, std::span<const Body> bodies) {
   }
   for (std::size_t i = 0; i < bodies.size(); ++i) {
     capture_body(node.bodies[i], [&] { bodies[i](*this); });
-    if (std::string why = kernels::forbidden_in_body(node.bodies[i]); !why.empty()) {
+    if (const std::string why = kernels::forbidden_in_body(node.bodies[i]); !why.empty()) {
       give_up_recording("a SWITCH node's body cannot be recorded as one: " + why);
     }
   }

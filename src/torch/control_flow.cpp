@@ -68,8 +68,8 @@ void give_up(ConditionalRecording& recording, std::string why) {
 // made outlives it.
 std::size_t allocated_in_bodies(const TorchDevice::State& state) {
   std::size_t bytes = 0;
-  for (const auto& segment : allocator::snapshot(*state.body_pool, false).segments) {
-    if (segment.owner_private_pool_id == *state.body_pool) bytes += segment.allocated_size;
+  for (const auto& segment : allocator::snapshot(state.body_pool, false).segments) {
+    if (segment.owner_private_pool_id == state.body_pool) bytes += segment.allocated_size;
   }
   return bytes;
 }
@@ -79,7 +79,7 @@ std::size_t allocated_in_bodies(const TorchDevice::State& state) {
 class BodyRouting {
  public:
   explicit BodyRouting(TorchDevice::State& state) : state_(state) {
-    allocator::beginAllocateToPool(state.index, *state.body_pool, [&state](cudaStream_t stream) {
+    allocator::beginAllocateToPool(state.index, state.body_pool, [&state](cudaStream_t stream) {
       return std::ranges::any_of(state.body_streams,
                                  [stream](const c10::cuda::CUDAStream& body) { return body.stream() == stream; });
     });
@@ -87,7 +87,7 @@ class BodyRouting {
   }
   BodyRouting(const BodyRouting&) = delete;
   BodyRouting& operator=(const BodyRouting&) = delete;
-  ~BodyRouting() { allocator::endAllocateToPool(state_.index, *state_.body_pool); }
+  ~BodyRouting() { allocator::endAllocateToPool(state_.index, state_.body_pool); }
 
  private:
   TorchDevice::State& state_;
@@ -97,7 +97,7 @@ class BodyRouting {
 // its depth, whose allocations go to the bodies' pool.
 void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::function<void()>& launch_all) {
   TorchDevice::State& state = *recording.state;
-  if (recording.depth >= state.body_streams.size() || !state.body_pool) {
+  if (recording.depth >= state.body_streams.size() || state.body_pool == c10::MempoolId_t{0, 0}) {
     give_up(recording, "conditional nodes nested deeper than cgt.torch captures them (4)");
     return;
   }
@@ -127,7 +127,7 @@ void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::
         clear_workspaces_of(side);
         --recording.depth;
       }
-    } nest{recording, side};
+    } const nest{.recording = recording, .side = side};
     const c10::cuda::CUDAStreamGuard guard(side);
     ++recording.depth;
     launch_all();
@@ -157,7 +157,7 @@ bool append(ConditionalRecording& recording, kernels::ConditionalKind kind, cons
 }
 
 void check_body(ConditionalRecording& recording, cudaGraph_t body, const char* name) {
-  if (std::string why = kernels::forbidden_in_body(body); !why.empty()) {
+  if (const std::string why = kernels::forbidden_in_body(body); !why.empty()) {
     give_up(recording, std::string("a ") + name + " node's body cannot be recorded as one: " + why);
   }
 }
@@ -165,7 +165,7 @@ void check_body(ConditionalRecording& recording, cudaGraph_t body, const char* n
 }  // namespace
 
 void make_body_streams(TorchDevice::State& state) {
-  if (!state.body_pool) state.body_pool = at::cuda::graph_pool_handle();
+  if (state.body_pool == c10::MempoolId_t{0, 0}) state.body_pool = at::cuda::graph_pool_handle();
   while (state.body_streams.size() < kNestedBodies) {
     const c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, state.index);
     if (stream != state.stream) state.body_streams.push_back(stream);

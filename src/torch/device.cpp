@@ -304,10 +304,10 @@ void TorchDevice::shutdown() {
     synchronize_pool_streams(*state_);
     allocator::releasePool(state_->index, state_->pool);
     allocator::emptyCache(state_->pool);  // frees the pool's segments once nothing uses them
-    if (state_->body_pool) {
+    if (state_->body_pool != c10::MempoolId_t{0, 0}) {
       for (; state_->body_pool_uses > 0; --state_->body_pool_uses)
-        allocator::releasePool(state_->index, *state_->body_pool);
-      allocator::emptyCache(*state_->body_pool);
+        allocator::releasePool(state_->index, state_->body_pool);
+      allocator::emptyCache(state_->body_pool);
     }
     at::HostAllocator* host = at::getHostAllocator(at::kCUDA);
     for (; state_->host_pool_uses_kept > 0; --state_->host_pool_uses_kept) host->release_pool(state_->pool);

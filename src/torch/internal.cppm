@@ -168,8 +168,9 @@ struct TorchDevice::State {
   /// The private memory pool of what conditional nodes' bodies allocate (libtorch routes one
   /// capture's allocations to one pool only): the bodies' temporaries, dead when each body ends,
   /// at addresses every graph of this pool may reuse, as they run one after another on `stream`.
-  /// Made with the body streams; each body capture counts a use of it, all given back at shutdown.
-  std::optional<c10::MempoolId_t> body_pool;
+  /// Made with the body streams ({0, 0} until then); each routing to it counts a use of it, all
+  /// given back at shutdown.
+  c10::MempoolId_t body_pool{0, 0};
   std::size_t body_pool_uses = 0;
   const void* context = nullptr;  ///< the driver context `own_stream` was made in (kernels::CurrentDevice)
   /// The caller's context, while a call runs in the pool's instead (TorchDevice::begin_call, end_call).

@@ -361,8 +361,9 @@ inline std::vector<FnDef> catalog() {
                     };
                   })});
   // Loops and branches the kernels decide (Context::loop_while, if_then, switch_on) over deciders
-  // in pool memory: the first element decides the iterations (`loop_count`, at most 4 by the bound), whether to double, and which of three amounts to add. A recording
-  // captures each body once; every replay decides anew from its own input.
+  // in pool memory: the first element decides the iterations (`loop_count`, at most 4 by the bound), whether to double,
+  // and which of three amounts to add. A recording captures each body once; every replay decides anew from its own
+  // input.
   defs.push_back({.name = "loop_and_branch",
                   .inputs = {In::vec},
                   .outs = {{.temp = 0}},
