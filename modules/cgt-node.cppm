@@ -47,6 +47,10 @@ class Node {
   [[nodiscard]] std::vector<PathIndex> expected_dead_after() const {
     return detail::node_view::expected_dead_after(engine_, id_);
   }
+  /// Whether its loops and branches (`loop_while`, `if_then`, `switch_on`) are decided by the host
+  /// between segments of its graph at each replay (`Reason::control_flow_on_host`: they could not
+  /// be conditional graph nodes, or `FunctionOptions::control_flow_on_host`), not by the GPU.
+  [[nodiscard]] bool control_flow_on_host() const { return detail::node_view::control_flow_on_host(engine_, id_); }
   /// Inputs copied into pool slots on every replay (neither static nor pool-managed).
   [[nodiscard]] std::vector<std::size_t> copied_inputs() const {
     return detail::node_view::copied_inputs(engine_, id_);

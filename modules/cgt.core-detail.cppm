@@ -256,6 +256,7 @@ namespace node_view {
 [[nodiscard]] std::vector<PathIndex> expected_dead_before(const EngineRef& pool, std::int64_t id);
 [[nodiscard]] std::vector<PathIndex> expected_dead_after(const EngineRef& pool, std::int64_t id);
 [[nodiscard]] std::vector<std::size_t> copied_inputs(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] bool control_flow_on_host(const EngineRef& pool, std::int64_t id);
 }  // namespace node_view
 
 /// How code outside module cgt makes a handle of an engine and reaches a handle's engine: each

@@ -140,6 +140,16 @@ class Recording {
   [[nodiscard]] virtual const void* output(std::size_t i) const = 0;
 };
 
+/// How a recording makes the function's loops and branches (`loop_while`, `if_then`, `switch_on`).
+enum class ControlFlow : std::uint8_t {
+  /// Conditional graph nodes: the GPU decides at each replay, in one launch. A body that cannot be
+  /// one gives the recording up with `CaptureOutcome::needs_host_decisions`.
+  on_device,
+  /// Segments of the graph between the decisions, launched one by one at each replay, the host
+  /// reading each decision between them (:host_decisions).
+  on_host,
+};
+
 /// What a recording needs to know besides the function and its arguments.
 struct RecordPlan {
   std::span<const bool> copy_input;  ///< per input: copy into a pool slot (else pass as is)
@@ -147,6 +157,7 @@ struct RecordPlan {
   /// (same function, same place in the tree). It stays in the tree and may replay again; the
   /// capture pipeline may load the new graph into its executable (`Capture::load_into`).
   Recording* replaces = nullptr;
+  ControlFlow control_flow = ControlFlow::on_device;
 };
 
 /// Failures the pool acts on carry their kind in `Error::cause`, never in the message. The
@@ -188,6 +199,10 @@ struct CaptureOutcome {
   /// With `broken`: what the device saw, in words for the message ("cudaErrorStreamCaptureInvalidated
   /// (...): the function's work cannot be captured ..."); the pipeline prefixes "capture failed: ".
   std::string broken_because;
+  /// With `broken`, in a `ControlFlow::on_device` recording: only a loop or branch broke it (its
+  /// body cannot be a conditional node, or the device has none). The pipeline makes it
+  /// `Cause::conditional_unavailable`: the engine records again with `ControlFlow::on_host`.
+  bool needs_host_decisions = false;
 };
 
 /// `result` without its value: its error, or success (a capture's `CaptureOutcome::work` from the

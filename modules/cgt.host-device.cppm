@@ -21,6 +21,8 @@ import :buffer;
 namespace cgt::host {
 class HostDevice;   // the engine's side of the device (backend::Device), src/host/internal.cppm; not exported
 class HostCapture;  // a recording in progress (backend::Capture), src/host/device.cpp; not exported
+class HostRecording;  // a recorded graph (backend::Recording), src/host/device.cpp; not exported
+struct HostSegments;  // a host-decided recording's cuts (src/host/internal.cppm); not exported
 }  // namespace cgt::host
 
 export namespace cgt::host {
@@ -43,6 +45,11 @@ class Graph {
 
  private:
   friend class Stream;
+  friend class HostRecording;
+  // Kernels [begin, end): one segment of a recording whose loops and branches the host decides.
+  void replay(std::size_t begin, std::size_t end) const {
+    for (std::size_t i = begin; i < end; ++i) kernels_[i]();
+  }
   std::vector<Kernel> kernels_;
 };
 
@@ -62,11 +69,22 @@ class Stream {
   /// During a capture: the kernels `launch_all` launches, captured into a graph of their own (a
   /// loop's or branch's body) instead of the capture in progress, which goes on after it.
   [[nodiscard]] Graph capture_apart(const std::function<void()>& launch_all);
+  /// Kernels captured so far into the capture in progress.
+  [[nodiscard]] std::size_t captured() const noexcept { return capture_.kernels_.size(); }
+  /// Whether a body is being captured apart now (a conditional node's body, on a GPU).
+  [[nodiscard]] bool in_body() const noexcept { return bodies_ > 0; }
+  /// In a body: the body holds what a conditional node cannot (`why`); the capture goes on, and
+  /// its recording is made again with the host deciding (`needs_host_decisions`).
+  void forbid_in_body(std::string why);
+  /// Why the capture's bodies cannot be conditional nodes ("": they can).
+  [[nodiscard]] const std::string& forbidden_in_body() const noexcept { return forbidden_; }
 
  private:
   Graph capture_;
   bool capturing_ = false;
   bool broken_ = false;
+  std::size_t bodies_ = 0;  // bodies being captured apart, one in another
+  std::string forbidden_;
 };
 
 /// Thrown by `Context::allocate` when the pool is exhausted; the call fails with `out_of_memory`.
@@ -120,6 +138,11 @@ class Context {
   /// of `index`, none when `i` is out of range. Captured once in a recording (every body) and
   /// decided at each replay. Throws `InvalidArgument` when `index` is not one i32 element.
   void switch_on(const Buffer& index, std::span<const Body> bodies);
+  /// Runs `fn` on the host in stream order, as `cudaLaunchHostFunc` does on a CUDA stream: now,
+  /// or, in a recording, at each replay. A graph may hold it, a conditional node's body may not:
+  /// in a loop or branch of a recording it makes the pool record the function again with the
+  /// host deciding them (`Reason::control_flow_on_host`), as a host callback does on a GPU.
+  void call_on_host(Kernel fn);
 
  private:
   friend class HostDevice;
@@ -128,6 +151,7 @@ class Context {
   Context(HostDevice& device, Target target) noexcept : device_(device), target_(target) {}
   HostDevice& device_;
   Target target_;
+  HostSegments* segments_ = nullptr;  // in a recording whose loops and branches the host decides
   std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
 };
 

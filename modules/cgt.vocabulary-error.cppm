@@ -72,6 +72,11 @@ enum class Cause : std::uint8_t {
   /// nested or mkldnn tensor): those shapes run eagerly from then on (`Reason::unsupported_output`),
   /// where any value is the caller's.
   unsupported_output,
+  /// A loop or branch of the function could not be made a conditional graph node (its body holds
+  /// what CUDA forbids there: a host callback, an event, an allocation node; or the driver has
+  /// none): the pool records the function again at once, its loops and branches decided by the
+  /// host between segments of the graph (`Reason::control_flow_on_host`).
+  conditional_unavailable,
 };
 
 /// A failure: the code, a message that says what happened and what to do, and where it happened.

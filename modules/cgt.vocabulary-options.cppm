@@ -48,6 +48,12 @@ enum class Reason : std::uint8_t {
   /// padded rows may be in it (a transpose, a [seq, batch] or [n, n] output). Declare where its
   /// batch is (`output_dims`) or that it has none (`whole_outputs`). Once per function.
   padded_output,
+  /// A loop or branch of the function (`loop_while`, `if_then`, `switch_on`) could not be a
+  /// conditional graph node (a body holds what CUDA forbids there: a host callback, an event, an
+  /// allocation node; a driver without them): its graph is recorded again at once as segments
+  /// replayed one after another, the host reading each decision between them (a wait each). Once
+  /// per shape key. (`FunctionOptions::control_flow_on_host` records this way from the start.)
+  control_flow_on_host,
   count_,  ///< number of reasons (not a reason)
 };
 
@@ -243,6 +249,12 @@ struct FunctionOptions {
   /// (`Reason::capture_failed`), and records at its next call; only a second failure makes it run
   /// eagerly for good.
   bool warm_up_each_shape = true;
+  /// Record the function's loops and branches (`loop_while`, `if_then`, `switch_on`) as segments
+  /// the host decides between at each replay (a wait per decision), not as conditional graph
+  /// nodes the GPU decides. For bodies known to hold what a conditional node cannot (NCCL
+  /// collectives, host callbacks) or drivers without them: cgt otherwise finds that out at the
+  /// first recording, gives it up and records again this way (`Reason::control_flow_on_host`).
+  bool control_flow_on_host = false;
 };
 
 }  // namespace cgt

@@ -29,11 +29,13 @@ Error recording_error(Cause cause, std::string message, std::int32_t input = -1)
 }
 
 // A capture the function broke would break again at these shapes, whatever the function returned:
-// that is the cause the engine acts on (it runs those shapes eagerly from then on).
-Error broken_capture(const backend::CaptureOutcome& outcome) {
+// that is the cause the engine acts on (it runs those shapes eagerly from then on). One that only
+// a loop or branch broke, as a conditional node, can be recorded with the host deciding them.
+Error broken_capture(const backend::CaptureOutcome& outcome, const backend::RecordPlan& plan) {
   std::string message = "capture failed: " + outcome.broken_because;
   if (!outcome.work) message += "; the function reported: " + outcome.work.error().message;
-  return recording_error(Cause::uncapturable, std::move(message));
+  const bool host_may_decide = outcome.needs_host_decisions && plan.control_flow == backend::ControlFlow::on_device;
+  return recording_error(host_may_decide ? Cause::conditional_unavailable : Cause::uncapturable, std::move(message));
 }
 
 // A call of another pool on this thread was refused while the function ran under capture: the
@@ -49,12 +51,12 @@ Error refused_inner_call() {
 // Captures the function, watched for calls of other pools. One that failed in an intact capture
 // fails as it did: its error may be passing (out of memory, say), so the shape keeps its graphs.
 Result<OtherPoolCalls> capture_function(backend::Capture& capture, const Engine& engine,
-                                        const FunctionRecord& function) {
+                                        const FunctionRecord& function, const backend::RecordPlan& plan) {
   WatchedCapture watched(engine, function);
   backend::CaptureOutcome outcome = capture.capture();
   const OtherPoolCalls others = watched.finish();
   if (others == OtherPoolCalls::refused_here) return std::unexpected(refused_inner_call());
-  if (outcome.broken) return std::unexpected(broken_capture(outcome));
+  if (outcome.broken) return std::unexpected(broken_capture(outcome, plan));
   if (!outcome.work) return std::unexpected(std::move(outcome.work.error()));
   return others;
 }
@@ -128,7 +130,7 @@ Result<backend::Recorded> record_graph(backend::Device& device, backend::Invoker
   if (!begun) return std::unexpected(std::move(begun.error()));
   backend::Capture& capture = **begun;
   if (auto slots = capture.make_slots(); !slots) return std::unexpected(std::move(slots.error()));
-  auto others = capture_function(capture, engine, function);
+  auto others = capture_function(capture, engine, function, plan);
   if (!others) return std::unexpected(std::move(others.error()));
   const backend::WritesKnown writes_known = capture.writes_known();
   std::vector<std::uint32_t> written;

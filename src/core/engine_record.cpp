@@ -42,6 +42,10 @@ std::vector<InputUse> classify_inputs(const CallFrame& frame, const Path& path) 
   return uses;
 }
 
+bool host_decides(const FunctionRecord& function, const Variant& variant) noexcept {
+  return function.options.control_flow_on_host || variant.control_flow_on_host;
+}
+
 void count_recording(NodeReason reason, FunctionRecord& function, Stats& stats, Events& events) {
   ++stats.recordings;
   if (reason != NodeReason::static_input_moved && reason != NodeReason::managed_input_moved) return;
@@ -75,10 +79,21 @@ void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason
              "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
 }
 
-Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error) {
+Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error, NodeReason reason) {
   // The pipeline failed before the graph ran: nothing of the function's work ran, and the call
   // is decided again once the variant knows what the failure means for these shapes.
   switch (error.cause) {
+    case Cause::conditional_unavailable:
+      // Only its loops or branches, as conditional nodes, broke the capture: recorded again at
+      // once (the pool is as it was before the first try), the host deciding them. A failure of
+      // that recording is handled as any other.
+      frame.variant->control_flow_on_host = true;
+      events_.count_and_say(EventKind::warning, Reason::control_flow_on_host, *frame.function,
+                            "the loops or branches of " + in_quotes(frame.function->name) +
+                                " cannot be conditional graph nodes at these input shapes: its graph is recorded as "
+                                "segments, the host deciding between them at each replay (a wait per decision); " +
+                                error.message);
+      return record(frame, reason);
     case Cause::nested_pool:
       // The function needs another pool's call, which cannot be part of this pool's graph; eagerly,
       // the inner call runs (and graphs in its own pool).
@@ -135,16 +150,18 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   for (std::size_t i = 0; i < uses.size(); ++i) copy_input[i] = uses[i] == InputUse::copied;
   const backend::RecordPlan plan{
       .copy_input = std::span<const bool>(copy_input.get(), uses.size()),
-      .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr};
+      .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr,
+      .control_flow = host_decides(function, *frame.variant) ? backend::ControlFlow::on_host
+                                                             : backend::ControlFlow::on_device};
   auto recorded = run_in_pool<backend::Recorded>(
       frame, "recording", [&] { return record_graph(*device_, *function.invoker, frame.args, plan, *this, function); },
       [](const backend::Recorded& made) -> const backend::RunResult& { return made.first_outputs; });
-  if (!recorded) return after_failed_recording(frame, std::move(recorded.error()));
+  if (!recorded) return after_failed_recording(frame, std::move(recorded.error()), reason);
   if (const std::optional<Error>& not_kept = recorded->not_kept)
     return keep_first_run_only(frame, *recorded, *not_kept);
 
   memory_.release_ended();  // before the checkpoint below: the last generation's outputs are dead in it
-  node->keep_recording(std::move(recorded->recording));
+  node->keep_recording(std::move(recorded->recording), plan.control_flow);
   node->take_outputs(recorded->first_outputs.outputs, function.id);
   const TreeNode& made = *node;
   const backend::RunResult& first = recorded->first_outputs;

@@ -43,6 +43,10 @@ struct Variant {
   /// or `unsupported_output`), with the message kept here. Both set by `run_eagerly_from_now_on`.
   std::optional<std::string> capture_failure;
   Reason capture_failure_reason = Reason::capture_failed;
+  /// Its loops and branches could not be conditional graph nodes (`Cause::conditional_unavailable`):
+  /// its recordings have the host decide them between segments (`ControlFlow::on_host`). Set by
+  /// `after_failed_recording`.
+  bool control_flow_on_host = false;
   /// Re-recorded somewhere in the tree (`ChildFacts::rerecords`): only then does a call look its
   /// count up. Set by `run_tree`.
   bool rerecorded = false;

@@ -53,6 +53,12 @@ NodeKind kind(const EngineRef& pool, std::int64_t id) {
   return read_node(pool, id, NodeKind::graph, [](const Engine&, const TreeNode& node) { return node.kind(); });
 }
 
+bool control_flow_on_host(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, false, [](const Engine&, const TreeNode& node) {
+    return node.control_flow() == backend::ControlFlow::on_host;
+  });
+}
+
 NodeReason reason(const EngineRef& pool, std::int64_t id) {
   return read_node(pool, id, NodeReason::first_call, [](const Engine&, const TreeNode& node) { return node.reason(); });
 }
@@ -159,6 +165,7 @@ std::string to_dot(const Engine& engine) {
     dot << "  n" << (node->id() < 0 ? "w" : "") << (node->id() < 0 ? -node->id() : node->id()) << " [label=\""
         << name_of(node) << "\\n#" << node->id() << " " << label << "\\n"
         << to_string(node->reason()) << "\\noutputs: " << node->output_count();
+    if (node->control_flow() == backend::ControlFlow::on_host) dot << "\\nloops and branches: host-decided";
     std::size_t live = 0;
     for (const auto& cell : node->cells()) live += cell && cell->is_live();
     if (live > 0) dot << " (" << live << " live)";

@@ -247,10 +247,15 @@ class TreeNode {
   [[nodiscard]] std::optional<PathIndex> live_output_at(std::uintptr_t storage) const noexcept;
 
   // --- recording (graph nodes) ---
-  inline void keep_recording(std::unique_ptr<backend::Recording> recording) noexcept {
+  inline void keep_recording(std::unique_ptr<backend::Recording> recording,
+                             backend::ControlFlow control_flow = backend::ControlFlow::on_device) noexcept {
     checks_arguments_ = recording != nullptr && recording->checks_arguments();
     recording_ = std::move(recording);
+    control_flow_ = control_flow;
   }
+  /// How its recording makes the function's loops and branches: conditional nodes, or segments
+  /// the host decides between (the fallback).
+  [[nodiscard]] inline backend::ControlFlow control_flow() const noexcept { return control_flow_; }
   /// Whether a replay asks the recording to check the call's arguments first (`Recording::check`).
   [[nodiscard]] inline bool checks_arguments() const noexcept { return checks_arguments_; }
   /// Marks the graph recorded, its outputs handed out: keeps `checkpoint` (the allocator right
@@ -317,6 +322,7 @@ class TreeNode {
 
   std::unique_ptr<backend::Recording> recording_;
   bool checks_arguments_ = false;           ///< `Recording::checks_arguments()`, by `keep_recording`
+  backend::ControlFlow control_flow_ = backend::ControlFlow::on_device;  ///< by `keep_recording`
   std::vector<const void*> output_values_;  ///< `Recording::output(i)`, by `mark_recorded`
   std::unique_ptr<backend::Checkpoint> checkpoint_;
   std::vector<std::uint32_t> managed_inputs_;

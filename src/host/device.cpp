@@ -82,11 +82,15 @@ class InputSnapshots {
   std::vector<Buffer> before_;  // empty where not watched
 };
 
-// A recorded host graph with its input slots and outputs.
+}  // namespace
+
+// A recorded host graph with its input slots and outputs; where the host decides its loops and
+// branches, cut into segments.
 class HostRecording final : public backend::Recording {
  public:
-  HostRecording(Graph graph, std::vector<Buffer> slots, const std::vector<bool>& copied, Values outputs)
-      : graph_(std::move(graph)), outputs_(std::move(outputs)) {
+  HostRecording(Graph graph, HostSegments segments, std::vector<Buffer> slots, const std::vector<bool>& copied,
+                Values outputs)
+      : graph_(std::move(graph)), segments_(std::move(segments)), outputs_(std::move(outputs)) {
     for (std::size_t i = 0; i < copied.size(); ++i) {
       if (!copied[i]) continue;
       const Buffer& slot = slots[i];
@@ -118,7 +122,7 @@ class HostRecording final : public backend::Recording {
       }
     }
     try {
-      graph_.replay();
+      run(graph_, segments_);
     } catch (const std::exception& error) {
       return fail(Errc::function_failed, std::string("a kernel threw during replay: ") + error.what());
     } catch (...) {
@@ -129,6 +133,21 @@ class HostRecording final : public backend::Recording {
   // Host outputs are plain addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
+
+  /// Runs `graph` once: whole, or, cut into `segments`, as their decisions say (the host reads
+  /// each decider between segments).
+  static void run(const Graph& graph, const HostSegments& segments) {
+    if (segments.decisions.empty()) {
+      graph.replay();
+      return;
+    }
+    (void)segments.decisions.run(
+        [&](std::size_t i) -> Result<void> {
+          graph.replay(i == 0 ? 0 : segments.ends[i - 1], segments.ends[i]);
+          return {};
+        },
+        [](const void* decider) -> Result<std::int32_t> { return *static_cast<const std::int32_t*>(decider); });
+  }
 
  private:
   struct Copy {
@@ -141,11 +160,10 @@ class HostRecording final : public backend::Recording {
     Way by_memcpy = Way::unknown;
   };
   Graph graph_;
+  HostSegments segments_;
   std::vector<Copy> copies_;
   Values outputs_;
 };
-
-}  // namespace
 
 Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) {
   if (target_ == Target::pool) return device_.allocate_in_pool(*this, type, sizes);
@@ -157,6 +175,12 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
 
 void Context::launch(Kernel kernel) {
   device_.stream().launch(std::move(kernel));
+}
+
+void Context::call_on_host(Kernel fn) {
+  Stream& stream = device_.stream();
+  if (stream.is_capturing() && stream.in_body()) stream.forbid_in_body("a host function (Context::call_on_host)");
+  stream.launch(std::move(fn));
 }
 
 bool Context::is_capturing() const noexcept {
@@ -250,15 +274,24 @@ class HostCapture final : public backend::Capture {
     snapshots_ = InputSnapshots(inputs_.values, [](std::size_t) { return true; });
     Stream& stream = device_.stream_;
     stream.begin_capture();
+    if (plan_.control_flow == backend::ControlFlow::on_host) context_.segments_ = &segments_;
     auto outputs = backend::call_function(fn_.fn, context_, inputs_.view());
+    context_.segments_ = nullptr;
     const bool broken = stream.capture_broken();
-    if (!outputs || broken) {
+    // A body a conditional node cannot hold: recorded again, the host deciding.
+    const bool body_forbidden = outputs && !stream.forbidden_in_body().empty();
+    if (!outputs || broken || body_forbidden) {
+      std::string why = broken ? "the function synchronised with the host during its capture (Context::synchronize)"
+                        : body_forbidden
+                            ? "a loop or branch body cannot be a conditional node: it holds " + stream.forbidden_in_body()
+                            : "";
       stream.discard_capture();
       return {.work = backend::status_of(outputs),
-              .broken = broken,
-              .broken_because =
-                  broken ? "the function synchronised with the host during its capture (Context::synchronize)" : ""};
+              .broken = broken || body_forbidden,
+              .broken_because = std::move(why),
+              .needs_host_decisions = !broken && body_forbidden};
     }
+    if (plan_.control_flow == backend::ControlFlow::on_host) segments_.cut(stream);
     graph_ = stream.end_capture();
     outputs_ = std::move(*outputs);
     return {};
@@ -284,7 +317,7 @@ class HostCapture final : public backend::Capture {
   // recording is then given up, and its blocks go back with it.
   [[nodiscard]] Result<void> run_first() override {
     try {
-      graph_.replay();
+      HostRecording::run(graph_, segments_);
     } catch (const std::exception& error) {
       return fail(Errc::function_failed, std::string("a kernel threw during the first replay: ") + error.what());
     } catch (...) {
@@ -307,7 +340,8 @@ class HostCapture final : public backend::Capture {
 
   [[nodiscard]] Result<backend::Recorded> finish() override {
     backend::Recorded recorded;
-    recorded.recording = std::make_unique<HostRecording>(std::move(graph_), std::move(slots_), copied_, outputs_);
+    recorded.recording =
+        std::make_unique<HostRecording>(std::move(graph_), std::move(segments_), std::move(slots_), copied_, outputs_);
     recorded.first_outputs = backend::describe_outputs(arena(), context_.allocations_, std::move(outputs_));
     context_.allocations_.clear();
     return recorded;
@@ -326,6 +360,7 @@ class HostCapture final : public backend::Capture {
   std::vector<bool> copied_;
   InputSnapshots snapshots_;  // the inputs before the capture (taken by capture)
   Graph graph_;
+  HostSegments segments_;  // its cuts, where the host decides its loops and branches
   Values outputs_;  // the function's, from the capture
 };
 

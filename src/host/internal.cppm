@@ -20,6 +20,21 @@ import :device;
 
 namespace cgt::host {
 
+/// Where a recording whose loops and branches the host decides (`ControlFlow::on_host`) is cut:
+/// segment `i` is the captured kernels [ends[i - 1], ends[i]) (from 0 for the first), run in the
+/// order `decisions` says. Filled by Context::loop_while, if_then and switch_on while capturing.
+struct HostSegments {
+  std::vector<std::size_t> ends;
+  backend::HostDecisions decisions;
+  /// Ends the segment captured since the last cut; an empty one is left out.
+  void cut(const Stream& stream) {
+    const std::size_t end = stream.captured();
+    if (end == (ends.empty() ? 0 : ends.back())) return;
+    decisions.segment(ends.size());
+    ends.push_back(end);
+  }
+};
+
 class HostDevice final : public backend::Device {
  public:
   HostDevice(ArenaOptions arena, bool poison_dead_memory);

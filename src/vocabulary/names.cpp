@@ -52,6 +52,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::pending_backward: return "pending_backward";
     case Reason::undeclared_write: return "undeclared_write";
     case Reason::padded_output: return "padded_output";
+    case Reason::control_flow_on_host: return "control_flow_on_host";
     case Reason::count_: break;
   }
   return "unknown";

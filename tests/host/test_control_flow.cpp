@@ -5,10 +5,12 @@
 
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -243,4 +245,239 @@ TEST_CASE("control flow: if_then and switch_on are recorded once and decided at 
   CHECK(kinds.at(1) == K::recording);
   for (std::size_t i = 2; i < kinds.size(); ++i) CHECK(kinds[i] == K::replay);
   CHECK(graphed_pool.stats().recordings == 1);
+}
+
+// --- The fallback: loops and branches the host decides between segments of the graph ---
+
+namespace {
+
+/// `counting_loop` whose body also calls a host function (counted in `host_calls`): a graph may
+/// hold it, a conditional node's body may not, as with a host callback on a GPU.
+cgt::host::Function counting_loop_calling_host(cgt::host::Pool& pool, const Counter& counter,
+                                               const std::shared_ptr<int>& host_calls) {
+  return must(pool.add_function(
+      [runs = counter.body_runs, host_calls](Context& ctx, Inputs in) {
+        const Buffer count = in[0];
+        const Buffer go_on = in[1];
+        const Buffer target = in[2];
+        ctx.launch([count, go_on, target] { go_on.set(0, count.get(0) < target.get(0) ? 1 : 0); });
+        ctx.loop_while(go_on, 100, [&](Context& body) {
+          ++*runs;
+          body.launch([count, go_on, target] {
+            count.set(0, count.get(0) + 1);
+            go_on.set(0, count.get(0) < target.get(0) ? 1 : 0);
+          });
+          body.call_on_host([host_calls] { ++*host_calls; });
+        });
+        Buffer reached = ctx.allocate(ElementType::f32, {1});
+        ctx.launch([count, reached] { reached.set(0, count.get(0)); });
+        return Values{reached};
+      },
+      {.name = "count_calling_host", .static_inputs = {0, 1}, .mutated_inputs = {0, 1}}));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "control flow: a loop body a conditional node cannot hold is recorded again at once with the host deciding "
+    "between segments; replays equal eager",
+    "[control_flow]") {
+  std::vector<cgt::Reason> said;
+  auto pool = must(cgt::host::make_pool(
+      {.tree = {.debug_checks = true, .log_sink = [&](const cgt::Event& event) { said.push_back(event.reason); }}}));
+  const Counter counter;
+  const auto host_calls = std::make_shared<int>(0);
+  auto loop = counting_loop_calling_host(pool, counter, host_calls);
+
+  CHECK(count_to(pool, loop, counter, 4).kind == K::warmup);
+  CHECK(*counter.body_runs == 4);
+  CHECK(*host_calls == 4);
+
+  // The recording's capture with a conditional node is given up; the same call records again,
+  // the host deciding: two captures (the body's C++ twice), one run of the work.
+  const Reached recording = count_to(pool, loop, counter, 3);
+  CHECK(recording.kind == K::recording);
+  CHECK(recording.count == 3);
+  CHECK(*counter.body_runs == 6);
+  CHECK(*host_calls == 7);  // the first run ran the body's segment three times
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().count(cgt::Reason::control_flow_on_host) == 1);
+  CHECK(std::ranges::count(said, cgt::Reason::control_flow_on_host) == 1);
+  auto roots = pool.roots();
+  REQUIRE(roots.size() == 1);
+  CHECK(roots.front().control_flow_on_host());
+  CHECK_THAT(pool.to_dot(), Catch::Matchers::ContainsSubstring("host-decided"));
+
+  // Each replay runs the body's segment as often as its data says, the host reading go_on.
+  int expected_host_calls = *host_calls;
+  for (const double target : {7.0, 0.0, 1.0, 42.0, 3.0}) {
+    const Reached replay = count_to(pool, loop, counter, target);
+    CHECK(replay.kind == K::replay);
+    CHECK(replay.count == target);
+    expected_host_calls += static_cast<int>(target);
+    CHECK(*host_calls == expected_host_calls);
+  }
+  CHECK(*counter.body_runs == 6);  // recorded: the body's C++ never ran again
+  CHECK(pool.stats().eager_calls == 0);
+  CHECK(pool.stats().count(cgt::Reason::control_flow_on_host) == 1);  // said once
+  must(pool.check_memory());
+}
+
+TEST_CASE("control flow: FunctionOptions::control_flow_on_host records branches and choices as segments, equal to "
+          "the conditional nodes' results",
+          "[control_flow]") {
+  auto segmented_pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
+  auto conditional_pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
+  // The same function in both pools; one records it with the host deciding.
+  auto segmented = branching(segmented_pool);
+  auto conditional = branching(conditional_pool);
+  auto options = [] {
+    cgt::FunctionOptions options{.name = "branch_on_host", .static_inputs = {0, 1, 2}, .mutated_inputs = {0}};
+    options.control_flow_on_host = true;
+    return options;
+  };
+  auto on_host = must(segmented_pool.add_function(
+      [](Context& ctx, Inputs in) {
+        const Buffer x = in[0];
+        // A branch at the very start: its segment before is empty and left out.
+        ctx.if_then(in[1], [x](Context& body) { body.launch([x] { x.set(0, x.get(0) + 10); }); });
+        std::array<Context::Body, 3> cases;
+        for (std::size_t i = 0; i < cases.size(); ++i) {
+          cases[i] = [x, i](Context& body) {
+            body.launch([x, i] { x.set(0, x.get(0) + static_cast<double>(i + 1)); });
+          };
+        }
+        ctx.switch_on(in[2], cases);
+        Buffer result = ctx.allocate(ElementType::f32, {1});
+        ctx.launch([x, result] { result.set(0, x.get(0)); });
+        return Values{result};
+      },
+      options()));
+  (void)segmented;
+  const Buffer x = scalar(ElementType::f32, 0);
+  const Buffer condition = scalar(ElementType::i32, 0);
+  const Buffer choice = scalar(ElementType::i32, 0);
+  auto run = [&](cgt::host::Pool& pool, cgt::host::Function& fn, int taken, int chosen) {
+    pool.mark_step_begin();
+    x.set(0, 0);
+    condition.set(0, taken);
+    choice.set(0, chosen);
+    auto out = must(fn({x, condition, choice}));
+    return std::pair{output_values(out, 0).at(0), out.kind()};
+  };
+  const std::array<std::pair<int, int>, 8> cases{{{1, 0}, {0, 2}, {1, 1}, {0, -1}, {1, 3}, {0, 0}, {1, 2}, {0, 7}}};
+  for (const auto& [taken, chosen] : cases) {
+    const auto [host_decided, host_kind] = run(segmented_pool, on_host, taken, chosen);
+    const auto [device_decided, device_kind] = run(conditional_pool, conditional, taken, chosen);
+    CHECK(host_decided == device_decided);
+    CHECK(host_kind == device_kind);
+  }
+  CHECK(segmented_pool.stats().replays == 6);
+  CHECK(segmented_pool.stats().count(cgt::Reason::control_flow_on_host) == 0);  // asked for: nothing to say
+  auto roots = segmented_pool.roots();
+  REQUIRE(roots.size() == 1);
+  CHECK(roots.front().control_flow_on_host());
+  CHECK_FALSE(conditional_pool.roots().front().control_flow_on_host());
+}
+
+TEST_CASE("control flow: nested loops and branches decided by the host give what they give eagerly, bounded by "
+          "max_iterations",
+          "[control_flow]") {
+  // For i in [0, n) (at most 6): when i is odd, add i; then loop inner j in [0, i) adding 1 (at
+  // most 3 times); a choice on i % 3 adds 100, 200 or 300 once per outer iteration.
+  auto nested = [](cgt::host::Pool& pool, bool on_host) {
+    cgt::FunctionOptions options{.name = "nested", .static_inputs = {0, 1, 2, 3, 4}, .mutated_inputs = {0, 1, 2, 3, 4}};
+    options.control_flow_on_host = on_host;
+    return must(pool.add_function(
+        [](Context& ctx, Inputs in) {
+          const Buffer sum = in[0], i = in[1], go_on = in[2], odd = in[3], inner = in[4];
+          const Buffer n = in[5];
+          ctx.launch([=] {
+            sum.set(0, 0);
+            i.set(0, 0);
+            go_on.set(0, n.get(0) > 0 ? 1 : 0);
+          });
+          ctx.loop_while(go_on, 6, [&](Context& outer) {
+            outer.launch([=] { odd.set(0, static_cast<int>(i.get(0)) % 2); });
+            outer.if_then(odd, [&](Context& branch) {
+              branch.launch([=] { sum.set(0, sum.get(0) + i.get(0)); });
+            });
+            outer.launch([=] { inner.set(0, i.get(0) > 0 ? 1 : 0); });
+            Buffer j = outer.allocate(ElementType::f32, {1});
+            outer.launch([j] { j.set(0, 0); });
+            outer.loop_while(inner, 3, [&](Context& body) {
+              body.launch([=] {
+                sum.set(0, sum.get(0) + 1);
+                j.set(0, j.get(0) + 1);
+                inner.set(0, j.get(0) < i.get(0) ? 1 : 0);
+              });
+            });
+            std::array<Context::Body, 3> adds;
+            for (std::size_t k = 0; k < adds.size(); ++k) {
+              adds[k] = [=](Context& body) { body.launch([=] { sum.set(0, sum.get(0) + 100.0 * (k + 1)); }); };
+            }
+            outer.launch([=] { odd.set(0, static_cast<int>(i.get(0)) % 3); });  // the choice's index
+            outer.switch_on(odd, adds);
+            outer.launch([=] {
+              i.set(0, i.get(0) + 1);
+              go_on.set(0, i.get(0) < n.get(0) ? 1 : 0);
+            });
+          });
+          Buffer result = ctx.allocate(ElementType::f32, {1});
+          ctx.launch([=] { result.set(0, sum.get(0)); });
+          return Values{result};
+        },
+        options));
+  };
+  auto expected = [](int n) {
+    double sum = 0;
+    for (int i = 0; i < std::min(n, 6); ++i) {
+      if (i % 2 == 1) sum += i;
+      sum += std::min(i, 3);
+      sum += 100.0 * (i % 3 + 1);
+    }
+    return sum;
+  };
+  for (const bool on_host : {true, false}) {
+    auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
+    auto fn = nested(pool, on_host);
+    const Buffer sum = scalar(ElementType::f32, 0), i = scalar(ElementType::i32, 0),
+                 go_on = scalar(ElementType::i32, 0), odd = scalar(ElementType::i32, 0),
+                 inner = scalar(ElementType::i32, 0);
+    for (const int n : {3, 5, 0, 9, 1, 6, 2}) {
+      pool.mark_step_begin();
+      auto out = must(fn({sum, i, go_on, odd, inner, scalar(ElementType::f32, n)}));
+      CHECK(output_values(out, 0).at(0) == expected(n));
+    }
+    CHECK(pool.stats().replays == 5);
+    CHECK(pool.roots().front().control_flow_on_host() == on_host);
+    must(pool.check_memory());
+  }
+}
+
+TEST_CASE("control flow: a body that throws while the host-decided recording captures it fails that call; the pool "
+          "goes on",
+          "[control_flow]") {
+  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
+  cgt::FunctionOptions options{.name = "refuses_on_host", .static_inputs = {0}};
+  options.control_flow_on_host = true;
+  auto refuses = must(pool.add_function(
+      [](Context& ctx, Inputs in) {
+        ctx.loop_while(in[0], 4, [](Context& outer) {
+          outer.if_then(outer.allocate(ElementType::i32, {1}), [](Context& body) {
+            if (body.is_capturing()) throw cgt::host::InvalidArgument("the body refuses to be recorded");
+          });
+        });
+        return Values{};
+      },
+      options));
+  const Buffer go_on = scalar(ElementType::i32, 0);
+  must(refuses({go_on}));  // warm-up: the loop is not entered
+  auto recorded = refuses({go_on});
+  REQUIRE_FALSE(recorded);
+  CHECK(recorded.error().code == cgt::Errc::invalid_argument);
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 100);
+  for (const double target : {2.0, 4.0, 1.0}) CHECK(count_to(pool, loop, counter, target).count == target);
+  must(pool.check_memory());
 }
