@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <utility>
 #include <vector>
 
 import cgt;
@@ -67,7 +68,12 @@ struct View {
   torch::Tensor tokens, position, generated, out, done, go_on;
   std::vector<torch::Tensor> cache;
   explicit View(const std::vector<torch::Tensor>& in)
-      : tokens(in[0]), position(in[1]), generated(in[2]), out(in[3]), done(in[4]), go_on(in[5]),
+      : tokens(in[0]),
+        position(in[1]),
+        generated(in[2]),
+        out(in[3]),
+        done(in[4]),
+        go_on(in[5]),
         cache(in.begin() + state_inputs, in.end()) {}
 };
 
@@ -107,7 +113,7 @@ inline void eager(kv_decoder::Decoder& model, State& state, std::int64_t end_tok
 
 /// A pool function that makes one token of every sequence.
 inline cgt::Result<cgt::torch::Function> per_step_function(cgt::torch::Pool& pool, kv_decoder::Decoder& model,
-                                                            std::int64_t end_token, std::int64_t max_new) {
+                                                           std::int64_t end_token, std::int64_t max_new) {
   return pool.add_function(
       [&model, end_token, max_new](cgt::torch::Inputs in) {
         View s(in);
@@ -118,10 +124,15 @@ inline cgt::Result<cgt::torch::Function> per_step_function(cgt::torch::Pool& poo
 }
 
 /// A pool function that generates until the stop, `steps_per_iteration` tokens per iteration of a
-/// loop the GPU decides: one launch per generation once recorded.
+/// loop the GPU decides: one launch per generation once recorded. `host_decides`: the loop is
+/// recorded as segments the host decides between instead (the fallback where a conditional node
+/// cannot be made): one launch per iteration, a wait for `go_on` before each.
 inline cgt::Result<cgt::torch::Function> device_loop_function(cgt::torch::Pool& pool, kv_decoder::Decoder& model,
-                                                               std::int64_t end_token, std::int64_t max_new,
-                                                               std::int64_t steps_per_iteration) {
+                                                              std::int64_t end_token, std::int64_t max_new,
+                                                              std::int64_t steps_per_iteration,
+                                                              bool host_decides = false) {
+  cgt::FunctionOptions loop_options = options(host_decides ? "decode_loop_on_host" : "decode_loop");
+  loop_options.control_flow_on_host = host_decides;
   return pool.add_function(
       [&model, end_token, max_new, steps_per_iteration](cgt::torch::Inputs in) {
         View s(in);
@@ -131,7 +142,7 @@ inline cgt::Result<cgt::torch::Function> device_loop_function(cgt::torch::Pool& 
         });
         return cgt::torch::Values{};
       },
-      options("decode_loop"));
+      std::move(loop_options));
 }
 
 /// Generates with `function` once per token (per_step_function), reading the stop after each.

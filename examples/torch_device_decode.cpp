@@ -76,8 +76,16 @@ int main(int argc, char** argv) {
     std::cout << "  one replay per token: tokens " << (same ? "equal to" : "DIFFERENT FROM") << " eager\n";
     if (!same) return 1;
 
-    for (const std::int64_t steps : {std::int64_t{1}, std::int64_t{4}, most_steps_per_iteration}) {
-      auto loop = device_decode::device_loop_function(*pool, model, end_token, max_new, steps);
+    // The device loop at 1, 4 and 8 tokens per iteration, then the host-decided fallback (the same
+    // loop recorded as segments, the host reading go_on between them) at 8.
+    struct Way {
+      std::int64_t steps;
+      bool host_decides;
+    };
+    for (const Way way : {Way{1, false}, Way{4, false}, Way{most_steps_per_iteration, false},
+                          Way{most_steps_per_iteration, true}}) {
+      const std::int64_t steps = way.steps;
+      auto loop = device_decode::device_loop_function(*pool, model, end_token, max_new, steps, way.host_decides);
       if (!loop) return report(loop.error());
       std::string kinds;
       for (int call = 0; call < 3; ++call) {  // warm-up, recording, replay
@@ -87,8 +95,9 @@ int main(int argc, char** argv) {
         kinds += std::string(cgt::to_string(*kind)) + ' ';
         same = same && torch::equal(state.out.narrow(1, 0, max_new), expected);
       }
-      std::cout << "  device loop, " << steps << " tokens per iteration (" << kinds << "): tokens "
-                << (same ? "equal to" : "DIFFERENT FROM") << " eager\n";
+      std::cout << "  " << (way.host_decides ? "host-decided loop, " : "device loop, ") << steps
+                << " tokens per iteration (" << kinds << "): tokens " << (same ? "equal to" : "DIFFERENT FROM")
+                << " eager\n";
       if (!same) return 1;
     }
   }

@@ -201,7 +201,7 @@ struct CaptureOutcome {
   std::string broken_because;
   /// With `broken`, in a `ControlFlow::on_device` recording: only a loop or branch broke it (its
   /// body cannot be a conditional node, or the device has none). The pipeline makes it
-  /// `Cause::conditional_unavailable`: the engine records again with `ControlFlow::on_host`.
+  /// `Cause::conditional_unavailable`: the engine records the shape next with `ControlFlow::on_host`.
   bool needs_host_decisions = false;
 };
 

@@ -23,9 +23,9 @@
 module;
 export module cgt.core;
 
-export import cgt.vocabulary;  // errors, options, information, layouts: the words both sides speak
-export import :spi;            // backend::Device, Capture, Recording, Checkpoint, ArgDesc, ArgSlot, Invoker, ...
-export import :arena;          // Arena: the checkpointable best-fit allocator of the host and cuda pools
-export import :arena_spi;      // backend helpers over an Arena: finish_call, checkpoint_arena, restore_arena
+export import cgt.vocabulary;   // errors, options, information, layouts: the words both sides speak
+export import :spi;             // backend::Device, Capture, Recording, Checkpoint, ArgDesc, ArgSlot, Invoker, ...
+export import :arena;           // Arena: the checkpointable best-fit allocator of the host and cuda pools
+export import :arena_spi;       // backend helpers over an Arena: finish_call, checkpoint_arena, restore_arena
 export import :host_decisions;  // HostDecisions: the fallback's segments and decisions, replayed by the host
-export import :detail;         // the engine's side of module cgt's handles; backend::make_pool, backend::device_of
+export import :detail;          // the engine's side of module cgt's handles; backend::make_pool, backend::device_of

@@ -21,6 +21,9 @@ namespace cgt::cuda {
 class CudaDevice;   // the engine's side of the device (backend::Device), src/cuda/device.cpp; not exported
 class CudaCapture;  // a recording in progress (backend::Capture), src/cuda/device.cpp; not exported
 }  // namespace cgt::cuda
+namespace cgt::kernels {
+struct HostSegments;  // a host-decided recording's cuts (src/kernels/host_segments.hpp); not exported
+}  // namespace cgt::kernels
 
 export namespace cgt::cuda {
 
@@ -138,10 +141,13 @@ class Context {
   /// iterations on the GPU: the host neither waits nor reads `go_on`. Outside a recording (warm-up,
   /// eager) it runs now, the host reading `go_on` before each iteration (a wait on the stream).
   /// A body CUDA forbids in a conditional node (a host callback, an event record or wait, a
-  /// `cudaMallocAsync`) or a driver without conditional nodes gives the recording up: those shapes
-  /// run eagerly, with the same results (`Reason::capture_failed`). Throws `InvalidArgument` (the
-  /// call then fails with `invalid_argument`) when `go_on` is not one i32 element on this device
-  /// or `max_iterations` is 0.
+  /// `cudaMallocAsync`) or a driver without conditional nodes makes that call run eagerly and the
+  /// next recording of the shape cut its graph into segments that each replay launches one by
+  /// one, the host reading `go_on` between them, with the same results
+  /// (`Reason::control_flow_on_host`; asked for from the start by
+  /// `FunctionOptions::control_flow_on_host`). Throws `InvalidArgument` (the call then
+  /// fails with `invalid_argument`) when `go_on` is not one i32 element on this device or
+  /// `max_iterations` is 0.
   void loop_while(const Buffer& go_on, std::uint64_t max_iterations, const Body& body);
   /// A branch the GPU decides (an IF node): runs `body` when the one i32 element of `condition`
   /// is non-zero. Captured once in a recording, decided at each launch; as `loop_while` otherwise.
@@ -165,15 +171,19 @@ class Context {
   /// Captures what `launch_all` launches on this context into `body`, a conditional node's body
   /// (src/cuda/control_flow.cpp).
   void capture_body(cudaGraph_t body, const std::function<void()>& launch_all);
-  /// Gives the recording up (its shapes run eagerly) for `why`; the first reason is kept.
-  void give_up_recording(std::string why);
+  /// Gives the recording up for `why` (the first reason is kept): recorded again with the host
+  /// deciding its loops and branches when `host_may_decide` (only a conditional node failed),
+  /// else its shapes run eagerly.
+  void give_up_recording(std::string why, bool host_may_decide);
   CudaDevice& device_;
   Target target_;
   bool capturing_;
-  cudaStream_t body_stream_ = nullptr;       // while a conditional node's body is captured: its stream
-  std::size_t depth_ = 0;                    // how many bodies are being captured, one in another
-  std::string uncapturable_;                 // why the recording must be given up; empty: it need not
-  std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
+  cudaStream_t body_stream_ = nullptr;         // while a conditional node's body is captured: its stream
+  std::size_t depth_ = 0;                      // how many bodies are being captured, one in another
+  std::string uncapturable_;                   // why the recording must be given up; empty: it need not
+  bool host_may_decide_ = false;               // with uncapturable_: recorded again, the host deciding
+  kernels::HostSegments* segments_ = nullptr;  // in a recording whose loops and branches the host decides
+  std::vector<std::uintptr_t> allocations_;    // pool blocks allocated by this call
 };
 
 /// The inputs of a call, by position: `in[i]` is input `i` as a buffer (an empty buffer where the

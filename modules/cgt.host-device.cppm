@@ -19,8 +19,8 @@ import cgt.core;
 import :buffer;
 
 namespace cgt::host {
-class HostDevice;   // the engine's side of the device (backend::Device), src/host/internal.cppm; not exported
-class HostCapture;  // a recording in progress (backend::Capture), src/host/device.cpp; not exported
+class HostDevice;     // the engine's side of the device (backend::Device), src/host/internal.cppm; not exported
+class HostCapture;    // a recording in progress (backend::Capture), src/host/device.cpp; not exported
 class HostRecording;  // a recorded graph (backend::Recording), src/host/device.cpp; not exported
 struct HostSegments;  // a host-decided recording's cuts (src/host/internal.cppm); not exported
 }  // namespace cgt::host
@@ -73,8 +73,8 @@ class Stream {
   [[nodiscard]] std::size_t captured() const noexcept { return capture_.kernels_.size(); }
   /// Whether a body is being captured apart now (a conditional node's body, on a GPU).
   [[nodiscard]] bool in_body() const noexcept { return bodies_ > 0; }
-  /// In a body: the body holds what a conditional node cannot (`why`); the capture goes on, and
-  /// its recording is made again with the host deciding (`needs_host_decisions`).
+  /// In a body: the body holds what a conditional node cannot (`why`); the capture goes on, and is
+  /// given up at its end for one the host decides (`needs_host_decisions`).
   void forbid_in_body(std::string why);
   /// Why the capture's bodies cannot be conditional nodes ("": they can).
   [[nodiscard]] const std::string& forbidden_in_body() const noexcept { return forbidden_; }
@@ -140,8 +140,8 @@ class Context {
   void switch_on(const Buffer& index, std::span<const Body> bodies);
   /// Runs `fn` on the host in stream order, as `cudaLaunchHostFunc` does on a CUDA stream: now,
   /// or, in a recording, at each replay. A graph may hold it, a conditional node's body may not:
-  /// in a loop or branch of a recording it makes the pool record the function again with the
-  /// host deciding them (`Reason::control_flow_on_host`), as a host callback does on a GPU.
+  /// in a loop or branch of a recording it makes the pool record the shape next with the host
+  /// deciding them (`Reason::control_flow_on_host`), as a host callback does on a GPU.
   void call_on_host(Kernel fn);
 
  private:
@@ -151,7 +151,7 @@ class Context {
   Context(HostDevice& device, Target target) noexcept : device_(device), target_(target) {}
   HostDevice& device_;
   Target target_;
-  HostSegments* segments_ = nullptr;  // in a recording whose loops and branches the host decides
+  HostSegments* segments_ = nullptr;         // in a recording whose loops and branches the host decides
   std::vector<std::uintptr_t> allocations_;  // pool blocks allocated by this call
 };
 

@@ -74,8 +74,8 @@ enum class Cause : std::uint8_t {
   unsupported_output,
   /// A loop or branch of the function could not be made a conditional graph node (its body holds
   /// what CUDA forbids there: a host callback, an event, an allocation node; or the driver has
-  /// none): the pool records the function again at once, its loops and branches decided by the
-  /// host between segments of the graph (`Reason::control_flow_on_host`).
+  /// none): the call runs eagerly, and the shape's next recording has its loops and branches
+  /// decided by the host between segments of the graph (`Reason::control_flow_on_host`).
   conditional_unavailable,
 };
 

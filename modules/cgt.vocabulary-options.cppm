@@ -50,9 +50,10 @@ enum class Reason : std::uint8_t {
   padded_output,
   /// A loop or branch of the function (`loop_while`, `if_then`, `switch_on`) could not be a
   /// conditional graph node (a body holds what CUDA forbids there: a host callback, an event, an
-  /// allocation node; a driver without them): its graph is recorded again at once as segments
-  /// replayed one after another, the host reading each decision between them (a wait each). Once
-  /// per shape key. (`FunctionOptions::control_flow_on_host` records this way from the start.)
+  /// allocation node; a driver without them): that call runs eagerly, and the shape's next
+  /// recording is made as segments replayed one after another, the host reading each decision
+  /// between them (a wait each). Counted for that eager call; warned once per shape key.
+  /// (`FunctionOptions::control_flow_on_host` records this way from the start.)
   control_flow_on_host,
   count_,  ///< number of reasons (not a reason)
 };

@@ -50,8 +50,8 @@ Error refused_inner_call() {
 
 // Captures the function, watched for calls of other pools. One that failed in an intact capture
 // fails as it did: its error may be passing (out of memory, say), so the shape keeps its graphs.
-Result<OtherPoolCalls> capture_function(backend::Capture& capture, const Engine& engine,
-                                        const FunctionRecord& function, const backend::RecordPlan& plan) {
+Result<OtherPoolCalls> capture_function(backend::Capture& capture, const Engine& engine, const FunctionRecord& function,
+                                        const backend::RecordPlan& plan) {
   WatchedCapture watched(engine, function);
   backend::CaptureOutcome outcome = capture.capture();
   const OtherPoolCalls others = watched.finish();

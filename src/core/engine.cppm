@@ -276,10 +276,10 @@ class Engine final {
   Result<CallOutputs> record(CallFrame& frame, NodeReason reason);
   /// After a recording that failed before its graph ran: a failure that will not go away at these
   /// shapes is kept in the variant (`run_eagerly_from_now_on`, or `needs_own_warmup` for a shape
-  /// that recorded without its own warm-up) and the call is decided again; a recording that only
-  /// its loops or branches broke, as conditional nodes, is made again at once with the host
-  /// deciding them (`Variant::control_flow_on_host`, for `reason`); others fail the call.
-  Result<CallOutputs> after_failed_recording(CallFrame& frame, Error error, NodeReason reason);
+  /// that recorded without its own warm-up) and the call is decided again; one that only its loops
+  /// or branches broke, as conditional nodes, runs eagerly and the shape's next recording has the
+  /// host decide them (`Variant::control_flow_on_host`); others fail the call.
+  Result<CallOutputs> after_failed_recording(CallFrame& frame, Error error);
   /// A recording whose graph ran once but must not be kept (`Recorded::not_kept`): its outputs are
   /// the call's, handed out as a warm-up's, and the variant learns why.
   CallOutputs keep_first_run_only(CallFrame& frame, backend::Recorded& recorded, const Error& why);

@@ -46,7 +46,8 @@ std::string fallback_message(Reason reason, const std::string& function) {
 // were logged when made; the others are decided, and logged, per call.
 bool logged_when_kept(Reason reason) noexcept {
   return reason == Reason::mutated_input || reason == Reason::rerecord_limit || reason == Reason::capture_failed ||
-         reason == Reason::nested_pool || reason == Reason::unsupported_output;
+         reason == Reason::nested_pool || reason == Reason::unsupported_output ||
+         reason == Reason::control_flow_on_host;
 }
 
 }  // namespace

@@ -79,21 +79,23 @@ void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason
              "skipping graphs for '" + frame.function->name + "' at these input shapes: " + error.message);
 }
 
-Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error, NodeReason reason) {
+Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error) {
   // The pipeline failed before the graph ran: nothing of the function's work ran, and the call
   // is decided again once the variant knows what the failure means for these shapes.
   switch (error.cause) {
     case Cause::conditional_unavailable:
-      // Only its loops or branches, as conditional nodes, broke the capture: recorded again at
-      // once (the pool is as it was before the first try), the host deciding them. A failure of
-      // that recording is handled as any other.
+      // Only its loops or branches, as conditional nodes, broke the capture. The shape's next
+      // recording has the host decide them; this call runs eagerly (a second capture now would be
+      // the body's third run in this call, were it to fail too).
       frame.variant->control_flow_on_host = true;
-      events_.count_and_say(EventKind::warning, Reason::control_flow_on_host, *frame.function,
-                            "the loops or branches of " + in_quotes(frame.function->name) +
-                                " cannot be conditional graph nodes at these input shapes: its graph is recorded as "
-                                "segments, the host deciding between them at each replay (a wait per decision); " +
-                                error.message);
-      return record(frame, reason);
+      events_.say(EventKind::warning, Reason::control_flow_on_host, *frame.function,
+                  "the loops or branches of " + in_quotes(frame.function->name) +
+                      " cannot be conditional graph nodes at these input shapes: this call runs eagerly, and their "
+                      "next recording is made as segments the host decides between at each replay (a wait per "
+                      "decision); " +
+                      error.message);
+      frame.unfit = Reason::control_flow_on_host;
+      return give_back(frame);
     case Cause::nested_pool:
       // The function needs another pool's call, which cannot be part of this pool's graph; eagerly,
       // the inner call runs (and graphs in its own pool).
@@ -151,12 +153,12 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   const backend::RecordPlan plan{
       .copy_input = std::span<const bool>(copy_input.get(), uses.size()),
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr,
-      .control_flow = host_decides(function, *frame.variant) ? backend::ControlFlow::on_host
-                                                             : backend::ControlFlow::on_device};
+      .control_flow =
+          host_decides(function, *frame.variant) ? backend::ControlFlow::on_host : backend::ControlFlow::on_device};
   auto recorded = run_in_pool<backend::Recorded>(
       frame, "recording", [&] { return record_graph(*device_, *function.invoker, frame.args, plan, *this, function); },
       [](const backend::Recorded& made) -> const backend::RunResult& { return made.first_outputs; });
-  if (!recorded) return after_failed_recording(frame, std::move(recorded.error()), reason);
+  if (!recorded) return after_failed_recording(frame, std::move(recorded.error()));
   if (const std::optional<Error>& not_kept = recorded->not_kept)
     return keep_first_run_only(frame, *recorded, *not_kept);
 

@@ -44,8 +44,8 @@ struct Variant {
   std::optional<std::string> capture_failure;
   Reason capture_failure_reason = Reason::capture_failed;
   /// Its loops and branches could not be conditional graph nodes (`Cause::conditional_unavailable`):
-  /// its recordings have the host decide them between segments (`ControlFlow::on_host`). Set by
-  /// `after_failed_recording`.
+  /// its later recordings have the host decide them between segments (`ControlFlow::on_host`).
+  /// Set by `after_failed_recording`.
   bool control_flow_on_host = false;
   /// Re-recorded somewhere in the tree (`ChildFacts::rerecords`): only then does a call look its
   /// count up. Set by `run_tree`.

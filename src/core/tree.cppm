@@ -321,9 +321,9 @@ class TreeNode {
   Children children_;
 
   std::unique_ptr<backend::Recording> recording_;
-  bool checks_arguments_ = false;           ///< `Recording::checks_arguments()`, by `keep_recording`
+  bool checks_arguments_ = false;  ///< `Recording::checks_arguments()`, by `keep_recording`
   backend::ControlFlow control_flow_ = backend::ControlFlow::on_device;  ///< by `keep_recording`
-  std::vector<const void*> output_values_;  ///< `Recording::output(i)`, by `mark_recorded`
+  std::vector<const void*> output_values_;                               ///< `Recording::output(i)`, by `mark_recorded`
   std::unique_ptr<backend::Checkpoint> checkpoint_;
   std::vector<std::uint32_t> managed_inputs_;
   std::vector<std::uint32_t> static_inputs_;

@@ -1,9 +1,11 @@
 // Loops and branches the GPU decides (Context::loop_while, if_then, switch_on): conditional graph
 // nodes in a recording (src/kernels/conditional.hpp), run now, the host reading the decider,
-// outside one. A node that cannot be made gives the recording up: its shapes run eagerly.
+// outside one. A node that cannot be made makes the pool record the function again with the host
+// deciding: its capture is then cut around each decision (src/kernels/capture_cuts.hpp).
 module;
 #include <cuda_runtime_api.h>
 
+#include "capture_cuts.hpp"
 #include "conditional.hpp"
 
 #include <cstddef>
@@ -21,6 +23,8 @@ import :internal;
 namespace cgt::cuda {
 namespace {
 
+using Kind = backend::HostDecisions::Kind;
+
 // The value a loop or branch is decided on: one i32 element on the pool's device.
 const std::int32_t* decider_of(const Buffer& value, int device, const char* what) {
   if (value.type() != ElementType::i32 || value.numel() != 1 || value.device() != device) {
@@ -33,33 +37,60 @@ const std::int32_t* decider_of(const Buffer& value, int device, const char* what
 // Outside a recording: the decider's value now, once the stream's work before it ran.
 std::int32_t read_now(const std::int32_t* decider, cudaStream_t stream) {
   std::int32_t value = 0;
-  if (cudaMemcpyAsync(&value, decider, sizeof value, cudaMemcpyDeviceToHost, stream) != cudaSuccess ||
-      cudaStreamSynchronize(stream) != cudaSuccess) {
+  if (const cudaError_t error = kernels::read_decider(decider, stream, value); error != cudaSuccess) {
+    (void)cudaGetLastError();
     throw std::runtime_error(std::string("reading the value a loop or branch is decided on failed: ") +
-                             cudaGetErrorString(cudaGetLastError()));
+                             cudaGetErrorString(error));
   }
   return value;
 }
 
+// Why a captured body cannot stay a conditional node's ("" when it can).
+std::string forbidden(cudaGraph_t body, const char* node) {
+  const std::string why = kernels::forbidden_in_body(body);
+  return why.empty() ? why : std::string("a ") + node + " node's body cannot be recorded as one: " + why;
+}
+
+// In a recording whose loops and branches the host decides: cuts the capture before the
+// decision and after each body; "" or why a cut failed.
+std::string cut_around(HostSegments& segments, cudaStream_t stream, Kind kind, const std::int32_t* decider,
+                       std::uint64_t max_iterations, std::size_t bodies,
+                       const std::function<void(std::size_t)>& capture_body) {
+  cudaError_t failed = segments.cut(stream);
+  segments.decisions.open(kind, decider, max_iterations, bodies);
+  for (std::size_t i = 0; i < bodies; ++i) {
+    segments.decisions.body(i);
+    capture_body(i);
+    if (const cudaError_t cut = segments.cut(stream); failed == cudaSuccess) failed = cut;
+  }
+  segments.decisions.close();
+  if (failed == cudaSuccess) return {};
+  (void)cudaGetLastError();
+  return std::string("cutting the capture at a loop or branch failed: ") + cudaGetErrorString(failed);
+}
+
 }  // namespace
 
-void Context::give_up_recording(std::string why) {
-  if (uncapturable_.empty()) uncapturable_ = std::move(why);
+void Context::give_up_recording(std::string why, bool host_may_decide) {
+  if (!uncapturable_.empty()) return;
+  uncapturable_ = std::move(why);
+  host_may_decide_ = host_may_decide;
 }
 
 void Context::capture_body(cudaGraph_t body, const std::function<void()>& launch_all) {
   auto* const side = body_stream(depth_);
   if (side == nullptr) {
-    give_up_recording("conditional nodes nested deeper than cgt.cuda captures them (4)");
+    give_up_recording("conditional nodes nested deeper than cgt.cuda captures them (4)", true);
     return;
   }
   if (const cudaError_t began =
           cudaStreamBeginCaptureToGraph(side, body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal);
       began != cudaSuccess) {
-    give_up_recording(std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began));
+    give_up_recording(std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began), true);
     return;
   }
-  // The body's kernels go to its stream, also when it throws; its capture always ends.
+  // The body's kernels go to its stream, also when it throws; its capture always ends. A body
+  // that broke its capture (a synchronisation) would break the host-decided one too.
   struct Nest {
     Context& context;
     cudaStream_t outer;
@@ -67,8 +98,8 @@ void Context::capture_body(cudaGraph_t body, const std::function<void()>& launch
     ~Nest() {
       cudaGraph_t ended = nullptr;
       if (const cudaError_t error = cudaStreamEndCapture(side, &ended); error != cudaSuccess) {
-        context.give_up_recording(std::string("a conditional node's body broke its capture: ") +
-                                  cudaGetErrorString(error));
+        context.give_up_recording(
+            std::string("a conditional node's body broke its capture: ") + cudaGetErrorString(error), false);
       }
       context.body_stream_ = outer;
       --context.depth_;
@@ -87,13 +118,19 @@ void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, cons
     return;
   }
   if (!uncapturable_.empty()) return;  // given up already: nothing more of this capture is kept
+  if (segments_ != nullptr) {
+    const std::string failed =
+        cut_around(*segments_, stream(), Kind::loop, decider, max_iterations, 1, [&](std::size_t) { body(*this); });
+    if (!failed.empty()) give_up_recording(failed, false);
+    return;
+  }
   const Buffer counter = allocate(ElementType::i64, {1});
   auto* count = counter.as<unsigned long long>();
   kernels::ConditionalNode node;
   if (const cudaError_t added = kernels::append_conditional(stream(), kernels::ConditionalKind::loop_while, decider,
                                                             count, max_iterations, 1, node);
       added != cudaSuccess) {
-    give_up_recording(std::string("adding a WHILE node failed: ") + cudaGetErrorString(added));
+    give_up_recording(std::string("adding a WHILE node failed: ") + cudaGetErrorString(added), true);
     return;
   }
   capture_body(node.bodies.front(), [&] {
@@ -101,12 +138,10 @@ void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, cons
     if (const cudaError_t decided =
             kernels::launch_loop_decision(stream(), node.handle, decider, count, max_iterations);
         decided != cudaSuccess) {
-      give_up_recording(std::string("launching a loop's decision failed: ") + cudaGetErrorString(decided));
+      give_up_recording(std::string("launching a loop's decision failed: ") + cudaGetErrorString(decided), true);
     }
   });
-  if (const std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
-    give_up_recording("a WHILE node's body cannot be recorded as one: " + why);
-  }
+  if (std::string why = forbidden(node.bodies.front(), "WHILE"); !why.empty()) give_up_recording(std::move(why), true);
 }
 
 void Context::if_then(const Buffer& condition, const Body& body) {
@@ -116,17 +151,21 @@ void Context::if_then(const Buffer& condition, const Body& body) {
     return;
   }
   if (!uncapturable_.empty()) return;
+  if (segments_ != nullptr) {
+    const std::string failed =
+        cut_around(*segments_, stream(), Kind::branch, decider, 0, 1, [&](std::size_t) { body(*this); });
+    if (!failed.empty()) give_up_recording(failed, false);
+    return;
+  }
   kernels::ConditionalNode node;
   if (const cudaError_t added =
           kernels::append_conditional(stream(), kernels::ConditionalKind::if_then, decider, nullptr, 0, 1, node);
       added != cudaSuccess) {
-    give_up_recording(std::string("adding an IF node failed: ") + cudaGetErrorString(added));
+    give_up_recording(std::string("adding an IF node failed: ") + cudaGetErrorString(added), true);
     return;
   }
   capture_body(node.bodies.front(), [&] { body(*this); });
-  if (const std::string why = kernels::forbidden_in_body(node.bodies.front()); !why.empty()) {
-    give_up_recording("an IF node's body cannot be recorded as one: " + why);
-  }
+  if (std::string why = forbidden(node.bodies.front(), "IF"); !why.empty()) give_up_recording(std::move(why), true);
 }
 
 void Context::switch_on(const Buffer& index, std::span<const Body> bodies) {
@@ -138,18 +177,23 @@ void Context::switch_on(const Buffer& index, std::span<const Body> bodies) {
     return;
   }
   if (!uncapturable_.empty() || bodies.empty()) return;
+  if (segments_ != nullptr) {
+    const std::string failed = cut_around(*segments_, stream(), Kind::choice, decider, 0, bodies.size(),
+                                          [&](std::size_t i) { bodies[i](*this); });
+    if (!failed.empty()) give_up_recording(failed, false);
+    return;
+  }
   kernels::ConditionalNode node;
   if (const cudaError_t added = kernels::append_conditional(stream(), kernels::ConditionalKind::switch_on, decider,
                                                             nullptr, 0, static_cast<unsigned>(bodies.size()), node);
       added != cudaSuccess) {
-    give_up_recording(std::string("adding a SWITCH node failed (it needs CUDA 12.8): ") + cudaGetErrorString(added));
+    give_up_recording(std::string("adding a SWITCH node failed (it needs CUDA 12.8): ") + cudaGetErrorString(added),
+                      true);
     return;
   }
   for (std::size_t i = 0; i < bodies.size(); ++i) {
     capture_body(node.bodies[i], [&] { bodies[i](*this); });
-    if (const std::string why = kernels::forbidden_in_body(node.bodies[i]); !why.empty()) {
-      give_up_recording("a SWITCH node's body cannot be recorded as one: " + why);
-    }
+    if (std::string why = forbidden(node.bodies[i], "SWITCH"); !why.empty()) give_up_recording(std::move(why), true);
   }
 }
 

@@ -3,6 +3,7 @@
 module;
 #include <cuda_runtime_api.h>
 
+#include "capture_cuts.hpp"
 #include "input_copy.hpp"
 #include "node_rewrite.hpp"
 #include "shared_exec.hpp"
@@ -85,6 +86,24 @@ struct Instantiated {
 };
 using SharedExec = kernels::SharedExec<Instantiated>;
 
+// A host-decided recording's run (ControlFlow::on_host): segment 0 is `first`, segment i
+// `later[i - 1]`; the host reads each decider on `stream` between them.
+Result<void> run_segments(const backend::HostDecisions& decisions, cudaGraphExec_t first,
+                          const std::vector<Instantiated>& later, cudaStream_t stream) {
+  return decisions.run(
+      [&](std::size_t i) {
+        return checked(cudaGraphLaunch(i == 0 ? first : later[i - 1].exec.get(), stream), "launching a graph segment");
+      },
+      [&](const void* decider) -> Result<std::int32_t> {
+        std::int32_t value = 0;
+        if (auto read = checked(kernels::read_decider(decider, stream, value), "reading a loop's or branch's decider");
+            !read) {
+          return std::unexpected(std::move(read.error()));
+        }
+        return value;
+      });
+}
+
 // A captured graph, instantiated (or sharing an executable) and uploaded, with its input slots
 // and outputs. The graph begins with the copy nodes of the copied inputs (kernels::max_copies
 // inputs each, in input order), which each replay points at the call's inputs.
@@ -101,8 +120,11 @@ class CudaRecording final : public backend::Recording {
   // `own_graph` is null when the recording's graph is `exec`'s origin (owned there).
   CudaRecording(const std::shared_ptr<SharedExec>& exec, kernels::GraphHandle own_graph,
                 std::vector<kernels::CopyBatch> captured, cudaStream_t stream, int device, const void* context,
-                std::vector<Copy> copies, Values outputs, GraphCounts& counts)
-      : own_graph_(std::move(own_graph)),
+                std::vector<Copy> copies, Values outputs, GraphCounts& counts, std::vector<Instantiated> later,
+                backend::HostDecisions decisions)
+      : later_(std::move(later)),
+        decisions_(std::move(decisions)),
+        own_graph_(std::move(own_graph)),
         graph_(exec, own_graph_ ? own_graph_.get() : exec->owner.origin.get(), std::move(captured)),
         stream_(stream),
         device_(device),
@@ -165,6 +187,7 @@ class CudaRecording final : public backend::Recording {
         return pointed;
       }
     }
+    if (!decisions_.empty()) return run_segments(decisions_, graph_.exec(), later_, stream_);
     return launch_graph(graph_.exec(), stream_, current, "launching a graph");
   }
   // Outputs are plain device addresses: they never need rebinding.
@@ -172,6 +195,10 @@ class CudaRecording final : public backend::Recording {
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
 
  private:
+  // Where the host decides the loops and branches: the segments after the first (graph_), and
+  // their order. Empty otherwise.
+  std::vector<Instantiated> later_;
+  backend::HostDecisions decisions_;
   kernels::GraphHandle own_graph_;            // a re-recording's graph, or null: the executable's origin
   kernels::GraphInExec<Instantiated> graph_;  // this recording's graph in its (shared) executable
   cudaStream_t stream_;
@@ -435,27 +462,49 @@ class CudaCapture final : public backend::Capture {
   }
 
   [[nodiscard]] backend::CaptureOutcome capture() override {
-    if (auto streams = device_.make_body_streams(); !streams) return {.work = std::move(streams)};
+    const bool host_decides = plan_.control_flow == backend::ControlFlow::on_host;
+    if (!host_decides) {
+      if (auto streams = device_.make_body_streams(); !streams) return {.work = std::move(streams)};
+    }
     if (auto began = checked(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "beginning a capture");
         !began) {
       return {.work = std::move(began)};
     }
     const cudaError_t copy_captured = kernels::capture_copies(jobs_, stream(), nodes_);
+    if (host_decides) context_.segments_ = &segments_;
     auto outputs = copy_captured == cudaSuccess
                        ? invoke(fn_, context_, inputs_.view())
                        : Result<Values>(fail(Errc::backend_error, std::string("capturing the input copies failed: ") +
                                                                       cudaGetErrorString(copy_captured)));
+    context_.segments_ = nullptr;
+    if (host_decides && outputs && context_.uncapturable_.empty()) {
+      if (const cudaError_t cut = segments_.cut(stream()); cut != cudaSuccess) {
+        context_.give_up_recording(std::string("cutting the capture's last segment failed: ") + cudaGetErrorString(cut),
+                                   false);
+      }
+    }
     cudaGraph_t ended_graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream(), &ended_graph);  // always: the stream must leave capture
     graph_.reset(ended_graph);
-    // A conditional node the function asked for that could not be made: its shapes run eagerly.
+    // A loop or branch that could not be a conditional node: recorded again, the host deciding.
     const bool given_up = !context_.uncapturable_.empty();
     if (!outputs || ended != cudaSuccess || given_up) {
       graph_.reset();
       (void)cudaGetLastError();
       return {.work = backend::status_of(outputs),
               .broken = ended != cudaSuccess || given_up,
-              .broken_because = ended != cudaSuccess ? why_uncapturable(ended) : context_.uncapturable_};
+              .broken_because = ended != cudaSuccess ? why_uncapturable(ended) : context_.uncapturable_,
+              .needs_host_decisions = ended == cudaSuccess && given_up && context_.host_may_decide_};
+    }
+    // A graph CUDA cannot cut (a clone refused): those shapes run eagerly.
+    if (host_decides) {
+      if (const cudaError_t split = segments_.cuts.split(graph_.get(), later_graphs_); split != cudaSuccess) {
+        (void)cudaGetLastError();
+        graph_.reset();
+        later_graphs_.clear();
+        return {.broken = true,
+                .broken_because = std::string("cutting the graph into segments failed: ") + cudaGetErrorString(split)};
+      }
     }
     outputs_ = std::move(*outputs);
     captured_ = kernels::batches_of(nodes_);
@@ -485,7 +534,10 @@ class CudaCapture final : public backend::Capture {
                                  .memcpys_kept = rewrites.memcpys_kept};
   }
 
-  [[nodiscard]] bool allows_update_in_place() const noexcept override { return device_.update_in_place_; }
+  // A host-decided recording has executables of its own for every segment.
+  [[nodiscard]] bool allows_update_in_place() const noexcept override {
+    return device_.update_in_place_ && segments_.decisions.empty();
+  }
 
   // The earlier recording's executable, updated to run this graph when the topology is the same;
   // the recording then owns its graph.
@@ -506,19 +558,32 @@ class CudaCapture final : public backend::Capture {
     if (auto ok = checked(cudaGraphInstantiate(&exec, graph_.get(), 0), "instantiating a graph"); !ok) return ok;
     shared_ = std::make_shared<SharedExec>(Instantiated{.origin = std::move(graph_), .exec = kernels::ExecHandle(exec)},
                                            exec, std::move(nodes_));
-    return checked(cudaGraphUpload(exec, stream()), "uploading a graph");
+    if (auto uploaded = checked(cudaGraphUpload(exec, stream()), "uploading a graph"); !uploaded) return uploaded;
+    for (kernels::GraphHandle& segment : later_graphs_) {
+      cudaGraphExec_t made = nullptr;
+      if (auto ok = checked(cudaGraphInstantiate(&made, segment.get(), 0), "instantiating a graph segment"); !ok) {
+        return ok;
+      }
+      later_.push_back(Instantiated{.origin = std::move(segment), .exec = kernels::ExecHandle(made)});
+      if (auto uploaded = checked(cudaGraphUpload(made, stream()), "uploading a graph segment"); !uploaded) {
+        return uploaded;
+      }
+    }
+    later_graphs_.clear();
+    return {};
   }
 
   // Capture ran nothing: this launch copies the inputs and produces the first outputs.
   [[nodiscard]] Result<void> run_first() override {
+    if (!segments_.decisions.empty()) return run_segments(segments_.decisions, shared_->exec, later_, stream());
     return checked(cudaGraphLaunch(shared_->exec, stream()), "launching a new graph");
   }
 
   [[nodiscard]] Result<backend::Recorded> finish() override {
     backend::Recorded recorded;
-    recorded.recording =
-        std::make_unique<CudaRecording>(shared_, std::move(graph_), std::move(captured_), stream(), device_.device_,
-                                        device_.context_, std::move(copies_), outputs_, device_.counts_);
+    recorded.recording = std::make_unique<CudaRecording>(
+        shared_, std::move(graph_), std::move(captured_), stream(), device_.device_, device_.context_,
+        std::move(copies_), outputs_, device_.counts_, std::move(later_), std::move(segments_.decisions));
     recorded.first_outputs = backend::describe_outputs(arena(), context_.allocations_, std::move(outputs_));
     context_.allocations_.clear();
     return recorded;
@@ -537,12 +602,15 @@ class CudaCapture final : public backend::Capture {
   CallInputs inputs_;  // the function's inputs: the copied ones replaced by their slots
   Context context_;    // the pool blocks allocated so far, slots first
   std::vector<CudaRecording::Copy> copies_;
-  std::vector<kernels::CopyJob> jobs_;        // the graph's copy nodes copy the covered spans
-  std::vector<kernels::CopyNode> nodes_;      // the copy nodes, as captured
-  std::vector<kernels::CopyBatch> captured_;  // what they copied then
-  kernels::GraphHandle graph_;                // the captured graph, until an executable of its own owns it
-  std::shared_ptr<SharedExec> shared_;        // the executable it runs in: its own, or an earlier recording's
-  Values outputs_;                            // the function's, from the capture
+  std::vector<kernels::CopyJob> jobs_;              // the graph's copy nodes copy the covered spans
+  std::vector<kernels::CopyNode> nodes_;            // the copy nodes, as captured
+  std::vector<kernels::CopyBatch> captured_;        // what they copied then
+  kernels::GraphHandle graph_;                      // the captured graph, until an executable of its own owns it
+  std::shared_ptr<SharedExec> shared_;              // the executable it runs in: its own, or an earlier recording's
+  Values outputs_;                                  // the function's, from the capture
+  HostSegments segments_;                           // where the host decides its loops and branches: its cuts
+  std::vector<kernels::GraphHandle> later_graphs_;  // segments after the first, as cut, until instantiated
+  std::vector<Instantiated> later_;                 // their executables
 };
 
 Result<std::unique_ptr<backend::Capture>> CudaDevice::begin_recording(backend::Invoker& fn,

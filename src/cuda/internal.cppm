@@ -4,11 +4,14 @@ module;
 #include <cuda.h>  // the driver's types only (current_device.hpp)
 #include <cuda_runtime_api.h>
 
+#include "capture_cuts.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <expected>
 #include <memory>
 #include <string>
+#include <vector>
 
 module cgt.cuda:internal;
 import cgt;
@@ -16,12 +19,14 @@ import cgt.core;
 
 #include "cuda_status.hpp"     // in the purview: it names cgt types (see there)
 #include "current_device.hpp"  // likewise
+#include "host_segments.hpp"   // likewise
 
 namespace cgt::cuda {
 
 using kernels::checked;          // NOLINT(misc-unused-using-decls): for the module's other units
 using kernels::current_context;  // NOLINT(misc-unused-using-decls): likewise
 using kernels::CurrentDevice;    // NOLINT(misc-unused-using-decls): likewise
+using kernels::HostSegments;     // NOLINT(misc-unused-using-decls): likewise
 using kernels::launch_graph;     // NOLINT(misc-unused-using-decls): likewise
 
 /// `bytes` of new memory on the current device (callers make the right one current), freed (cudaFree) when its last

@@ -35,7 +35,8 @@ using Kind = backend::HostDecisions::Kind;
 // In a host-decided recording: the segment before the decision, each body's, and the next one
 // begins after it.
 void cut_around(HostSegments& segments, const Stream& stream, Kind kind, const Buffer& decider,
-                std::uint64_t max_iterations, std::size_t bodies, const std::function<void(std::size_t)>& capture_body) {
+                std::uint64_t max_iterations, std::size_t bodies,
+                const std::function<void(std::size_t)>& capture_body) {
   segments.cut(stream);
   segments.decisions.open(kind, decider.as<std::int32_t>(), max_iterations, bodies);
   for (std::size_t i = 0; i < bodies; ++i) {

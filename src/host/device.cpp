@@ -282,9 +282,9 @@ class HostCapture final : public backend::Capture {
     const bool body_forbidden = outputs && !stream.forbidden_in_body().empty();
     if (!outputs || broken || body_forbidden) {
       std::string why = broken ? "the function synchronised with the host during its capture (Context::synchronize)"
-                        : body_forbidden
-                            ? "a loop or branch body cannot be a conditional node: it holds " + stream.forbidden_in_body()
-                            : "";
+                        : body_forbidden ? "a loop or branch body cannot be a conditional node: it holds " +
+                                               stream.forbidden_in_body()
+                                         : "";
       stream.discard_capture();
       return {.work = backend::status_of(outputs),
               .broken = broken || body_forbidden,
@@ -361,7 +361,7 @@ class HostCapture final : public backend::Capture {
   InputSnapshots snapshots_;  // the inputs before the capture (taken by capture)
   Graph graph_;
   HostSegments segments_;  // its cuts, where the host decides its loops and branches
-  Values outputs_;  // the function's, from the capture
+  Values outputs_;         // the function's, from the capture
 };
 
 Result<std::unique_ptr<backend::Capture>> HostDevice::begin_recording(backend::Invoker& fn,

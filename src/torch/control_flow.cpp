@@ -1,8 +1,8 @@
 // Loops and branches the GPU decides in a libtorch pool function (cgt::torch::loop_while, if_then,
 // switch_on): conditional graph nodes in a recording (src/kernels/conditional.hpp), their bodies
 // captured on a stream of their own whose allocations go to the pool; run now, the host reading
-// the decider, outside one. A node that cannot be made gives the recording up: its shapes run
-// eagerly with the same results.
+// the decider, outside one. A node that cannot be made makes the pool record the function again
+// with the host deciding: the capture is then cut around each decision (capture_cuts.hpp).
 module;
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -12,6 +12,7 @@ module;
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include "capture_cuts.hpp"
 #include "conditional.hpp"
 
 #include <algorithm>
@@ -22,6 +23,7 @@ module;
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 module cgt.torch;
 import cgt.core;
@@ -60,8 +62,54 @@ ConditionalRecording* recording_here() {
   return recording;
 }
 
-void give_up(ConditionalRecording& recording, std::string why) {
-  if (recording.given_up.empty()) recording.given_up = std::move(why);
+// Gives the recording up for `why` (the first reason is kept): recorded again with the host
+// deciding when `host_may_decide` (only a conditional node failed), else its shapes run eagerly.
+constexpr const char* outlives_body =
+    "a tensor made in a loop or branch body outlives the body (the body's C++ runs once, when it is recorded: a "
+    "tensor it makes is made once, and what reads it after the body reads that one whatever the iterations): write "
+    "what the body computes into tensors made outside it";
+
+void give_up(ConditionalRecording& recording, std::string why, bool host_may_decide) {
+  if (!recording.given_up.empty()) return;
+  recording.given_up = std::move(why);
+  recording.host_may_decide = host_may_decide;
+}
+
+using Kind = backend::HostDecisions::Kind;
+
+// In a recording whose loops and branches the host decides: cuts the capture before the
+// decision and after each body, on the pool's stream (the bodies run there too). What a body
+// makes must die in it, as with conditional nodes: a tensor it reassigns would be read at the
+// address the capture saw, whatever the iterations (its cuBLAS workspace is given back first).
+void cut_around(ConditionalRecording& recording, Kind kind, const std::int32_t* decider, std::uint64_t max_iterations,
+                std::size_t bodies, const std::function<void(std::size_t)>& capture_body) {
+  kernels::HostSegments& segments = *recording.segments;
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
+  cudaError_t failed = segments.cut(stream.stream());
+  segments.decisions.open(kind, decider, max_iterations, bodies);
+  for (std::size_t i = 0; i < bodies; ++i) {
+    segments.decisions.body(i);
+    const std::vector<std::uintptr_t> before = addresses_of(allocated_blocks(*recording.state));
+    capture_body(i);
+    clear_workspaces_of(stream);
+    if (addresses_of(allocated_blocks(*recording.state)) != before) give_up(recording, outlives_body, false);
+    if (const cudaError_t cut = segments.cut(stream.stream()); failed == cudaSuccess) failed = cut;
+  }
+  segments.decisions.close();
+  if (failed == cudaSuccess) return;
+  (void)cudaGetLastError();
+  give_up(recording, std::string("cutting the capture at a loop or branch failed: ") + cudaGetErrorString(failed),
+          false);
+}
+
+// A loop body that draws random numbers would draw the same ones at every iteration (its kernels'
+// offsets are fixed in the graph, as in any graph): such a loop is not recorded.
+void refuse_random_draws(ConditionalRecording& recording, std::uint64_t offset_before) {
+  if (random_offset_in_capture(recording.state->index) == offset_before) return;
+  give_up(recording,
+          "a loop body draws random numbers, which a recorded loop would repeat at every iteration (their offsets "
+          "are fixed in the graph): draw them before the loop, or run the loop without cgt",
+          false);
 }
 
 // Bytes the bodies' pool has allocated now: 0 once every body ended, unless a tensor a body
@@ -98,7 +146,7 @@ class BodyRouting {
 void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::function<void()>& launch_all) {
   TorchDevice::State& state = *recording.state;
   if (recording.depth >= state.body_streams.size() || state.body_pool == c10::MempoolId_t{0, 0}) {
-    give_up(recording, "conditional nodes nested deeper than cgt.torch captures them (4)");
+    give_up(recording, "conditional nodes nested deeper than cgt.torch captures them (4)", true);
     return;
   }
   const c10::cuda::CUDAStream side = state.body_streams[recording.depth];
@@ -109,7 +157,7 @@ void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::
             cudaStreamBeginCaptureToGraph(side.stream(), body, nullptr, nullptr, 0, cudaStreamCaptureModeThreadLocal);
         began != cudaSuccess) {
       (void)cudaGetLastError();
-      give_up(recording, std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began));
+      give_up(recording, std::string("capturing a conditional node's body failed: ") + cudaGetErrorString(began), true);
       return;
     }
     // The body's ops go to its stream, also when it throws; its capture always ends, and the
@@ -122,7 +170,8 @@ void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::
         cudaGraph_t ended = nullptr;
         if (const cudaError_t error = cudaStreamEndCapture(side.stream(), &ended); error != cudaSuccess) {
           (void)cudaGetLastError();
-          give_up(recording, std::string("a conditional node's body broke its capture: ") + cudaGetErrorString(error));
+          give_up(recording, std::string("a conditional node's body broke its capture: ") + cudaGetErrorString(error),
+                  false);
         }
         clear_workspaces_of(side);
         --recording.depth;
@@ -134,11 +183,7 @@ void capture_body(ConditionalRecording& recording, cudaGraph_t body, const std::
   }
   // Every tensor a body made must be dead when the outermost body ends: the next graph's bodies
   // reuse the memory.
-  if (recording.depth == 0 && allocated_in_bodies(state) > 0) {
-    give_up(recording,
-            "a tensor made in a loop or branch body outlives the body (the bodies' temporaries are reused by "
-            "every graph of the pool): write what the body computes into tensors made outside it");
-  }
+  if (recording.depth == 0 && allocated_in_bodies(state) > 0) give_up(recording, outlives_body, false);
 }
 
 // Adds a node of `kind` to the recording on the current stream; false (the recording given up)
@@ -150,7 +195,7 @@ bool append(ConditionalRecording& recording, kernels::ConditionalKind kind, cons
                                                             counter, max_iterations, bodies, node);
       added != cudaSuccess) {
     (void)cudaGetLastError();
-    give_up(recording, std::string("adding a ") + name + " node failed: " + cudaGetErrorString(added));
+    give_up(recording, std::string("adding a ") + name + " node failed: " + cudaGetErrorString(added), true);
     return false;
   }
   return true;
@@ -158,7 +203,7 @@ bool append(ConditionalRecording& recording, kernels::ConditionalKind kind, cons
 
 void check_body(ConditionalRecording& recording, cudaGraph_t body, const char* name) {
   if (const std::string why = kernels::forbidden_in_body(body); !why.empty()) {
-    give_up(recording, std::string("a ") + name + " node's body cannot be recorded as one: " + why);
+    give_up(recording, std::string("a ") + name + " node's body cannot be recorded as one: " + why, true);
   }
 }
 
@@ -181,6 +226,12 @@ void loop_while(const at::Tensor& go_on, std::uint64_t max_iterations, const Bod
     return;
   }
   if (!recording->given_up.empty()) return;  // given up already: nothing more of this capture is kept
+  const std::uint64_t random_before = random_offset_in_capture(recording->state->index);
+  if (recording->segments != nullptr) {
+    cut_around(*recording, Kind::loop, decider, max_iterations, 1, [&](std::size_t) { body(); });
+    refuse_random_draws(*recording, random_before);
+    return;
+  }
   const at::Tensor counter = at::empty({1}, go_on.options().dtype(at::kLong));
   auto* count = reinterpret_cast<unsigned long long*>(counter.data_ptr<std::int64_t>());  // NOLINT
   kernels::ConditionalNode node;
@@ -193,9 +244,10 @@ void loop_while(const at::Tensor& go_on, std::uint64_t max_iterations, const Bod
                                                                   node.handle, decider, count, max_iterations);
         decided != cudaSuccess) {
       (void)cudaGetLastError();
-      give_up(*recording, std::string("launching a loop's decision failed: ") + cudaGetErrorString(decided));
+      give_up(*recording, std::string("launching a loop's decision failed: ") + cudaGetErrorString(decided), true);
     }
   });
+  refuse_random_draws(*recording, random_before);
   check_body(*recording, node.bodies.front(), "WHILE");
 }
 
@@ -207,6 +259,10 @@ void if_then(const at::Tensor& condition, const Body& body) {
     return;
   }
   if (!recording->given_up.empty()) return;
+  if (recording->segments != nullptr) {
+    cut_around(*recording, Kind::branch, decider, 0, 1, [&](std::size_t) { body(); });
+    return;
+  }
   kernels::ConditionalNode node;
   if (!append(*recording, kernels::ConditionalKind::if_then, decider, nullptr, 0, 1, node, "IF")) return;
   capture_body(*recording, node.bodies.front(), body);
@@ -222,6 +278,10 @@ void switch_on(const at::Tensor& index, std::span<const Body> bodies) {
     return;
   }
   if (!recording->given_up.empty() || bodies.empty()) return;
+  if (recording->segments != nullptr) {
+    cut_around(*recording, Kind::choice, decider, 0, bodies.size(), [&](std::size_t i) { bodies[i](); });
+    return;
+  }
   kernels::ConditionalNode node;
   if (!append(*recording, kernels::ConditionalKind::switch_on, decider, nullptr, 0,
               static_cast<unsigned>(bodies.size()), node, "SWITCH")) {

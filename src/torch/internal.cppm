@@ -14,6 +14,8 @@ module;
 #include <cuda.h>  // the driver's types only (current_device.hpp)
 #include <cuda_runtime_api.h>
 
+#include "capture_cuts.hpp"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +41,7 @@ import :api;
 
 #include "cuda_status.hpp"     // in the purview: it names cgt types (see there)
 #include "current_device.hpp"  // likewise
+#include "host_segments.hpp"   // likewise
 
 namespace cgt::torch {
 
@@ -268,9 +271,15 @@ inline void clear_workspaces_of(const c10::cuda::CUDAStream& stream) {
 /// reads `given_up` after.
 struct ConditionalRecording {
   TorchDevice::State* state = nullptr;
-  std::string given_up;   ///< why the recording must be given up; empty: it need not
-  std::size_t depth = 0;  ///< bodies being captured, one in another
+  std::string given_up;          ///< why the recording must be given up; empty: it need not
+  bool host_may_decide = false;  ///< with `given_up`: recorded again with the host deciding
+  std::size_t depth = 0;         ///< bodies being captured, one in another
+  /// In a recording whose loops and branches the host decides (`ControlFlow::on_host`): its cuts.
+  kernels::HostSegments* segments = nullptr;
 };
+/// The offset the default generator of device `index` has handed out inside the capture in
+/// progress (grows with each random draw captured; recording.cpp).
+[[nodiscard]] std::uint64_t random_offset_in_capture(c10::DeviceIndex index);
 // NOLINTNEXTLINE(cppcoreguidelines-avoid-non-const-global-variables): each thread's own recording
 inline thread_local ConditionalRecording* current_conditional_recording = nullptr;
 /// Makes `recording` the current thread's while it lives.

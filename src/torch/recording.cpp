@@ -12,6 +12,7 @@ module;
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 
+#include "capture_cuts.hpp"
 #include "generator_access.hpp"
 #include "input_copy.hpp"
 #include "node_rewrite.hpp"
@@ -42,6 +43,42 @@ std::uint64_t philox_offset(c10::DeviceIndex index) {
   const std::lock_guard<std::mutex> lock(generator.mutex());
   return generator.get<at::CUDAGeneratorImpl>()->philox_offset_per_thread();
 }
+
+// A segment after the first of a recording whose loops and branches the host decides: its graph
+// and its executable (destroyed first).
+struct LaterSegment {
+  kernels::GraphHandle graph;
+  kernels::ExecHandle exec;
+};
+
+// A host-decided recording's run (ControlFlow::on_host) on `stream`: segment 0 is `first`, segment
+// i `later[i - 1]`; the host reads each decider between them. Such a graph draws no random
+// numbers (end_capture refuses them), so every segment is launched directly.
+Result<void> run_segments(const backend::HostDecisions& decisions, cudaGraphExec_t first,
+                          const std::vector<LaterSegment>& later, cudaStream_t stream) {
+  return decisions.run(
+      [&](std::size_t i) {
+        return checked(cudaGraphLaunch(i == 0 ? first : later[i - 1].exec.get(), stream), "launching a graph segment");
+      },
+      [&](const void* decider) -> Result<std::int32_t> {
+        std::int32_t value = 0;
+        if (auto read = checked(kernels::read_decider(decider, stream, value), "reading a loop's or branch's decider");
+            !read) {
+          return std::unexpected(std::move(read.error()));
+        }
+        return value;
+      });
+}
+
+}  // namespace
+
+std::uint64_t random_offset_in_capture(c10::DeviceIndex index) {
+  at::Generator generator = at::cuda::detail::getDefaultCUDAGenerator(index);
+  const std::lock_guard<std::mutex> lock(generator.mutex());
+  return cgt_torch_generator_access::state_of(*generator.get<at::CUDAGeneratorImpl>())->offset_intragraph_;
+}
+
+namespace {
 
 // libtorch's CUDA generator is one per device, and CUDAGraph registers with it, unlocked, in
 // capture_begin and its destructor (an unordered_set of graphs) and switches its capture mode in
@@ -117,10 +154,14 @@ class TorchRecording final : public backend::Recording {
   // `own_graph`: a re-recording's graph, captured but not instantiated (it runs in `exec`); null
   // for the recording that instantiated `exec`. `direct_launch`: replays launch the executable
   // themselves, skipping CUDAGraph::replay (which the graph needs only when it draws random numbers).
+  // `later`, `decisions`: where the host decides the function's loops and branches, the segments
+  // after the first (this graph) and their order; empty otherwise.
   TorchRecording(const std::shared_ptr<SharedExec>& exec, GraphPtr own_graph, std::vector<kernels::CopyBatch> captured,
                  bool direct_launch, std::vector<CopiedInput> copies, std::vector<OutputLayout> layouts,
-                 TorchDevice::State& state)
-      : own_graph_(std::move(own_graph)),
+                 TorchDevice::State& state, std::vector<LaterSegment> later, backend::HostDecisions decisions)
+      : later_(std::move(later)),
+        decisions_(std::move(decisions)),
+        own_graph_(std::move(own_graph)),
         graph_(exec, own_graph_ ? own_graph_->raw_cuda_graph() : exec->owner->raw_cuda_graph(), std::move(captured)),
         direct_launch_(direct_launch),
         copies_(std::move(copies)),
@@ -138,7 +179,9 @@ class TorchRecording final : public backend::Recording {
 
   // The executable a re-recording of the same topology may update: none when the graph draws
   // random numbers (it replays through its own CUDAGraph::replay).
-  [[nodiscard]] std::shared_ptr<SharedExec> shareable() const { return direct_launch_ ? graph_.share() : nullptr; }
+  [[nodiscard]] std::shared_ptr<SharedExec> shareable() const {
+    return direct_launch_ && decisions_.empty() ? graph_.share() : nullptr;
+  }
 
   Result<void> replay(std::span<const backend::ArgSlot> args) override {
     return guarded("replaying a graph", [&]() -> Result<void> {
@@ -152,7 +195,9 @@ class TorchRecording final : public backend::Recording {
         ++state_.graph_counts.switched;
       }
       if (auto pointed = point_copies_at(args); !pointed) return pointed;
-      if (!direct_launch_) {
+      if (!decisions_.empty()) {
+        if (auto ran = run_segments(decisions_, graph_.exec(), later_, current.stream()); !ran) return ran;
+      } else if (!direct_launch_) {
         // Draws random numbers: CUDAGraph advances the generator's offset (unlocked in libtorch).
         const std::lock_guard<std::mutex> lock(generator_registration());
         graph_.shared().owner->replay();
@@ -233,6 +278,8 @@ class TorchRecording final : public backend::Recording {
     bound_[i].reset();
   }
 
+  std::vector<LaterSegment> later_;
+  backend::HostDecisions decisions_;
   GraphPtr own_graph_;                    // a re-recording's graph, or null: the executable's owner's
   kernels::GraphInExec<GraphPtr> graph_;  // this recording's graph in its (shared) executable
   bool direct_launch_;
@@ -393,8 +440,12 @@ struct CaptureState {
   GraphPtr graph{new at::cuda::CUDAGraph(/*keep_graph=*/true)};  // NOLINT(cppcoreguidelines-owning-memory)
   std::vector<std::uintptr_t> allocated_before;                  // the pool's allocated blocks before the call
   Values outputs;                                                // the function's, from the capture
-  std::vector<std::uint32_t> written;  // inputs it wrote in place (a slot's version: a copied input)
-  std::string given_up;                // why a loop or branch of the function gave the recording up
+  std::vector<std::uint32_t> written;     // inputs it wrote in place (a slot's version: a copied input)
+  std::string given_up;                   // why a loop or branch of the function gave the recording up
+  bool given_up_host_may_decide = false;  // with given_up: only a conditional node failed
+  bool host_decides = false;              // the plan's ControlFlow::on_host
+  kernels::HostSegments segments;         // its cuts, where the host decides
+  std::vector<LaterSegment> later;        // the segments after the first, once split (then instantiated)
 };
 
 // The copied inputs' slots in the pool, written on the pool's stream after the caller's work so
@@ -437,12 +488,25 @@ Result<Values> run_in_capture(TorchDevice::State& state, backend::Invoker& fn, s
     return fail(Errc::backend_error, std::string("capturing the input copies failed: ") + cudaGetErrorString(copied));
   }
   const InputVersions versions(capture.inputs);
-  ConditionalRecording conditional{.state = &state};
+  ConditionalRecording conditional{.state = &state, .segments = capture.host_decides ? &capture.segments : nullptr};
+  const std::uint64_t random_before = random_offset_in_capture(state.index);
   Result<Values> outputs = [&] {
     const ConditionalScope scope(conditional);
     return invoke(fn, capture.inputs);
   }();
+  if (capture.host_decides && outputs && conditional.given_up.empty()) {
+    if (random_offset_in_capture(state.index) != random_before) {
+      // Its segments are launched directly, without CUDAGraph::replay's generator bookkeeping.
+      conditional.given_up =
+          "a recording whose loops and branches the host decides cannot draw random numbers (its segments would "
+          "draw the same ones at every replay)";
+    } else if (const cudaError_t cut = capture.segments.cut(state.stream.stream()); cut != cudaSuccess) {
+      (void)cudaGetLastError();
+      conditional.given_up = std::string("cutting the capture's last segment failed: ") + cudaGetErrorString(cut);
+    }
+  }
   capture.given_up = std::move(conditional.given_up);
+  capture.given_up_host_may_decide = conditional.host_may_decide;
   if (!outputs) return outputs;
   capture.written = versions.written(capture.inputs);
   return outputs;
@@ -460,8 +524,12 @@ backend::CaptureOutcome end_capture(TorchDevice::State& state, CaptureState& cap
   if (!outputs || !intact || !capture.given_up.empty()) {
     cudaError_t broken = abandon_capture(graph, state);
     // A loop or branch that could not be a conditional node: the shapes run eagerly.
-    if (!capture.given_up.empty())
-      return {.work = backend::status_of(outputs), .broken = true, .broken_because = capture.given_up};
+    if (!capture.given_up.empty()) {
+      return {.work = backend::status_of(outputs),
+              .broken = true,
+              .broken_because = capture.given_up,
+              .needs_host_decisions = capture.given_up_host_may_decide};
+    }
     // The function returned, but its capture is not active: it cannot be used.
     if (broken == cudaSuccess && outputs) broken = cudaErrorStreamCaptureInvalidated;
     return {.work = backend::status_of(outputs),
@@ -476,6 +544,16 @@ backend::CaptureOutcome end_capture(TorchDevice::State& state, CaptureState& cap
     return {.broken = true,
             .broken_because = why_uncapturable(broken != cudaSuccess ? broken : cudaErrorStreamCaptureInvalidated) +
                               "; ending the capture failed: " + error.what()};
+  }
+  // A graph CUDA cannot cut (a clone refused): those shapes run eagerly.
+  if (capture.host_decides) {
+    std::vector<kernels::GraphHandle> later;
+    if (const cudaError_t split = capture.segments.cuts.split(graph.raw_cuda_graph(), later); split != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {.broken = true,
+              .broken_because = std::string("cutting the graph into segments failed: ") + cudaGetErrorString(split)};
+    }
+    for (kernels::GraphHandle& segment : later) capture.later.push_back(LaterSegment{.graph = std::move(segment)});
   }
   capture.outputs = std::move(*outputs);
   capture.captured = kernels::batches_of(capture.nodes);
@@ -530,6 +608,23 @@ struct Placement {
   GraphPtr own_graph;  // a re-recording's graph, when it shares an executable
 };
 
+// The executables of a host-decided recording's later segments, uploaded on the pool's stream.
+Result<void> instantiate_later_segments(TorchDevice::State& state, std::vector<LaterSegment>& later) {
+  const c10::cuda::CUDAGuard device_guard(state.index);
+  for (LaterSegment& segment : later) {
+    cudaGraphExec_t exec = nullptr;
+    if (auto made = checked(cudaGraphInstantiate(&exec, segment.graph.get(), 0), "instantiating a graph segment");
+        !made) {
+      return made;
+    }
+    segment.exec.reset(exec);
+    if (auto uploaded = checked(cudaGraphUpload(exec, state.stream.stream()), "uploading a graph segment"); !uploaded) {
+      return uploaded;
+    }
+  }
+  return {};
+}
+
 // The executable of `earlier`, the recording a re-recording redoes (a static input moved),
 // updated in place, when the new graph has its topology; null when it has another, or the old
 // graph draws random numbers (it replays through its own CUDAGraph::replay).
@@ -557,6 +652,7 @@ Result<Placement> instantiate_graph(TorchDevice::State& state, CaptureState& cap
   if (!instantiated) {  // the capture ended: the graph's destructor gives its pool use back
     return fail(Errc::function_failed, "the captured graph cannot be instantiated: " + instantiated.error().message);
   }
+  if (auto later = instantiate_later_segments(state, capture.later); !later) return std::unexpected(later.error());
   cudaGraphExec_t exec = capture.graph->raw_cuda_graph_exec();
   return Placement{.exec = std::make_shared<SharedExec>(std::move(capture.graph), exec, std::move(capture.nodes)),
                    .own_graph = nullptr};
@@ -564,7 +660,7 @@ Result<Placement> instantiate_graph(TorchDevice::State& state, CaptureState& cap
 
 // The graph's first run (capture ran nothing): it copies the inputs and produces the first outputs.
 // Returns whether the graph's replays may launch it directly: it draws no random numbers.
-Result<bool> run_graph_first(TorchDevice::State& state, const Placement& placement) {
+Result<bool> run_graph_first(TorchDevice::State& state, const Placement& placement, const CaptureState& capture) {
   return guarded("running a new graph", [&]() -> Result<bool> {
     const c10::cuda::CUDAGuard device_guard(state.index);
     // capture_begin reset the generator's graph state (seed and offset tensors) with kernels on
@@ -574,7 +670,13 @@ Result<bool> run_graph_first(TorchDevice::State& state, const Placement& placeme
     const c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(state.index);
     follow(current, state.stream);
     bool direct_launch = true;
-    if (placement.own_graph != nullptr) {
+    if (!capture.segments.decisions.empty()) {
+      // Its segments, as the host decides; it draws no random numbers (end_capture).
+      if (auto ran = run_segments(capture.segments.decisions, placement.exec->exec, capture.later, current.stream());
+          !ran) {
+        return std::unexpected(std::move(ran.error()));
+      }
+    } else if (placement.own_graph != nullptr) {
       // It shares an executable whose graph draws no random numbers and has its topology: nor does it.
       if (auto ran = checked(cudaGraphLaunch(placement.exec->exec, current.stream()), "launching a new graph"); !ran) {
         return std::unexpected(std::move(ran.error()));
@@ -608,7 +710,8 @@ Result<backend::Recorded> make_recording(TorchDevice::State& state, CaptureState
     recorded.first_outputs = describe_outputs(state, std::move(capture.outputs), true, capture.allocated_before);
     recorded.recording = std::make_unique<TorchRecording>(
         std::move(placement.exec), std::move(placement.own_graph), std::move(capture.captured), direct_launch,
-        std::move(capture.copies), describe_layouts(recorded.first_outputs), state);
+        std::move(capture.copies), describe_layouts(recorded.first_outputs), state, std::move(capture.later),
+        std::move(capture.segments.decisions));
     note_peak(state);
     return recorded;
   });
@@ -620,7 +723,9 @@ class TorchCapture final : public backend::Capture {
  public:
   TorchCapture(TorchDevice::State& state, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                const backend::RecordPlan& plan)
-      : state_(state), fn_(fn), args_(args), plan_(plan), capture_(args) {}
+      : state_(state), fn_(fn), args_(args), plan_(plan), capture_(args) {
+    capture_.host_decides = plan.control_flow == backend::ControlFlow::on_host;
+  }
 
   [[nodiscard]] Result<void> make_slots() override { return prepare_slots(state_, capture_, args_, plan_); }
   [[nodiscard]] backend::CaptureOutcome capture() override { return capture_function(state_, fn_, args_, capture_); }
@@ -629,7 +734,10 @@ class TorchCapture final : public backend::Capture {
   [[nodiscard]] std::vector<std::uint32_t> written_inputs() const override { return capture_.written; }
   [[nodiscard]] Result<void> settle_outputs() override { return check_outputs(capture_.outputs, false); }
   [[nodiscard]] Result<backend::NodeRewrites> rewrite_nodes() override { return rewrite_graph_nodes(state_, capture_); }
-  [[nodiscard]] bool allows_update_in_place() const noexcept override { return state_.update_graphs_in_place; }
+  // A host-decided recording has executables of its own for every segment.
+  [[nodiscard]] bool allows_update_in_place() const noexcept override {
+    return state_.update_graphs_in_place && !capture_.host_decides;
+  }
   [[nodiscard]] Result<bool> load_into(backend::Recording& earlier) override {
     auto shared = update_in_place(state_, earlier, capture_);
     if (!shared) return std::unexpected(std::move(shared.error()));
@@ -647,7 +755,7 @@ class TorchCapture final : public backend::Capture {
     return {};
   }
   [[nodiscard]] Result<void> run_first() override {
-    auto direct_launch = run_graph_first(state_, placement_);
+    auto direct_launch = run_graph_first(state_, placement_, capture_);
     if (!direct_launch) return std::unexpected(std::move(direct_launch.error()));
     direct_launch_ = *direct_launch;
     return {};

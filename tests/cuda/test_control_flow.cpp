@@ -1,14 +1,16 @@
 // cgt.cuda on a GPU: loops and branches the GPU decides (Context::loop_while, if_then, switch_on)
 // are conditional nodes of the recorded graph: recorded once, each launch iterating or branching
 // as its data says, with the values the same code gives run eagerly; a body CUDA forbids in a
-// conditional node (a host callback) gives the recording up, and the shape runs eagerly with the
-// same values. Tagged [gpu]; SKIPPED without a device.
+// conditional node (a host callback) makes the pool record the function again with the host
+// deciding between segments, with the same values. Tagged [gpu]; SKIPPED without a device.
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -51,8 +53,13 @@ double value_of(const Buffer& buffer) {
 struct Counter {
   Buffer count = scalar(cgt::ElementType::f32, 0);
   Buffer go_on = scalar(cgt::ElementType::i32, 0);
-  std::shared_ptr<int> body_runs = std::make_shared<int>(0);  // how often the body's C++ ran
+  std::shared_ptr<int> body_runs = std::make_shared<int>(0);                            // how often the body's C++ ran
+  std::shared_ptr<std::atomic<int>> callbacks = std::make_shared<std::atomic<int>>(0);  // host callbacks run
 };
+
+void count_callback(void* counted) {
+  ++*static_cast<std::atomic<int>*>(counted);
+}
 
 // Counts up to its target input in a loop of at most `max_iterations` steps the GPU decides, and
 // returns the count reached (pool memory). `host_callback` puts a host node into the body, which
@@ -60,7 +67,8 @@ struct Counter {
 cgt::cuda::Function counting_loop(cgt::cuda::Pool& pool, const Counter& counter, std::uint64_t max_iterations,
                                   bool host_callback = false) {
   return must(pool.add_function(
-      [runs = counter.body_runs, max_iterations, host_callback](Context& ctx, cgt::cuda::Inputs in) {
+      [runs = counter.body_runs, callbacks = counter.callbacks, max_iterations, host_callback](Context& ctx,
+                                                                                               cgt::cuda::Inputs in) {
         auto* count = in[0].as<float>();
         auto* go_on = in[1].as<std::int32_t>();
         const auto* target = in[2].as<float>();
@@ -68,7 +76,7 @@ cgt::cuda::Function counting_loop(cgt::cuda::Pool& pool, const Counter& counter,
         ctx.loop_while(in[1], max_iterations, [&](Context& body) {
           ++*runs;
           (void)cgt_test::count_step(count, go_on, target, body.stream());
-          if (host_callback) (void)cudaLaunchHostFunc(body.stream(), [](void*) {}, nullptr);
+          if (host_callback) (void)cudaLaunchHostFunc(body.stream(), count_callback, callbacks.get());
         });
         Buffer reached = ctx.allocate(cgt::ElementType::f32, {1});
         (void)cgt_test::sum_inputs(count, nullptr, nullptr, nullptr, reached.as<float>(), 1, ctx.stream());
@@ -132,22 +140,39 @@ TEST_CASE("cuda/control flow: max_iterations bounds a WHILE node whose condition
   CHECK(pool.stats().replays == 2);
 }
 
-TEST_CASE("cuda/control flow: a loop body with a host callback gives the recording up; eager values are the same",
-          "[gpu][control_flow]") {
+TEST_CASE(
+    "cuda/control flow: a loop body with a host callback runs that call eagerly, then is recorded with the host "
+    "deciding between segments; each replay runs the body as often as eagerly",
+    "[gpu][control_flow]") {
   REQUIRE_GPU();
   std::vector<cgt::Event> events;
   auto pool = must(H::make_pool({.debug_checks = true, .log_sink = [&](const cgt::Event& e) { events.push_back(e); }}));
   const Counter counter;
   auto loop = counting_loop(pool, counter, 100, /*host_callback=*/true);
-  for (const double target : {5.0, 3.0, 6.0, 2.0}) CHECK(count_to(pool, loop, counter, target).count == target);
-  CHECK(pool.stats().recordings == 0);
-  CHECK(pool.stats().replays == 0);
+  std::vector<K> kinds;
+  int iterations = 0;
+  for (const double target : {5.0, 3.0, 6.0, 2.0, 0.0, 9.0}) {
+    const Reached reached = count_to(pool, loop, counter, target);
+    CHECK(reached.count == target);
+    kinds.push_back(reached.kind);
+    iterations += static_cast<int>(target);
+  }
+  CHECK(kinds == std::vector<K>{K::warmup, K::eager, K::recording, K::replay, K::replay, K::replay});
+  CHECK(*counter.body_runs == 5 + (1 + 3) + 1);  // warm-up; a capture given up, then eager; the recording
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(counter.callbacks->load() == iterations);  // one callback per iteration, every call
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().eager_calls == 1);
+  CHECK(pool.stats().count(cgt::Reason::control_flow_on_host) == 1);
   bool said_why = false;
   for (const cgt::Event& event : events) {
-    said_why = said_why ||
-               (event.reason == cgt::Reason::capture_failed && event.message.find("host node") != std::string::npos);
+    said_why = said_why || (event.reason == cgt::Reason::control_flow_on_host &&
+                            event.message.find("host node") != std::string::npos);
   }
   CHECK(said_why);
+  auto roots = pool.roots();
+  REQUIRE(roots.size() == 1);
+  CHECK(roots.front().control_flow_on_host());
 }
 
 TEST_CASE("cuda/control flow: a loop's output lease held across later calls keeps its value", "[gpu][control_flow]") {
@@ -197,8 +222,13 @@ TEST_CASE("cuda/control flow: a WHILE graph re-recorded for moved static state r
 TEST_CASE("cuda/control flow: IF and SWITCH nodes, and a WHILE inside an IF, decide at each replay as eagerly",
           "[gpu][control_flow]") {
   REQUIRE_GPU();
+  // Conditional nodes, then the same function recorded with the host deciding (the fallback).
+  const bool on_host = GENERATE(false, true);
+  CAPTURE(on_host);
   auto pool = must(H::make_pool({.debug_checks = true}));
   const Counter counter;
+  cgt::FunctionOptions options{.name = "branch", .static_inputs = {0, 1, 2, 3, 4}, .mutated_inputs = {0, 3, 4}};
+  options.control_flow_on_host = on_host;
   auto branch = must(pool.add_function(
       [](Context& ctx, cgt::cuda::Inputs in) {
         auto* x = in[0].as<float>();
@@ -223,7 +253,7 @@ TEST_CASE("cuda/control flow: IF and SWITCH nodes, and a WHILE inside an IF, dec
         (void)cgt_test::sum_inputs(x, count, nullptr, nullptr, result.as<float>(), 1, ctx.stream());
         return cgt::cuda::Values{result};
       },
-      {.name = "branch", .static_inputs = {0, 1, 2, 3, 4}, .mutated_inputs = {0, 3, 4}}));
+      options));
   const Buffer x = scalar(cgt::ElementType::f32, 0);
   const Buffer condition = scalar(cgt::ElementType::i32, 0);
   const Buffer choice = scalar(cgt::ElementType::i32, 0);
@@ -244,6 +274,7 @@ TEST_CASE("cuda/control flow: IF and SWITCH nodes, and a WHILE inside an IF, dec
   CHECK(kinds.at(0) == K::warmup);
   CHECK(kinds.at(1) == K::recording);
   for (std::size_t i = 2; i < kinds.size(); ++i) CHECK(kinds[i] == K::replay);
+  CHECK(pool.roots().front().control_flow_on_host() == on_host);
 }
 
 TEST_CASE("cuda/control flow: a loop decided on a value that is not one i32 element, or bounded by 0, is refused",

@@ -279,8 +279,8 @@ cgt::host::Function counting_loop_calling_host(cgt::host::Pool& pool, const Coun
 }  // namespace
 
 TEST_CASE(
-    "control flow: a loop body a conditional node cannot hold is recorded again at once with the host deciding "
-    "between segments; replays equal eager",
+    "control flow: a loop body a conditional node cannot hold runs that call eagerly, and the shape's next recording "
+    "has the host decide between segments; replays equal eager",
     "[control_flow]") {
   std::vector<cgt::Reason> said;
   auto pool = must(cgt::host::make_pool(
@@ -293,16 +293,23 @@ TEST_CASE(
   CHECK(*counter.body_runs == 4);
   CHECK(*host_calls == 4);
 
-  // The recording's capture with a conditional node is given up; the same call records again,
-  // the host deciding: two captures (the body's C++ twice), one run of the work.
-  const Reached recording = count_to(pool, loop, counter, 3);
-  CHECK(recording.kind == K::recording);
-  CHECK(recording.count == 3);
-  CHECK(*counter.body_runs == 6);
-  CHECK(*host_calls == 7);  // the first run ran the body's segment three times
-  CHECK(pool.stats().recordings == 1);
+  // The capture with a conditional node is given up: that call runs eagerly (the body's C++ once
+  // captured, then once per iteration), and the shape's next call records with the host deciding.
+  const Reached given_up = count_to(pool, loop, counter, 3);
+  CHECK(given_up.kind == K::eager);
+  CHECK(given_up.count == 3);
+  CHECK(*counter.body_runs == 4 + 1 + 3);
+  CHECK(*host_calls == 7);
+  CHECK(pool.stats().eager_calls == 1);
   CHECK(pool.stats().count(cgt::Reason::control_flow_on_host) == 1);
   CHECK(std::ranges::count(said, cgt::Reason::control_flow_on_host) == 1);
+
+  const Reached recording = count_to(pool, loop, counter, 2);
+  CHECK(recording.kind == K::recording);
+  CHECK(recording.count == 2);
+  CHECK(*counter.body_runs == 9);  // captured once
+  CHECK(*host_calls == 9);         // the first run ran the body's segment twice
+  CHECK(pool.stats().recordings == 1);
   auto roots = pool.roots();
   REQUIRE(roots.size() == 1);
   CHECK(roots.front().control_flow_on_host());
@@ -317,15 +324,17 @@ TEST_CASE(
     expected_host_calls += static_cast<int>(target);
     CHECK(*host_calls == expected_host_calls);
   }
-  CHECK(*counter.body_runs == 6);  // recorded: the body's C++ never ran again
-  CHECK(pool.stats().eager_calls == 0);
+  CHECK(*counter.body_runs == 9);  // recorded: the body's C++ never ran again
+  CHECK(pool.stats().eager_calls == 1);
   CHECK(pool.stats().count(cgt::Reason::control_flow_on_host) == 1);  // said once
+  CHECK(std::ranges::count(said, cgt::Reason::control_flow_on_host) == 1);
   must(pool.check_memory());
 }
 
-TEST_CASE("control flow: FunctionOptions::control_flow_on_host records branches and choices as segments, equal to "
-          "the conditional nodes' results",
-          "[control_flow]") {
+TEST_CASE(
+    "control flow: FunctionOptions::control_flow_on_host records branches and choices as segments, equal to "
+    "the conditional nodes' results",
+    "[control_flow]") {
   auto segmented_pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
   auto conditional_pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
   // The same function in both pools; one records it with the host deciding.
@@ -380,9 +389,10 @@ TEST_CASE("control flow: FunctionOptions::control_flow_on_host records branches 
   CHECK_FALSE(conditional_pool.roots().front().control_flow_on_host());
 }
 
-TEST_CASE("control flow: nested loops and branches decided by the host give what they give eagerly, bounded by "
-          "max_iterations",
-          "[control_flow]") {
+TEST_CASE(
+    "control flow: nested loops and branches decided by the host give what they give eagerly, bounded by "
+    "max_iterations",
+    "[control_flow]") {
   // For i in [0, n) (at most 6): when i is odd, add i; then loop inner j in [0, i) adding 1 (at
   // most 3 times); a choice on i % 3 adds 100, 200 or 300 once per outer iteration.
   auto nested = [](cgt::host::Pool& pool, bool on_host) {
@@ -399,9 +409,7 @@ TEST_CASE("control flow: nested loops and branches decided by the host give what
           });
           ctx.loop_while(go_on, 6, [&](Context& outer) {
             outer.launch([=] { odd.set(0, static_cast<int>(i.get(0)) % 2); });
-            outer.if_then(odd, [&](Context& branch) {
-              branch.launch([=] { sum.set(0, sum.get(0) + i.get(0)); });
-            });
+            outer.if_then(odd, [&](Context& branch) { branch.launch([=] { sum.set(0, sum.get(0) + i.get(0)); }); });
             outer.launch([=] { inner.set(0, i.get(0) > 0 ? 1 : 0); });
             Buffer j = outer.allocate(ElementType::f32, {1});
             outer.launch([j] { j.set(0, 0); });
@@ -455,9 +463,10 @@ TEST_CASE("control flow: nested loops and branches decided by the host give what
   }
 }
 
-TEST_CASE("control flow: a body that throws while the host-decided recording captures it fails that call; the pool "
-          "goes on",
-          "[control_flow]") {
+TEST_CASE(
+    "control flow: a body that throws while the host-decided recording captures it fails that call; the pool "
+    "goes on",
+    "[control_flow]") {
   auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
   cgt::FunctionOptions options{.name = "refuses_on_host", .static_inputs = {0}};
   options.control_flow_on_host = true;

@@ -240,7 +240,8 @@ class Sequence {
                                       .graph_sizes = def.graph_sizes,
                                       .buckets = def.buckets,
                                       .mode = fn.mode,
-                                      .warm_up_each_shape = !chance(0.3)});
+                                      .warm_up_each_shape = !chance(0.3),
+                                      .control_flow_on_host = def.control_flow_on_host});
     if (shut_down_) {
       expect(!added && added.error().code == Errc::pool_shut_down,
              "add_function after shutdown(): expected pool_shut_down");

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <tuple>
 #include <vector>
 
 #include "stress/model.hpp"
@@ -53,9 +54,10 @@ struct FnDef {
   std::vector<Out> outs;
   std::function<Expected(const std::vector<Value>&, const std::vector<std::int64_t>&)> model;
   std::function<cgt::host::Callable(std::shared_ptr<Control>)> make;
-  bool throws = false;             // obeys Control
-  bool same_lengths = false;       // its vector inputs must have one length
-  bool keeps_pool_buffer = false;  // returns a buffer kept from an earlier call
+  bool throws = false;                // obeys Control
+  bool same_lengths = false;          // its vector inputs must have one length
+  bool keeps_pool_buffer = false;     // returns a buffer kept from an earlier call
+  bool control_flow_on_host = false;  // FunctionOptions::control_flow_on_host
 };
 
 using cgt::host::Buffer;
@@ -364,65 +366,80 @@ inline std::vector<FnDef> catalog() {
   // in pool memory: the first element decides the iterations (`loop_count`, at most 4 by the bound), whether to double,
   // and which of three amounts to add. A recording captures each body once; every replay decides anew from its own
   // input.
-  defs.push_back({.name = "loop_and_branch",
-                  .inputs = {In::vec},
-                  .outs = {{.temp = 0}},
-                  .model =
-                      [](const auto& x, const auto&) {
-                        const double first = x[0].data.empty() ? 0 : x[0].data[0];
-                        const int k = loop_count(first);
-                        const int iterations = std::min(k, 4);
-                        const double factor = first > 0 ? 2 : 1;
-                        const double added = 10.0 * ((k % 3) + 1);
-                        return Expected{{map(x[0],
-                                             [=](double v) {
-                                               for (int i = 0; i < iterations; ++i) v = f32(v + 1);  // stored each time
-                                               return f32(v * factor) + added;
-                                             })},
-                                        {}};
-                      },
-                  .make = body([](auto) {
-                    return [](Context& ctx, Inputs in) {
-                      const Buffer x = in[0];
-                      Buffer y = map_kernel(ctx, x, [](double v) { return v; });
-                      const Buffer k = ctx.allocate(cgt::host::ElementType::i32, {1});
-                      const Buffer count = ctx.allocate(cgt::host::ElementType::i32, {1});
-                      const Buffer go_on = ctx.allocate(cgt::host::ElementType::i32, {1});
-                      const Buffer positive = ctx.allocate(cgt::host::ElementType::i32, {1});
-                      const Buffer choice = ctx.allocate(cgt::host::ElementType::i32, {1});
-                      ctx.launch([x, k, count, go_on, positive, choice] {
-                        const double first = x.numel() == 0 ? 0 : x.get(0);
-                        const int n = loop_count(first);
-                        k.set(0, n);
-                        count.set(0, 0);
-                        go_on.set(0, n > 0 ? 1 : 0);
-                        positive.set(0, first > 0 ? 1 : 0);
-                        choice.set(0, n % 3);
-                      });
-                      ctx.loop_while(go_on, 4, [&](Context& loop) {
-                        loop.launch([y, k, count, go_on] {
-                          for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) + 1);
-                          count.set(0, count.get(0) + 1);
-                          go_on.set(0, count.get(0) < k.get(0) ? 1 : 0);
-                        });
-                      });
-                      ctx.if_then(positive, [&](Context& branch) {
-                        branch.launch([y] {
-                          for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) * 2);
-                        });
-                      });
-                      std::vector<Context::Body> cases;
-                      for (int c = 0; c < 3; ++c) {
-                        cases.emplace_back([y, c](Context& chosen) {
-                          chosen.launch([y, c] {
-                            for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) + 10.0 * (c + 1));
-                          });
-                        });
-                      }
-                      ctx.switch_on(choice, cases);
-                      return Values{y};
-                    };
-                  })});
+  // Loops and branches the kernels decide (Context::loop_while, if_then, switch_on) over deciders
+  // in pool memory: the first element decides the iterations (`loop_count`, at most 4 by the bound), whether to double,
+  // and which of three amounts to add. A recording captures each body once; every replay decides anew from its own
+  // input. The second function's loop body calls a host function at odd sizes, and recordings of those sizes are
+  // host-decided (the fallback); the third records every size host-decided.
+  const auto loop_and_branch = [](bool host_call_when_odd) {
+    return [host_call_when_odd](Context& ctx, Inputs in) {
+      const Buffer x = in[0];
+      Buffer y = map_kernel(ctx, x, [](double v) { return v; });
+      const Buffer k = ctx.allocate(cgt::host::ElementType::i32, {1});
+      const Buffer count = ctx.allocate(cgt::host::ElementType::i32, {1});
+      const Buffer go_on = ctx.allocate(cgt::host::ElementType::i32, {1});
+      const Buffer positive = ctx.allocate(cgt::host::ElementType::i32, {1});
+      const Buffer choice = ctx.allocate(cgt::host::ElementType::i32, {1});
+      ctx.launch([x, k, count, go_on, positive, choice] {
+        const double first = x.numel() == 0 ? 0 : x.get(0);
+        const int n = loop_count(first);
+        k.set(0, n);
+        count.set(0, 0);
+        go_on.set(0, n > 0 ? 1 : 0);
+        positive.set(0, first > 0 ? 1 : 0);
+        choice.set(0, n % 3);
+      });
+      ctx.loop_while(go_on, 4, [&](Context& loop) {
+        // A host function in the body (odd sizes): no conditional node can hold it; that
+        // call runs eagerly, and the shape's next recording is host-decided.
+        if (host_call_when_odd && y.numel() % 2 == 1) loop.call_on_host([] {});
+        loop.launch([y, k, count, go_on] {
+          for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) + 1);
+          count.set(0, count.get(0) + 1);
+          go_on.set(0, count.get(0) < k.get(0) ? 1 : 0);
+        });
+      });
+      ctx.if_then(positive, [&](Context& branch) {
+        branch.launch([y] {
+          for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) * 2);
+        });
+      });
+      std::vector<Context::Body> cases;
+      for (int c = 0; c < 3; ++c) {
+        cases.emplace_back([y, c](Context& chosen) {
+          chosen.launch([y, c] {
+            for (std::size_t i = 0; i < y.numel(); ++i) y.set(i, y.get(i) + 10.0 * (c + 1));
+          });
+        });
+      }
+      ctx.switch_on(choice, cases);
+      return Values{y};
+    };
+  };
+  for (const auto& [name, host_call_when_odd, on_host] :
+       {std::tuple{"loop_and_branch", false, false}, std::tuple{"loop_and_branch_calling_host", true, false},
+        std::tuple{"loop_and_branch_on_host", false, true}}) {
+    defs.push_back(
+        {.name = name,
+         .inputs = {In::vec},
+         .outs = {{.temp = 0}},
+         .model =
+             [](const auto& x, const auto&) {
+               const double first = x[0].data.empty() ? 0 : x[0].data[0];
+               const int k = loop_count(first);
+               const int iterations = std::min(k, 4);
+               const double factor = first > 0 ? 2 : 1;
+               const double added = 10.0 * ((k % 3) + 1);
+               return Expected{{map(x[0],
+                                    [=](double v) {
+                                      for (int i = 0; i < iterations; ++i) v = f32(v + 1);  // stored each time
+                                      return f32(v * factor) + added;
+                                    })},
+                               {}};
+             },
+         .make = body([loop_and_branch, host_call_when_odd](auto) { return loop_and_branch(host_call_when_odd); }),
+         .control_flow_on_host = on_host});
+  }
   defs.push_back(
       {.name = "kept_buffer",
        .inputs = {In::vec},

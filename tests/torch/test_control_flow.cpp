@@ -1,18 +1,21 @@
 // cgt.torch on a GPU: loops and branches the GPU decides in a libtorch pool function
 // (cgt::torch::loop_while, if_then, switch_on) are conditional nodes of the recorded graph:
 // recorded once, each replay iterating or branching as its data says, with what the same code
-// computes eagerly; a body CUDA forbids there (a host callback) gives the recording up and runs
-// eagerly with the same values; bad deciders are refused. Tagged [gpu]; SKIPPED without a device.
+// computes eagerly; a body CUDA forbids there (a host callback) makes the pool record the function
+// again with the host deciding between segments, with the same values; bad deciders, bodies that
+// draw random numbers or keep what they make are refused. Tagged [gpu]; SKIPPED without a device.
 #include <torch/torch.h>
 // libtorch's logging defines CHECK; the tests mean Catch2's.
 #undef CHECK
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -44,14 +47,19 @@ struct Counter {
   at::Tensor count = at::zeros({1}, cuda());
   at::Tensor go_on = at::zeros({1}, cuda().dtype(at::kInt));
   std::shared_ptr<int> body_runs = std::make_shared<int>(0);
+  std::shared_ptr<std::atomic<int>> callbacks = std::make_shared<std::atomic<int>>(0);  // host callbacks run
 };
+
+void count_callback(void* counted) {
+  ++*static_cast<std::atomic<int>*>(counted);
+}
 
 // Counts up to its target input (copied into the graph's slot) in a loop of at most
 // `max_iterations` the GPU decides; returns the count reached (pool memory).
 cgt::torch::Function counting_loop(cgt::torch::Pool& pool, const Counter& counter, std::uint64_t max_iterations,
                                    bool host_callback = false) {
   return must(pool.add_function(
-      [runs = counter.body_runs, max_iterations, host_callback](cgt::torch::Inputs in) {
+      [runs = counter.body_runs, callbacks = counter.callbacks, max_iterations, host_callback](cgt::torch::Inputs in) {
         at::Tensor count = in[0];
         at::Tensor go_on = in[1];
         const at::Tensor target = in[2];
@@ -61,7 +69,7 @@ cgt::torch::Function counting_loop(cgt::torch::Pool& pool, const Counter& counte
           count.add_(1);
           go_on.copy_(count < target);
           if (host_callback) {
-            (void)cudaLaunchHostFunc(c10::cuda::getCurrentCUDAStream().stream(), [](void*) {}, nullptr);
+            (void)cudaLaunchHostFunc(c10::cuda::getCurrentCUDAStream().stream(), count_callback, callbacks.get());
           }
         });
         return cgt::torch::Values{count.clone()};
@@ -122,22 +130,89 @@ TEST_CASE("torch/control flow: max_iterations bounds a WHILE node whose conditio
   CHECK(pool.stats().replays == 2);
 }
 
-TEST_CASE("torch/control flow: a body with a host callback gives the recording up; eager values are the same",
-          "[gpu][control_flow]") {
+TEST_CASE(
+    "torch/control flow: a body with a host callback runs that call eagerly, then is recorded with the host deciding "
+    "between segments; each replay runs the body as often as eagerly",
+    "[gpu][control_flow]") {
   REQUIRE_GPU();
   std::vector<std::string> reasons;
   auto pool = must(H::make_pool({.debug_checks = true, .log_sink = [&](const cgt::Event& event) {
-                                   if (event.reason == cgt::Reason::capture_failed) {
+                                   if (event.reason == cgt::Reason::control_flow_on_host) {
                                      reasons.emplace_back(event.message);
                                    }
                                  }}));
   const Counter counter;
   auto loop = counting_loop(pool, counter, 100, /*host_callback=*/true);
-  for (const double target : {5.0, 3.0, 6.0, 2.0}) CHECK(count_to(pool, loop, counter, target).count == target);
-  CHECK(pool.stats().recordings == 0);
-  CHECK(pool.stats().replays == 0);
-  REQUIRE_FALSE(reasons.empty());
+  std::vector<K> kinds;
+  int iterations = 0;
+  for (const double target : {5.0, 3.0, 6.0, 2.0, 0.0, 9.0}) {
+    const Reached reached = count_to(pool, loop, counter, target);
+    CHECK(reached.count == target);
+    kinds.push_back(reached.kind);
+    iterations += static_cast<int>(target);
+  }
+  CHECK(kinds == std::vector<K>{K::warmup, K::eager, K::recording, K::replay, K::replay, K::replay});
+  CHECK(*counter.body_runs == 5 + (1 + 3) + 1);  // warm-up; a capture given up, then eager; the recording
+  torch::cuda::synchronize();
+  CHECK(counter.callbacks->load() == iterations);  // one callback per iteration, every call
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().eager_calls == 1);
+  REQUIRE(reasons.size() == 1);
   CHECK_THAT(reasons.front(), Catch::Matchers::ContainsSubstring("host node"));
+  CHECK(pool.roots().front().control_flow_on_host());
+  must(pool.check_memory());
+}
+
+TEST_CASE("torch/control flow: a loop body that draws random numbers, or keeps a tensor it made, is not recorded",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  const bool on_host = GENERATE(false, true);
+  CAPTURE(on_host);
+  std::vector<std::string> reasons;
+  auto pool = must(H::make_pool({.debug_checks = true, .log_sink = [&](const cgt::Event& event) {
+                                   if (event.reason == cgt::Reason::capture_failed) reasons.emplace_back(event.message);
+                                 }}));
+  cgt::FunctionOptions random_options{.name = "random_body", .static_inputs = {0, 1}, .mutated_inputs = {0, 1}};
+  random_options.control_flow_on_host = on_host;
+  auto random_body = must(pool.add_function(
+      [](cgt::torch::Inputs in) {
+        at::Tensor x = in[0];
+        at::Tensor go_on = in[1];
+        cgt::torch::loop_while(go_on, 4, [&] {
+          x.add_(at::rand_like(x));
+          go_on.copy_(x < 100);
+        });
+        return cgt::torch::Values{x.clone()};
+      },
+      random_options));
+  cgt::FunctionOptions kept_options{.name = "kept_body", .static_inputs = {0, 1}, .mutated_inputs = {1}};
+  kept_options.control_flow_on_host = on_host;
+  auto kept = must(pool.add_function(
+      [](cgt::torch::Inputs in) {
+        at::Tensor x = in[0];
+        at::Tensor go_on = in[1];
+        cgt::torch::loop_while(go_on, 3, [&] { x = x * 2; });  // a new tensor each iteration, eagerly
+        return cgt::torch::Values{x.clone()};
+      },
+      kept_options));
+  const at::Tensor x = at::ones({4}, cuda());
+  const at::Tensor go_on = at::ones({1}, cuda().dtype(at::kInt));
+  for (int call = 0; call < 3; ++call) {
+    pool.mark_step_begin();
+    x.fill_(1);
+    go_on.fill_(1);
+    auto drawn = must(random_body({x, go_on}));
+    CHECK(must(drawn.get(0)).get().min().item<float>() > 1);
+    go_on.fill_(1);
+    x.fill_(1);
+    auto doubled = must(kept({x, go_on}));
+    CHECK(must(doubled.get(0)).get().min().item<float>() == 8);  // three doublings, as eagerly
+  }
+  CHECK(pool.stats().recordings == 0);
+  CHECK(pool.stats().eager_calls == 4);
+  REQUIRE(reasons.size() == 2);
+  CHECK_THAT(reasons.at(0), Catch::Matchers::ContainsSubstring("random"));
+  CHECK_THAT(reasons.at(1), Catch::Matchers::ContainsSubstring("outlives the body"));
 }
 
 TEST_CASE("torch/control flow: a loop's output lease held across later calls keeps its value", "[gpu][control_flow]") {
@@ -157,8 +232,9 @@ TEST_CASE("torch/control flow: a loop's output lease held across later calls kee
   CHECK(must(held.get(0)).get().item<float>() == 4);
 }
 
-TEST_CASE("torch/control flow: a WHILE graph re-recorded for moved static state replays each recording on its own state",
-          "[gpu][control_flow]") {
+TEST_CASE(
+    "torch/control flow: a WHILE graph re-recorded for moved static state replays each recording on its own state",
+    "[gpu][control_flow]") {
   REQUIRE_GPU();
   auto pool = must(H::make_pool({.debug_checks = true}));
   const Counter first;
@@ -186,7 +262,12 @@ TEST_CASE("torch/control flow: a WHILE graph re-recorded for moved static state 
 TEST_CASE("torch/control flow: IF and SWITCH nodes, and a WHILE inside an IF, decide at each replay as eagerly",
           "[gpu][control_flow]") {
   REQUIRE_GPU();
+  // Conditional nodes, then the same function recorded with the host deciding (the fallback).
+  const bool on_host = GENERATE(false, true);
+  CAPTURE(on_host);
   auto pool = must(H::make_pool({.debug_checks = true}));
+  cgt::FunctionOptions options{.name = "branch", .static_inputs = {0, 1, 2, 3, 4}, .mutated_inputs = {0, 3, 4}};
+  options.control_flow_on_host = on_host;
   auto branch = must(pool.add_function(
       [](cgt::torch::Inputs in) {
         at::Tensor x = in[0];
@@ -208,7 +289,7 @@ TEST_CASE("torch/control flow: IF and SWITCH nodes, and a WHILE inside an IF, de
         });
         return cgt::torch::Values{x + count};
       },
-      {.name = "branch", .static_inputs = {0, 1, 2, 3, 4}, .mutated_inputs = {0, 3, 4}}));
+      options));
   const at::Tensor x = at::zeros({1}, cuda());
   const at::Tensor condition = at::zeros({1}, cuda().dtype(at::kInt));
   const at::Tensor choice = at::zeros({1}, cuda().dtype(at::kInt));
@@ -229,6 +310,7 @@ TEST_CASE("torch/control flow: IF and SWITCH nodes, and a WHILE inside an IF, de
   CHECK(kinds.at(0) == K::warmup);
   CHECK(kinds.at(1) == K::recording);
   for (std::size_t i = 2; i < kinds.size(); ++i) CHECK(kinds[i] == K::replay);
+  CHECK(pool.roots().front().control_flow_on_host() == on_host);
   must(pool.check_memory());
 }
 

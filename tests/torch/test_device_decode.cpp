@@ -22,8 +22,9 @@ import cgt.torch;
 using H = TorchHarness;
 using scenario::must;
 
-TEST_CASE("torch/device decode: a generation in a WHILE node gives eager's tokens and per-step replays'",
-          "[gpu][control_flow][decode]") {
+TEST_CASE(
+    "torch/device decode: a generation in a WHILE node, or host-decided, gives eager's tokens and per-step replays'",
+    "[gpu][control_flow][decode]") {
   scenario::skip_unless_available<H>();
   const std::int64_t batch = GENERATE(1, 3);
   const std::int64_t steps = GENERATE(1, 4, 8);
@@ -57,14 +58,18 @@ TEST_CASE("torch/device decode: a generation in a WHILE node gives eager's token
   must(device_decode::per_step(pool, per_token, state));
   CHECK(torch::equal(state.out.narrow(1, 0, max_new), expected));
 
-  auto loop = must(device_decode::device_loop_function(pool, model, end_token, max_new, steps));
-  const cgt::Stats before = pool.stats();
-  for (const cgt::CallKind kind : {cgt::CallKind::warmup, cgt::CallKind::recording, cgt::CallKind::replay,
-                                   cgt::CallKind::replay}) {
-    device_decode::start(model, state, prompt, end_token);
-    CHECK(must(device_decode::device_loop(pool, loop, state)) == kind);
-    CHECK(torch::equal(state.out.narrow(1, 0, max_new), expected));
+  // The WHILE node, then the fallback: the same loop with the host deciding between segments.
+  for (const bool host_decides : {false, true}) {
+    CAPTURE(host_decides);
+    auto loop = must(device_decode::device_loop_function(pool, model, end_token, max_new, steps, host_decides));
+    const cgt::Stats before = pool.stats();
+    for (const cgt::CallKind kind :
+         {cgt::CallKind::warmup, cgt::CallKind::recording, cgt::CallKind::replay, cgt::CallKind::replay}) {
+      device_decode::start(model, state, prompt, end_token);
+      CHECK(must(device_decode::device_loop(pool, loop, state)) == kind);
+      CHECK(torch::equal(state.out.narrow(1, 0, max_new), expected));
+    }
+    CHECK(pool.stats().recordings - before.recordings == 1);
+    CHECK(pool.stats().eager_calls == 0);
   }
-  CHECK(pool.stats().recordings - before.recordings == 1);
-  CHECK(pool.stats().eager_calls == 0);
 }
