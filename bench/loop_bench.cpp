@@ -137,6 +137,19 @@ int main(int argc, char** argv) {
         auto loop = must(device_decode::device_loop_function(pool, model, no_end_token, tokens, steps));
         row("cgt device loop, " + std::to_string(steps) + " per iteration",
             measure(generations, tokens, start, [&] { (void)must(device_decode::device_loop(pool, loop, state)); }));
+        if (steps != 8) continue;
+        // The same call when the host did little since the last one (only the state's small tensors
+        // reset, no prefill): the call's own CPU, its code and data still in the CPU's caches. After
+        // a prefill's eager work (the rows above) the call runs with cold caches, as a raw
+        // CUDAGraph::replay does (see loop.md).
+        row("cgt device loop, 8 per iteration, CPU caches warm (state reset only)",
+            measure(generations, tokens, [&] { device_decode::reset(state, no_end_token); },
+                    [&] { (void)must(device_decode::device_loop(pool, loop, state)); }));
+        // The fallback where a conditional node cannot be made: the same loop recorded as segments,
+        // the host reading go_on between iterations (a launch and a wait per iteration).
+        auto on_host = must(device_decode::device_loop_function(pool, model, no_end_token, tokens, steps, true));
+        row("cgt host-decided loop (the fallback), 8 per iteration",
+            measure(generations, tokens, start, [&] { (void)must(device_decode::device_loop(pool, on_host, state)); }));
       }
       auto unrolled = must(pool.add_function(
           [&model, tokens](cgt::torch::Inputs in) {

@@ -89,6 +89,15 @@ inline void step(kv_decoder::Decoder& model, View& s, std::int64_t end_token, st
   s.go_on.copy_(torch::logical_and(s.done.logical_not().any(), s.generated < max_new));
 }
 
+/// Resets what a generation writes, leaving the cache and the last token as they are.
+inline void reset(State& state, std::int64_t end_token, std::int64_t position = 0) {
+  state.position.fill_(position);
+  state.generated.zero_();
+  state.out.fill_(end_token);
+  state.done.zero_();
+  state.go_on.fill_(1);
+}
+
 /// Fills `state`'s cache with the prompt [batch, length] (all but its last token, eagerly) and
 /// resets what a generation writes: the next step reads the prompt's last token.
 inline void start(kv_decoder::Decoder& model, State& state, const torch::Tensor& prompt, std::int64_t end_token) {
@@ -98,11 +107,7 @@ inline void start(kv_decoder::Decoder& model, State& state, const torch::Tensor&
                       state.cache.tensors());
   }
   state.tokens.copy_(prompt.select(1, length - 1));
-  state.position.fill_(length - 1);
-  state.generated.zero_();
-  state.out.fill_(end_token);
-  state.done.zero_();
-  state.go_on.fill_(1);
+  reset(state, end_token, length - 1);
 }
 
 /// The eager reference: libtorch alone, the host reading the stop condition after every token.

@@ -94,12 +94,13 @@ cmd_overhead() {
 # time of a WHILE, IF and SWITCH node (bench/conditional_nodes); writes loop.md.
 cmd_bench_loop() {
   local generations="${1:-20}"
-  keep+=(loop.md)
+  keep+=(loop.md loop.png)
   configure
   build loop_bench conditional_nodes
   step "loop_bench" loop.log 0 "$build/bench/loop_bench" "$generations" || exit 1
   step "loop_decode.py (reduce-overhead)" python.log "${PY_TIMEOUT:-600}" python3 bench/loop_decode.py "$generations" || exit 1
   step "conditional_nodes" nodes.log 0 "$build/bench/conditional_nodes" 1000 20 || exit 1
+  step "plot" plot.log 0 python3 bench/plot_loop.py "$logs/loop.png" "$logs/loop.log" "$logs/python.log"
   {
     echo "# Loops decided on the GPU: $gpu, commit $commit"
     echo
@@ -108,6 +109,7 @@ cmd_bench_loop() {
     grep -E '^(#|\|)' "$logs/python.log"
     echo
     grep -E '^(#|\|)' "$logs/nodes.log"
+    [ ! -f "$logs/loop.png" ] || printf '\n![Greedy decoding per token: wall and host CPU](loop.png)\n'
   } >"$logs/loop.md"
   cat "$logs/loop.md"
 }
