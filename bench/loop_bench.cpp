@@ -143,8 +143,9 @@ int main(int argc, char** argv) {
         // a prefill's eager work (the rows above) the call runs with cold caches, as a raw
         // CUDAGraph::replay does (see loop.md).
         row("cgt device loop, 8 per iteration, CPU caches warm (state reset only)",
-            measure(generations, tokens, [&] { device_decode::reset(state, no_end_token); },
-                    [&] { (void)must(device_decode::device_loop(pool, loop, state)); }));
+            measure(
+                generations, tokens, [&] { device_decode::reset(state, no_end_token); },
+                [&] { (void)must(device_decode::device_loop(pool, loop, state)); }));
         // The fallback where a conditional node cannot be made: the same loop recorded as segments,
         // the host reading go_on between iterations (a launch and a wait per iteration).
         auto on_host = must(device_decode::device_loop_function(pool, model, no_end_token, tokens, steps, true));

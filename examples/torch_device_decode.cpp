@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
       std::int64_t steps;
       bool host_decides;
     };
-    for (const Way way : {Way{1, false}, Way{4, false}, Way{most_steps_per_iteration, false},
-                          Way{most_steps_per_iteration, true}}) {
+    for (const Way way :
+         {Way{1, false}, Way{4, false}, Way{most_steps_per_iteration, false}, Way{most_steps_per_iteration, true}}) {
       const std::int64_t steps = way.steps;
       auto loop = device_decode::device_loop_function(*pool, model, end_token, max_new, steps, way.host_decides);
       if (!loop) return report(loop.error());

@@ -99,6 +99,17 @@ inline void free_all(Arena& arena, std::vector<std::uintptr_t>& allocations) {
   allocations.clear();
 }
 
+/// Frees the blocks of `allocations` from index `from` on and forgets them, keeping the earlier
+/// ones: a loop's iteration's temporaries in a warm-up, dead once it ended (what a body makes
+/// dies in it), whose memory the next iteration reuses.
+inline void free_since(Arena& arena, std::vector<std::uintptr_t>& allocations, std::size_t from) {
+  if (from >= allocations.size()) return;
+  for (std::size_t i = from; i < allocations.size(); ++i) {
+    (void)arena.free(allocations[i]);  // NOLINT(bugprone-unused-return-value)
+  }
+  allocations.resize(from);
+}
+
 /// Describes a call's outputs for the engine, which then owns them: a storage is in the pool when
 /// `arena` holds it, and allocated in the call when it is one of `kept` (the call's allocations
 /// that `settle_outputs` kept); an empty buffer is no output.

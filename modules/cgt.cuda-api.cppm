@@ -168,6 +168,8 @@ class Context {
   [[nodiscard]] cudaStream_t body_stream(std::size_t depth) const noexcept;
   /// The CUDA device index of the pool (src/cuda/device.cpp).
   [[nodiscard]] int pool_device() const noexcept;
+  /// In a warm-up: frees the pool blocks allocated since `from` (a loop's last iteration's).
+  void free_allocations_since(std::size_t from);
   /// Captures what `launch_all` launches on this context into `body`, a conditional node's body
   /// (src/cuda/control_flow.cpp).
   void capture_body(cudaGraph_t body, const std::function<void()>& launch_all);

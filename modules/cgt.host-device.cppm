@@ -149,6 +149,8 @@ class Context {
   friend class HostCapture;
   enum class Target : std::uint8_t { heap, pool };
   Context(HostDevice& device, Target target) noexcept : device_(device), target_(target) {}
+  /// In a warm-up: frees the pool blocks allocated since `from` (a loop's last iteration's).
+  void free_allocations_since(std::size_t from);
   HostDevice& device_;
   Target target_;
   HostSegments* segments_ = nullptr;         // in a recording whose loops and branches the host decides

@@ -114,7 +114,13 @@ void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, cons
   const std::int32_t* decider = decider_of(go_on, pool_device(), "loop_while");
   if (max_iterations == 0) throw InvalidArgument("Context::loop_while: max_iterations must be at least 1");
   if (!capturing_) {
-    for (std::uint64_t i = 0; i < max_iterations && read_now(decider, stream()) != 0; ++i) body(*this);
+    // Run now. In a warm-up, an iteration's pool blocks die with it: the next one reuses them
+    // (as the graph's iterations reuse the body's), and the last one's live to the call's end.
+    const std::size_t kept = allocations_.size();
+    for (std::uint64_t i = 0; i < max_iterations && read_now(decider, stream()) != 0; ++i) {
+      if (i > 0) free_allocations_since(kept);
+      body(*this);
+    }
     return;
   }
   if (!uncapturable_.empty()) return;  // given up already: nothing more of this capture is kept

@@ -311,6 +311,10 @@ int Context::pool_device() const noexcept {
   return device_.device_;
 }
 
+void Context::free_allocations_since(std::size_t from) {
+  if (target_ == Target::pool) backend::free_since(*device_.arena_, allocations_, from);
+}
+
 cudaStream_t Context::body_stream(std::size_t depth) const noexcept {
   return depth < device_.body_streams_.size() ? device_.body_streams_[depth] : nullptr;
 }

@@ -54,7 +54,13 @@ void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, cons
   if (max_iterations == 0) throw InvalidArgument("Context::loop_while: max_iterations must be at least 1");
   Stream& stream = device_.stream();
   if (!stream.is_capturing()) {
-    for (std::uint64_t i = 0; i < max_iterations && decider_of(go_on) != 0; ++i) body(*this);
+    // Run now. In a warm-up, an iteration's pool blocks die with it: the next one reuses them
+    // (as the graph's iterations reuse the body's), and the last one's live to the call's end.
+    const std::size_t kept = allocations_.size();
+    for (std::uint64_t i = 0; i < max_iterations && decider_of(go_on) != 0; ++i) {
+      if (i > 0) free_allocations_since(kept);
+      body(*this);
+    }
     return;
   }
   if (segments_ != nullptr) {

@@ -177,6 +177,14 @@ void Context::launch(Kernel kernel) {
   device_.stream().launch(std::move(kernel));
 }
 
+void Context::free_allocations_since(std::size_t from) {
+  if (target_ == Target::pool) device_.free_pool_blocks_since(*this, from);
+}
+
+void HostDevice::free_pool_blocks_since(Context& context, std::size_t from) {
+  if (arena_) backend::free_since(*arena_, context.allocations_, from);
+}
+
 void Context::call_on_host(Kernel fn) {
   Stream& stream = device_.stream();
   if (stream.is_capturing() && stream.in_body()) stream.forbid_in_body("a host function (Context::call_on_host)");

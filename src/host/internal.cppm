@@ -89,6 +89,8 @@ class HostDevice final : public backend::Device {
 
   /// For `Context` and `HostCapture`.
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
+  /// Frees the pool blocks `context` allocated since its `from`-th (Context::free_allocations_since).
+  void free_pool_blocks_since(Context& context, std::size_t from);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
   [[nodiscard]] bool in_pool(const Buffer& value) const noexcept;
 

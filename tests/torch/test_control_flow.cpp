@@ -180,7 +180,7 @@ TEST_CASE("torch/control flow: a loop body that draws random numbers, or keeps a
         at::Tensor go_on = in[1];
         cgt::torch::loop_while(go_on, 4, [&] {
           x.add_(at::rand_like(x));
-          go_on.copy_(x < 100);
+          go_on.copy_((x < 100).all());
         });
         return cgt::torch::Values{x.clone()};
       },
