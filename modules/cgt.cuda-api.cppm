@@ -184,6 +184,7 @@ class Context {
   std::size_t depth_ = 0;                      // how many bodies are being captured, one in another
   std::string uncapturable_;                   // why the recording must be given up; empty: it need not
   bool host_may_decide_ = false;               // with uncapturable_: recorded again, the host deciding
+  bool made_conditional_nodes_ = false;        // the capture holds a conditional node
   kernels::HostSegments* segments_ = nullptr;  // in a recording whose loops and branches the host decides
   std::vector<std::uintptr_t> allocations_;    // pool blocks allocated by this call
 };

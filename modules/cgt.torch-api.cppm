@@ -65,6 +65,10 @@ using Callable = std::move_only_function<Values(Inputs)>;
 
 /// The body of a loop or branch the GPU decides: libtorch ops on the current stream.
 using Body = std::function<void()>;
+/// What `loop_while`, `if_then` and `switch_on` throw for a decider or bound no loop can have, or
+/// a call on a stream that captures the program's own graph (a `std::exception`); inside a pool
+/// function the call then fails with `invalid_argument`.
+using InvalidArgument = backend::InvalidArgument;
 /// A loop the GPU decides, for use inside a pool function (a CUDA WHILE conditional node): while
 /// `go_on` (one int32 element on the pool's device) is non-zero, checked before each iteration
 /// (the first included), and at most `max_iterations` times, runs `body`, whose ops write `go_on`
@@ -72,10 +76,14 @@ using Body = std::function<void()>;
 /// once into the node and each replay decides its iterations on the GPU, the host neither waiting
 /// nor reading `go_on`; outside one (warm-up, eager) it runs now, reading `go_on` before each
 /// iteration (`item()`, a wait). A body CUDA forbids in a conditional node (a host callback, an
-/// event record or wait, as cross-stream work records) gives the recording up: those shapes run
-/// eagerly with the same results (`Reason::capture_failed`). Throws `InvalidArgument` (the call
-/// then fails with `invalid_argument`) for a `go_on` that is not one int32 element on a CUDA
-/// device, or a `max_iterations` of 0. Outside a pool function it runs as outside a recording.
+/// event record or wait, as cross-stream work records) makes that call run eagerly and the
+/// shape's next recording cut into segments the host decides between, with the same results
+/// (`Reason::control_flow_on_host`; from the start with `FunctionOptions::control_flow_on_host`).
+/// What a body makes must die in it, and a loop body may not draw random numbers: else the
+/// shape runs eagerly (`Reason::capture_failed`). Throws `InvalidArgument` (the call then fails
+/// with `invalid_argument`) for a `go_on` that is not one int32 element on a CUDA device, or a
+/// `max_iterations` of 0. Outside a pool function it runs as outside a recording, and throws
+/// `InvalidArgument` while the current stream captures a graph of the program's own.
 void loop_while(const at::Tensor& go_on, std::uint64_t max_iterations, const Body& body);
 /// A branch the GPU decides (an IF node): runs `body` when `condition` (one int32 element) is
 /// non-zero. Captured once in a recording, decided at each replay; as `loop_while` otherwise.

@@ -31,6 +31,8 @@ enum class Reason : std::uint8_t {
                           ///< on, where the inner call works; give both functions one pool to graph them
   unsupported_output,     ///< it returned a value a graph cannot hand out (cgt.torch: a sparse, nested or
                           ///< mkldnn tensor): that shape runs eagerly from then on, its values the caller's
+  out_of_memory,          ///< its recording ran out of pool memory (nothing of its work ran, the pool was
+                          ///< put back as it was): this call ran eagerly; the shape records again later
   // Re-recordings: the call records a new graph instead of replaying one.
   static_input_moved,   ///< a static input is at a new address
   managed_input_moved,  ///< an input that is an output of an earlier graph is at a new address

@@ -77,8 +77,10 @@ struct CallFrame {
   const Padding* padding = nullptr;
   /// Why no graph can serve the call's shape, where a stage that looks at it found that
   /// (`select_variant`: another device, a size not in `graph_sizes`, a key past the limit;
-  /// `run_bucketed`: no bucket for its size, a mutated input it would pad). `eager_reason`, the one
-  /// place that decides, runs the call eagerly for it.
+  /// `run_bucketed`: no bucket for its size, a mutated input it would pad), or that a recording
+  /// given back found for this call only (`after_failed_recording`: out of memory; a conditional
+  /// node that cannot be made). `eager_reason`, the one place that decides, runs the call eagerly
+  /// for it.
   std::optional<Reason> unfit;
   /// Set by the tree when it gives the call back undone (`Engine::give_back`): a recording given
   /// up before its graph ran, or a re-record limit just passed, changed what `eager_reason` says

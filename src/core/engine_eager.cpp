@@ -38,6 +38,10 @@ std::string fallback_message(Reason reason, const std::string& function) {
       return "skipping graphs for " + name + " at these input shapes: it calls a function of another pool";
     case Reason::unsupported_output:
       return "skipping graphs for " + name + " at these input shapes: it returns a value a graph cannot hand out";
+    case Reason::out_of_memory:
+      return "running " + name +
+             " eagerly: its recording ran out of pool memory (the pool is as it was before); it records at a later "
+             "call";
     default: return "skipping graphs for " + name + ": " + std::string(to_string(reason));
   }
 }

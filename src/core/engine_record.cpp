@@ -82,6 +82,13 @@ void run_eagerly_from_now_on(CallFrame& frame, const Error& error, Reason reason
 Result<CallOutputs> Engine::after_failed_recording(CallFrame& frame, Error error) {
   // The pipeline failed before the graph ran: nothing of the function's work ran, and the call
   // is decided again once the variant knows what the failure means for these shapes.
+  if (error.code == Errc::out_of_memory && error.cause == Cause::unspecified) {
+    // The capture, its slots or its executable found no memory; run_in_pool put the pool back.
+    // This call runs eagerly, outside the pool; the shape tries again at its next call, when the
+    // program may have given memory back. Not kept: the shortage may pass.
+    frame.unfit = Reason::out_of_memory;
+    return give_back(frame);
+  }
   switch (error.cause) {
     case Cause::conditional_unavailable:
       // Only its loops or branches, as conditional nodes, broke the capture. The shape's next

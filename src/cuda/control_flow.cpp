@@ -139,6 +139,7 @@ void Context::loop_while(const Buffer& go_on, std::uint64_t max_iterations, cons
     give_up_recording(std::string("adding a WHILE node failed: ") + cudaGetErrorString(added), true);
     return;
   }
+  made_conditional_nodes_ = true;
   capture_body(node.bodies.front(), [&] {
     body(*this);
     if (const cudaError_t decided =
@@ -170,6 +171,7 @@ void Context::if_then(const Buffer& condition, const Body& body) {
     give_up_recording(std::string("adding an IF node failed: ") + cudaGetErrorString(added), true);
     return;
   }
+  made_conditional_nodes_ = true;
   capture_body(node.bodies.front(), [&] { body(*this); });
   if (std::string why = forbidden(node.bodies.front(), "IF"); !why.empty()) give_up_recording(std::move(why), true);
 }
@@ -197,6 +199,7 @@ void Context::switch_on(const Buffer& index, std::span<const Body> bodies) {
                       true);
     return;
   }
+  made_conditional_nodes_ = true;
   for (std::size_t i = 0; i < bodies.size(); ++i) {
     capture_body(node.bodies[i], [&] { bodies[i](*this); });
     if (std::string why = forbidden(node.bodies[i], "SWITCH"); !why.empty()) give_up_recording(std::move(why), true);

@@ -87,21 +87,11 @@ struct Instantiated {
 using SharedExec = kernels::SharedExec<Instantiated>;
 
 // A host-decided recording's run (ControlFlow::on_host): segment 0 is `first`, segment i
-// `later[i - 1]`; the host reads each decider on `stream` between them.
+// `later[i - 1]`.
 Result<void> run_segments(const backend::HostDecisions& decisions, cudaGraphExec_t first,
                           const std::vector<Instantiated>& later, cudaStream_t stream) {
-  return decisions.run(
-      [&](std::size_t i) {
-        return checked(cudaGraphLaunch(i == 0 ? first : later[i - 1].exec.get(), stream), "launching a graph segment");
-      },
-      [&](const void* decider) -> Result<std::int32_t> {
-        std::int32_t value = 0;
-        if (auto read = checked(kernels::read_decider(decider, stream, value), "reading a loop's or branch's decider");
-            !read) {
-          return std::unexpected(std::move(read.error()));
-        }
-        return value;
-      });
+  return kernels::run_segments(
+      decisions, first, [&](std::size_t i) { return later[i - 1].exec.get(); }, stream);
 }
 
 // A captured graph, instantiated (or sharing an executable) and uploaded, with its input slots
@@ -559,7 +549,12 @@ class CudaCapture final : public backend::Capture {
 
   [[nodiscard]] Result<void> instantiate() override {
     cudaGraphExec_t exec = nullptr;
-    if (auto ok = checked(cudaGraphInstantiate(&exec, graph_.get(), 0), "instantiating a graph"); !ok) return ok;
+    if (auto ok = checked(cudaGraphInstantiate(&exec, graph_.get(), 0), "instantiating a graph"); !ok) {
+      // A body the checks let through but CUDA refuses in a conditional node (NCCL collectives,
+      // NCCL issue 1986): the host decides instead.
+      if (context_.made_conditional_nodes_) ok.error().cause = Cause::conditional_unavailable;
+      return ok;
+    }
     shared_ = std::make_shared<SharedExec>(Instantiated{.origin = std::move(graph_), .exec = kernels::ExecHandle(exec)},
                                            exec, std::move(nodes_));
     if (auto uploaded = checked(cudaGraphUpload(exec, stream()), "uploading a graph"); !uploaded) return uploaded;

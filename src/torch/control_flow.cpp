@@ -43,8 +43,20 @@ const std::int32_t* decider_of(const at::Tensor& value, const char* what) {
   return value.data_ptr<std::int32_t>();
 }
 
-// Outside a recording: the decider's value now, once the work before it ran (a wait).
-std::int32_t read_now(const at::Tensor& value) {
+// Outside a recording: the decider's value now, once the work before it ran (a wait). Refused,
+// before anything is read, on a stream that captures a graph of the program's own: a read there
+// would break that capture, and the loop could not be decided.
+std::int32_t read_now(const at::Tensor& value, const char* what) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+  }
+  if (status != cudaStreamCaptureStatusNone) {
+    throw backend::InvalidArgument(std::string("cgt::torch::") + what +
+                                   ": called while the current stream captures a CUDA graph that is not a pool's "
+                                   "recording (the program's own): the host cannot read the value it is decided on "
+                                   "there; call it inside a pool function, which records it as a conditional node");
+  }
   return value.item<std::int32_t>();
 }
 
@@ -198,6 +210,7 @@ bool append(ConditionalRecording& recording, kernels::ConditionalKind kind, cons
     give_up(recording, std::string("adding a ") + name + " node failed: " + cudaGetErrorString(added), true);
     return false;
   }
+  recording.made_nodes = true;
   return true;
 }
 
@@ -222,7 +235,7 @@ void loop_while(const at::Tensor& go_on, std::uint64_t max_iterations, const Bod
   if (max_iterations == 0) throw backend::InvalidArgument("cgt::torch::loop_while: max_iterations must be at least 1");
   ConditionalRecording* recording = recording_here();
   if (recording == nullptr) {
-    for (std::uint64_t i = 0; i < max_iterations && read_now(go_on) != 0; ++i) body();
+    for (std::uint64_t i = 0; i < max_iterations && read_now(go_on, "loop_while") != 0; ++i) body();
     return;
   }
   if (!recording->given_up.empty()) return;  // given up already: nothing more of this capture is kept
@@ -255,7 +268,7 @@ void if_then(const at::Tensor& condition, const Body& body) {
   const std::int32_t* decider = decider_of(condition, "if_then");
   ConditionalRecording* recording = recording_here();
   if (recording == nullptr) {
-    if (read_now(condition) != 0) body();
+    if (read_now(condition, "if_then") != 0) body();
     return;
   }
   if (!recording->given_up.empty()) return;
@@ -273,7 +286,7 @@ void switch_on(const at::Tensor& index, std::span<const Body> bodies) {
   const std::int32_t* decider = decider_of(index, "switch_on");
   ConditionalRecording* recording = recording_here();
   if (recording == nullptr) {
-    const std::int32_t chosen = read_now(index);
+    const std::int32_t chosen = read_now(index, "switch_on");
     if (chosen >= 0 && static_cast<std::size_t>(chosen) < bodies.size()) bodies[static_cast<std::size_t>(chosen)]();
     return;
   }

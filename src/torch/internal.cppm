@@ -273,6 +273,7 @@ struct ConditionalRecording {
   TorchDevice::State* state = nullptr;
   std::string given_up;          ///< why the recording must be given up; empty: it need not
   bool host_may_decide = false;  ///< with `given_up`: recorded again with the host deciding
+  bool made_nodes = false;       ///< the capture holds a conditional node
   std::size_t depth = 0;         ///< bodies being captured, one in another
   /// In a recording whose loops and branches the host decides (`ControlFlow::on_host`): its cuts.
   kernels::HostSegments* segments = nullptr;

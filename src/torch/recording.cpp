@@ -56,18 +56,8 @@ struct LaterSegment {
 // numbers (end_capture refuses them), so every segment is launched directly.
 Result<void> run_segments(const backend::HostDecisions& decisions, cudaGraphExec_t first,
                           const std::vector<LaterSegment>& later, cudaStream_t stream) {
-  return decisions.run(
-      [&](std::size_t i) {
-        return checked(cudaGraphLaunch(i == 0 ? first : later[i - 1].exec.get(), stream), "launching a graph segment");
-      },
-      [&](const void* decider) -> Result<std::int32_t> {
-        std::int32_t value = 0;
-        if (auto read = checked(kernels::read_decider(decider, stream, value), "reading a loop's or branch's decider");
-            !read) {
-          return std::unexpected(std::move(read.error()));
-        }
-        return value;
-      });
+  return kernels::run_segments(
+      decisions, first, [&](std::size_t i) { return later[i - 1].exec.get(); }, stream);
 }
 
 }  // namespace
@@ -443,6 +433,7 @@ struct CaptureState {
   std::vector<std::uint32_t> written;     // inputs it wrote in place (a slot's version: a copied input)
   std::string given_up;                   // why a loop or branch of the function gave the recording up
   bool given_up_host_may_decide = false;  // with given_up: only a conditional node failed
+  bool made_conditional_nodes = false;    // the graph holds a conditional node
   bool host_decides = false;              // the plan's ControlFlow::on_host
   kernels::HostSegments segments;         // its cuts, where the host decides
   std::vector<LaterSegment> later;        // the segments after the first, once split (then instantiated)
@@ -507,6 +498,7 @@ Result<Values> run_in_capture(TorchDevice::State& state, backend::Invoker& fn, s
   }
   capture.given_up = std::move(conditional.given_up);
   capture.given_up_host_may_decide = conditional.host_may_decide;
+  capture.made_conditional_nodes = conditional.made_nodes;
   if (!outputs) return outputs;
   capture.written = versions.written(capture.inputs);
   return outputs;
@@ -650,7 +642,12 @@ Result<Placement> instantiate_graph(TorchDevice::State& state, CaptureState& cap
     return {};
   });
   if (!instantiated) {  // the capture ended: the graph's destructor gives its pool use back
-    return fail(Errc::function_failed, "the captured graph cannot be instantiated: " + instantiated.error().message);
+    // A body the checks let through but CUDA refuses in a conditional node (NCCL collectives,
+    // NCCL issue 1986): the host decides instead.
+    return std::unexpected(Error{.code = Errc::function_failed,
+                                 .message = "the captured graph cannot be instantiated: " + instantiated.error().message,
+                                 .cause = capture.made_conditional_nodes ? Cause::conditional_unavailable
+                                                                         : Cause::unspecified});
   }
   if (auto later = instantiate_later_segments(state, capture.later); !later) return std::unexpected(later.error());
   cudaGraphExec_t exec = capture.graph->raw_cuda_graph_exec();

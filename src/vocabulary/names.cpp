@@ -49,6 +49,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::capture_failed: return "capture_failed";
     case Reason::nested_pool: return "nested_pool";
     case Reason::unsupported_output: return "unsupported_output";
+    case Reason::out_of_memory: return "out_of_memory";
     case Reason::pending_backward: return "pending_backward";
     case Reason::undeclared_write: return "undeclared_write";
     case Reason::padded_output: return "padded_output";

@@ -297,3 +297,30 @@ TEST_CASE("cuda/control flow: a loop decided on a value that is not one i32 elem
   CHECK_THAT(refused(scalar(cgt::ElementType::i32, 1), 0).message,
              Catch::Matchers::ContainsSubstring("max_iterations"));
 }
+
+TEST_CASE("cuda/control flow: a body that throws while it is recorded fails that call; the pool goes on",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  const bool on_host = GENERATE(false, true);
+  CAPTURE(on_host);
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  cgt::FunctionOptions options{.name = "refuses", .static_inputs = {0}};
+  options.control_flow_on_host = on_host;
+  auto refuses = must(pool.add_function(
+      [](Context& ctx, cgt::cuda::Inputs in) {
+        ctx.loop_while(in[0], 4, [](Context& body) {
+          if (body.is_capturing()) throw cgt::cuda::InvalidArgument("the body refuses to be recorded");
+        });
+        return cgt::cuda::Values{};
+      },
+      options));
+  const Buffer go_on = scalar(cgt::ElementType::i32, 0);
+  must(refuses({go_on}));  // warm-up: the loop is not entered
+  auto recorded = refuses({go_on});
+  REQUIRE_FALSE(recorded);
+  CHECK(recorded.error().code == cgt::Errc::invalid_argument);
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 100);
+  for (const double target : {2.0, 4.0, 1.0}) CHECK(count_to(pool, loop, counter, target).count == target);
+  must(pool.check_memory());
+}

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <ostream>
 #include <set>
 #include <span>
@@ -353,4 +354,50 @@ TEST_CASE("cuda/replays from threads that never used CUDA launch on the pool's d
     CHECK(seen == std::vector<std::vector<double>>(3, std::vector<double>(4, 3.0)));
   }
   CHECK(pool.stats().replays == 9);
+}
+
+TEST_CASE("cuda/a recording that runs out of pool memory runs its call eagerly and keeps nothing; a later call records",
+          "[gpu]") {
+  REQUIRE_GPU();
+  cgt::cuda::PoolOptions options;
+  options.tree.debug_checks = true;
+  options.arena = {.segment_bytes = std::size_t{1} << 20, .max_bytes = std::size_t{4} << 20};
+  auto pool = must(cgt::cuda::make_pool(std::move(options)));
+  // While recording it also needs a scratch block as large as `scratch` says (8 MiB: past the
+  // arena's limit) until the program asks less.
+  const auto scratch = std::make_shared<std::int64_t>(std::int64_t{2} << 20);
+  auto copy = must(pool.add_function(
+      [scratch](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        if (ctx.is_capturing()) (void)ctx.allocate(cgt::ElementType::f32, {*scratch});
+        cgt::cuda::Buffer y = ctx.allocate_like(in[0]);
+        (void)cgt_test::sum_inputs(in[0].as<float>(), nullptr, nullptr, nullptr, y.as<float>(), in[0].numel(),
+                                   ctx.stream());
+        return cgt::cuda::Values{y};
+      },
+      {.name = "scratchy"}));
+  auto input = [](float value) {
+    cgt::cuda::Buffer x = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {256}));
+    must(x.write(std::vector<double>(256, value)));
+    return x;
+  };
+  pool.mark_step_begin();
+  CHECK(must(copy({input(1)})).kind() == cgt::CallKind::warmup);
+  const cgt::MemoryInfo before = pool.memory();
+  for (const float value : {2.0F, 3.0F}) {
+    pool.mark_step_begin();
+    auto out = must(copy({input(value)}));
+    CHECK(out.kind() == cgt::CallKind::eager);
+    CHECK(must(must(out.get(0)).get().read()) == std::vector<double>(256, value));
+    CHECK(pool.memory().allocated_bytes == before.allocated_bytes);
+    CHECK(pool.memory().live_blocks == before.live_blocks);
+  }
+  CHECK(pool.stats().count(cgt::Reason::out_of_memory) == 2);
+  must(pool.check_memory());
+  *scratch = 16;
+  pool.mark_step_begin();
+  CHECK(must(copy({input(4)})).kind() == cgt::CallKind::recording);
+  pool.mark_step_begin();
+  auto replayed = must(copy({input(5)}));
+  CHECK(replayed.kind() == cgt::CallKind::replay);
+  CHECK(must(must(replayed.get(0)).get().read()) == std::vector<double>(256, 5));
 }

@@ -195,8 +195,11 @@ TEST_CASE("control flow: a loop decided on a value that is not one i32 element, 
 namespace {
 
 /// A function that adds 10 to `x` when `condition` is non-zero (if_then), then adds 1, 2 or 3
-/// as `choice` says, nothing when out of range (switch_on). Returns x.
-cgt::host::Function branching(cgt::host::Pool& pool) {
+/// as `choice` says, nothing when out of range (switch_on). Returns x. Its branch comes first: a
+/// host-decided recording (`on_host`) leaves the empty segment before it out.
+cgt::host::Function branching(cgt::host::Pool& pool, bool on_host = false) {
+  cgt::FunctionOptions options{.name = "branch", .static_inputs = {0, 1, 2}, .mutated_inputs = {0}};
+  options.control_flow_on_host = on_host;
   return must(pool.add_function(
       [](Context& ctx, Inputs in) {
         const Buffer x = in[0];
@@ -212,7 +215,7 @@ cgt::host::Function branching(cgt::host::Pool& pool) {
         ctx.launch([x, result] { result.set(0, x.get(0)); });
         return Values{result};
       },
-      {.name = "branch", .static_inputs = {0, 1, 2}, .mutated_inputs = {0}}));
+      std::move(options)));
 }
 
 }  // namespace
@@ -338,31 +341,8 @@ TEST_CASE(
   auto segmented_pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
   auto conditional_pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
   // The same function in both pools; one records it with the host deciding.
-  auto segmented = branching(segmented_pool);
+  auto on_host = branching(segmented_pool, true);
   auto conditional = branching(conditional_pool);
-  auto options = [] {
-    cgt::FunctionOptions options{.name = "branch_on_host", .static_inputs = {0, 1, 2}, .mutated_inputs = {0}};
-    options.control_flow_on_host = true;
-    return options;
-  };
-  auto on_host = must(segmented_pool.add_function(
-      [](Context& ctx, Inputs in) {
-        const Buffer x = in[0];
-        // A branch at the very start: its segment before is empty and left out.
-        ctx.if_then(in[1], [x](Context& body) { body.launch([x] { x.set(0, x.get(0) + 10); }); });
-        std::array<Context::Body, 3> cases;
-        for (std::size_t i = 0; i < cases.size(); ++i) {
-          cases[i] = [x, i](Context& body) {
-            body.launch([x, i] { x.set(0, x.get(0) + static_cast<double>(i + 1)); });
-          };
-        }
-        ctx.switch_on(in[2], cases);
-        Buffer result = ctx.allocate(ElementType::f32, {1});
-        ctx.launch([x, result] { result.set(0, x.get(0)); });
-        return Values{result};
-      },
-      options()));
-  (void)segmented;
   const Buffer x = scalar(ElementType::f32, 0);
   const Buffer condition = scalar(ElementType::i32, 0);
   const Buffer choice = scalar(ElementType::i32, 0);

@@ -3,6 +3,7 @@
 #include "host/host_test.hpp"
 #include "backend_of.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -338,6 +339,52 @@ TEST_CASE("out_of_memory: the arena's limit is reached", "[errors][host]") {
   CHECK(names_function(big.error(), "twice"));
   CHECK(first_value(small) == 2);
   CHECK(first_value(must(f({filled({16}, 3)}))) == 6);
+}
+
+TEST_CASE(
+    "out_of_memory in a recording: the pool is put back, the call runs eagerly with its values, and a later "
+    "call records once memory came back",
+    "[errors][host]") {
+  std::vector<cgt::Reason> said;
+  auto pool = must(cgt::host::make_pool(
+      {.tree = {.debug_checks = true, .log_sink = [&](const cgt::Event& event) { said.push_back(event.reason); }},
+       .arena = {.segment_bytes = 4096, .max_bytes = 16384}}));
+  // While recording it also needs a scratch block as large as `scratch` says (20,000 bytes: past
+  // the arena's limit), until the program asks less.
+  const auto scratch = std::make_shared<std::int64_t>(5000);
+  auto f = must(pool.add_function(
+      [scratch](cgt::host::Context& ctx, cgt::host::Inputs in) {
+        if (ctx.is_capturing()) (void)ctx.allocate(cgt::ElementType::f32, {*scratch});
+        Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y] {
+          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, 2 * x.get(i));
+        });
+        return cgt::host::Values{y};
+      },
+      {.name = "scratchy"}));
+  pool.mark_step_begin();
+  CHECK(must(f({filled({16}, 1)})).kind() == cgt::CallKind::warmup);
+  const cgt::MemoryInfo before = pool.memory();
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    pool.mark_step_begin();
+    auto out = must(f({filled({16}, 3)}));
+    CHECK(out.kind() == cgt::CallKind::eager);
+    CHECK(first_value(out) == 6);
+    CHECK(pool.memory().allocated_bytes == before.allocated_bytes);  // nothing of the recording kept
+    CHECK(pool.memory().live_blocks == before.live_blocks);
+  }
+  CHECK(pool.stats().count(cgt::Reason::out_of_memory) == 2);
+  CHECK(pool.stats().recordings == 0);
+  CHECK(std::ranges::count(said, cgt::Reason::out_of_memory) == 2);
+  must(pool.check_memory());
+  // The program asks less: the shape records and replays.
+  *scratch = 16;
+  pool.mark_step_begin();
+  CHECK(must(f({filled({16}, 4)})).kind() == cgt::CallKind::recording);
+  pool.mark_step_begin();
+  auto replayed = must(f({filled({16}, 5)}));
+  CHECK(replayed.kind() == cgt::CallKind::replay);
+  CHECK(first_value(replayed) == 10);
 }
 
 TEST_CASE("backend_error: the device fails a replay or a checkpoint", "[errors][host]") {

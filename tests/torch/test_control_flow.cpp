@@ -11,6 +11,8 @@
 #include <catch2/generators/catch_generators.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
@@ -19,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -334,4 +337,61 @@ TEST_CASE("torch/control flow: a decider that is not one int32 element on the GP
   CHECK(refused(at::ones({1}, at::TensorOptions().dtype(at::kInt)), 4).code == cgt::Errc::invalid_argument);
   CHECK_THAT(refused(at::ones({1}, cuda().dtype(at::kInt)), 0).message,
              Catch::Matchers::ContainsSubstring("max_iterations"));
+}
+
+TEST_CASE("torch/control flow: a body that throws while it is recorded fails that call; the pool goes on",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  const bool on_host = GENERATE(false, true);
+  CAPTURE(on_host);
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  cgt::FunctionOptions options{.name = "refuses", .static_inputs = {0}};
+  options.control_flow_on_host = on_host;
+  auto refuses = must(pool.add_function(
+      [](cgt::torch::Inputs in) {
+        cgt::torch::loop_while(in[0], 4, [] {
+          cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+          (void)cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream().stream(), &status);
+          if (status == cudaStreamCaptureStatusActive) throw std::runtime_error("the body refuses to be recorded");
+        });
+        return cgt::torch::Values{};
+      },
+      options));
+  const at::Tensor go_on = at::ones({1}, cuda().dtype(at::kInt));
+  go_on.zero_();
+  must(refuses({go_on}));  // warm-up: the loop is not entered
+  auto recorded = refuses({go_on});
+  REQUIRE_FALSE(recorded);
+  CHECK(recorded.error().code == cgt::Errc::function_failed);
+  CHECK_THAT(recorded.error().message, Catch::Matchers::ContainsSubstring("refuses to be recorded"));
+  // The pool is whole: another function records and replays.
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 100);
+  for (const double target : {2.0, 4.0, 1.0}) CHECK(count_to(pool, loop, counter, target).count == target);
+  must(pool.check_memory());
+}
+
+TEST_CASE("torch/control flow: loop_while on a stream capturing the program's own graph is refused before it reads",
+          "[gpu][control_flow]") {
+  REQUIRE_GPU();
+  const at::Tensor go_on = at::ones({1}, cuda().dtype(at::kInt));
+  const at::Tensor x = at::zeros({1}, cuda());
+  at::cuda::CUDAGraph graph;
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool();
+  std::string refused;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    graph.capture_begin();
+    x.add_(1);
+    try {
+      cgt::torch::loop_while(go_on, 4, [&] { x.add_(1); });
+    } catch (const cgt::torch::InvalidArgument& error) {
+      refused = error.what();
+    }
+    graph.capture_end();  // the program's capture was left intact
+  }
+  CHECK_THAT(refused, Catch::Matchers::ContainsSubstring("program's own"));
+  graph.replay();
+  torch::cuda::synchronize();
+  CHECK(x.item<float>() == 1);  // its one op, captured before the refusal
 }
