@@ -56,7 +56,7 @@ class HostDecisions {
   /// decider's value once the work launched before it ran (a `Result<std::int32_t>`). Stops at
   /// the first failure.
   template <class Launch, class Read>
-  [[nodiscard]] Result<void> run(Launch&& launch, Read&& read) const {
+  [[nodiscard]] Result<void> run(const Launch& launch, const Read& read) const {
     return run_steps(top_, launch, read);
   }
 
@@ -84,7 +84,7 @@ class HostDecisions {
   }
 
   template <class Launch, class Read>
-  static Result<void> run_steps(const std::vector<Step>& steps, Launch& launch, Read& read) {
+  static Result<void> run_steps(const std::vector<Step>& steps, const Launch& launch, const Read& read) {
     for (const Step& step : steps) {
       if (!step.is_decision) {
         if (Result<void> launched = launch(step.segment); !launched) return launched;

@@ -90,8 +90,7 @@ using SharedExec = kernels::SharedExec<Instantiated>;
 // `later[i - 1]`.
 Result<void> run_segments(const backend::HostDecisions& decisions, cudaGraphExec_t first,
                           const std::vector<Instantiated>& later, cudaStream_t stream) {
-  return kernels::run_segments(
-      decisions, first, [&](std::size_t i) { return later[i - 1].exec.get(); }, stream);
+  return kernels::run_segments(decisions, first, [&](std::size_t i) { return later[i - 1].exec.get(); }, stream);
 }
 
 // A captured graph, instantiated (or sharing an executable) and uploaded, with its input slots

@@ -9,6 +9,7 @@ module;
 #include <expected>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -141,12 +142,13 @@ class HostRecording final : public backend::Recording {
       graph.replay();
       return;
     }
-    (void)segments.decisions.run(
+    const Result<void> ran = segments.decisions.run(
         [&](std::size_t i) -> Result<void> {
           graph.replay(i == 0 ? 0 : segments.ends[i - 1], segments.ends[i]);
           return {};
         },
         [](const void* decider) -> Result<std::int32_t> { return *static_cast<const std::int32_t*>(decider); });
+    if (!ran) throw std::runtime_error(ran.error().message);  // neither step fails on the host
   }
 
  private:
@@ -289,10 +291,12 @@ class HostCapture final : public backend::Capture {
     // A body a conditional node cannot hold: recorded again, the host deciding.
     const bool body_forbidden = outputs && !stream.forbidden_in_body().empty();
     if (!outputs || broken || body_forbidden) {
-      std::string why = broken ? "the function synchronised with the host during its capture (Context::synchronize)"
-                        : body_forbidden ? "a loop or branch body cannot be a conditional node: it holds " +
-                                               stream.forbidden_in_body()
-                                         : "";
+      std::string why;
+      if (broken) {
+        why = "the function synchronised with the host during its capture (Context::synchronize)";
+      } else if (body_forbidden) {
+        why = "a loop or branch body cannot be a conditional node: it holds " + stream.forbidden_in_body();
+      }
       stream.discard_capture();
       return {.work = backend::status_of(outputs),
               .broken = broken || body_forbidden,

@@ -39,7 +39,7 @@ cudaError_t CaptureCuts::split(cudaGraph_t graph, std::vector<GraphHandle>& late
     if (const cudaError_t error = cudaGraphClone(&clone, graph); error != cudaSuccess) return error;
     later.emplace_back(clone);
     const std::unordered_set<cudaGraphNode_t> keep(segments_[s].begin(), segments_[s].end());
-    for (const cudaGraphNode_t node : seen_) {
+    for (cudaGraphNode_t node : seen_) {
       if (keep.contains(node)) continue;
       cudaGraphNode_t cloned = nullptr;
       if (const cudaError_t error = cudaGraphNodeFindInClone(&cloned, node, clone); error != cudaSuccess) return error;
@@ -47,7 +47,7 @@ cudaError_t CaptureCuts::split(cudaGraph_t graph, std::vector<GraphHandle>& late
     }
   }
   for (std::size_t s = 1; s < segments_.size(); ++s) {
-    for (const cudaGraphNode_t node : segments_[s]) {
+    for (cudaGraphNode_t node : segments_[s]) {
       if (const cudaError_t error = cudaGraphDestroyNode(node); error != cudaSuccess) return error;
     }
   }

@@ -11,7 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "shared_exec.hpp"
+#include "graph_handle.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -32,7 +32,7 @@ struct HostSegments {
   CaptureCuts cuts;
   backend::HostDecisions decisions;
   /// Ends the segment captured on `stream` since the last cut; an empty one is left out.
-  [[nodiscard]] cudaError_t cut(cudaStream_t stream) {
+  [[nodiscard]] inline cudaError_t cut(cudaStream_t stream) {
     bool made = false;
     const cudaError_t error = cuts.cut(stream, made);
     if (made) decisions.segment(cuts.segments() - 1);

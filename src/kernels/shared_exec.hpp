@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "graph_handle.hpp"
 #include "input_copy.hpp"
 
 #include <memory>
@@ -16,18 +17,6 @@
 #include <vector>
 
 namespace cgt::kernels {
-
-/// Destroys a captured graph (cudaGraphDestroy) when its handle goes.
-struct GraphDestroyer {
-  void operator()(cudaGraph_t graph) const noexcept { (void)cudaGraphDestroy(graph); }
-};
-using GraphHandle = std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, GraphDestroyer>;
-
-/// Destroys an instantiated graph (cudaGraphExecDestroy) when its handle goes.
-struct ExecDestroyer {
-  void operator()(cudaGraphExec_t exec) const noexcept { (void)cudaGraphExecDestroy(exec); }
-};
-using ExecHandle = std::unique_ptr<std::remove_pointer_t<cudaGraphExec_t>, ExecDestroyer>;
 
 /// An instantiated graph and the recordings that share it. `Owner` owns the executable and the
 /// graph it was instantiated from, whose copy nodes are `nodes` (the executable's copy nodes are

@@ -56,8 +56,7 @@ struct LaterSegment {
 // numbers (end_capture refuses them), so every segment is launched directly.
 Result<void> run_segments(const backend::HostDecisions& decisions, cudaGraphExec_t first,
                           const std::vector<LaterSegment>& later, cudaStream_t stream) {
-  return kernels::run_segments(
-      decisions, first, [&](std::size_t i) { return later[i - 1].exec.get(); }, stream);
+  return kernels::run_segments(decisions, first, [&](std::size_t i) { return later[i - 1].exec.get(); }, stream);
 }
 
 }  // namespace
@@ -644,10 +643,10 @@ Result<Placement> instantiate_graph(TorchDevice::State& state, CaptureState& cap
   if (!instantiated) {  // the capture ended: the graph's destructor gives its pool use back
     // A body the checks let through but CUDA refuses in a conditional node (NCCL collectives,
     // NCCL issue 1986): the host decides instead.
-    return std::unexpected(Error{.code = Errc::function_failed,
-                                 .message = "the captured graph cannot be instantiated: " + instantiated.error().message,
-                                 .cause = capture.made_conditional_nodes ? Cause::conditional_unavailable
-                                                                         : Cause::unspecified});
+    return std::unexpected(
+        Error{.code = Errc::function_failed,
+              .message = "the captured graph cannot be instantiated: " + instantiated.error().message,
+              .cause = capture.made_conditional_nodes ? Cause::conditional_unavailable : Cause::unspecified});
   }
   if (auto later = instantiate_later_segments(state, capture.later); !later) return std::unexpected(later.error());
   cudaGraphExec_t exec = capture.graph->raw_cuda_graph_exec();
