@@ -331,7 +331,15 @@ CudaDevice::CudaDevice(int device, cudaStream_t stream, const ArenaOptions& aren
   options.source.obtain = [device, context = context_](std::size_t bytes, std::size_t /*alignment*/) -> std::byte* {
     void* memory = nullptr;  // cudaMalloc aligns to at least 256 bytes
     CurrentDevice current;
-    if (!current.enter(device, context) || cudaMalloc(&memory, bytes) != cudaSuccess) {
+    if (!current.enter(device, context)) return nullptr;
+    // A recording may need a segment its warm-up did not (a loop's counter, made only when
+    // recording): cudaMalloc is no work of the stream, but the capturing thread's mode refuses it
+    // and breaks the capture. Relaxed for this call only, as libtorch's allocator does.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    const bool exchanged = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    const cudaError_t made = cudaMalloc(&memory, bytes);
+    if (exchanged) (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (made != cudaSuccess) {
       (void)cudaGetLastError();
       return nullptr;
     }
