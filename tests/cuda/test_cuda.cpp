@@ -401,3 +401,33 @@ TEST_CASE("cuda/a recording that runs out of pool memory runs its call eagerly a
   CHECK(replayed.kind() == cgt::CallKind::replay);
   CHECK(must(must(replayed.get(0)).get().read()) == std::vector<double>(256, 5));
 }
+
+TEST_CASE("cuda/a recording that needs a segment its warm-up did not records (the arena grows during the capture)",
+          "[gpu]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  // The warm-up allocates nothing of the pool; the recording allocates a scratch block (its
+  // arena then has no segment yet, and obtains one while the stream captures).
+  auto f = must(pool.add_function(
+      [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
+        if (ctx.is_capturing()) {
+          const cgt::cuda::Buffer scratch = ctx.allocate(cgt::ElementType::f32, {in[0].numel()});
+          (void)cgt_test::sum_inputs(in[0].as<float>(), nullptr, nullptr, nullptr, scratch.as<float>(), in[0].numel(),
+                                     ctx.stream());
+        }
+        (void)cgt_test::add_repeatedly(in[0].as<float>(), in[0].numel(), 1, 1, ctx.stream());
+        return cgt::cuda::Values{};
+      },
+      {.name = "grows", .static_inputs = {0}, .mutated_inputs = {0}}));
+  const cgt::cuda::Buffer x = must(cgt::cuda::Buffer::make(cgt::ElementType::f32, {64}));
+  must(x.write(std::vector<double>(64, 0)));
+  std::vector<cgt::CallKind> kinds;
+  for (int call = 0; call < 4; ++call) {
+    pool.mark_step_begin();
+    kinds.push_back(must(f({x})).kind());
+  }
+  CHECK(kinds == std::vector<cgt::CallKind>{cgt::CallKind::warmup, cgt::CallKind::recording, cgt::CallKind::replay,
+                                            cgt::CallKind::replay});
+  CHECK(must(x.read()) == std::vector<double>(64, 4));
+  CHECK(pool.stats().eager_calls == 0);
+}
