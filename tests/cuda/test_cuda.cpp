@@ -411,11 +411,12 @@ TEST_CASE("cuda/a recording that needs a segment its warm-up did not records (th
   auto f = must(pool.add_function(
       [](cgt::cuda::Context& ctx, cgt::cuda::Inputs in) {
         if (ctx.is_capturing()) {
-          const cgt::cuda::Buffer scratch = ctx.allocate(cgt::ElementType::f32, {in[0].numel()});
+          const cgt::cuda::Buffer scratch =
+              ctx.allocate(cgt::ElementType::f32, {static_cast<std::int64_t>(in[0].numel())});
           (void)cgt_test::sum_inputs(in[0].as<float>(), nullptr, nullptr, nullptr, scratch.as<float>(), in[0].numel(),
                                      ctx.stream());
         }
-        (void)cgt_test::add_repeatedly(in[0].as<float>(), in[0].numel(), 1, 1, ctx.stream());
+        (void)cgt_test::add_repeatedly(in[0].as<float>(), static_cast<std::int64_t>(in[0].numel()), 1, 1, ctx.stream());
         return cgt::cuda::Values{};
       },
       {.name = "grows", .static_inputs = {0}, .mutated_inputs = {0}}));
