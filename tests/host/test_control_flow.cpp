@@ -218,28 +218,37 @@ cgt::host::Function branching(cgt::host::Pool& pool, bool on_host = false) {
       std::move(options)));
 }
 
+/// The inputs of `branching` (x, condition, choice), in static buffers, and one call of it from x
+/// = 0: the value it returns and what the call did.
+struct BranchInputs {
+  Buffer x = scalar(ElementType::f32, 0);
+  Buffer condition = scalar(ElementType::i32, 0);
+  Buffer choice = scalar(ElementType::i32, 0);
+  std::pair<double, cgt::CallKind> run(cgt::host::Pool& pool, cgt::host::Function& fn, int taken, int chosen) const {
+    pool.mark_step_begin();
+    x.set(0, 0);
+    condition.set(0, taken);
+    choice.set(0, chosen);
+    auto out = must(fn({x, condition, choice}));
+    return {output_values(out, 0).at(0), out.kind()};
+  }
+};
+
+/// (taken, chosen) pairs: both ways of the branch, every body of the choice and two out of range.
+constexpr std::array<std::pair<int, int>, 8> branch_cases{
+    {{1, 0}, {0, 2}, {1, 1}, {0, -1}, {1, 3}, {0, 0}, {1, 2}, {0, 7}}};
+
 }  // namespace
 
 TEST_CASE("control flow: if_then and switch_on are recorded once and decided at each replay, as eagerly",
           "[control_flow]") {
   auto graphed_pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}}));
   auto graphed = branching(graphed_pool);
-  const Buffer x = scalar(ElementType::f32, 0);
-  const Buffer condition = scalar(ElementType::i32, 0);
-  const Buffer choice = scalar(ElementType::i32, 0);
-  auto run = [&](cgt::host::Pool& pool, cgt::host::Function& fn, int taken, int chosen) {
-    pool.mark_step_begin();
-    x.set(0, 0);
-    condition.set(0, taken);
-    choice.set(0, chosen);
-    auto out = must(fn({x, condition, choice}));
-    return std::pair{output_values(out, 0).at(0), out.kind()};
-  };
+  const BranchInputs inputs;
   // Each pair (taken, chosen) against what the code computes when run now.
-  const std::array<std::pair<int, int>, 8> cases{{{1, 0}, {0, 2}, {1, 1}, {0, -1}, {1, 3}, {0, 0}, {1, 2}, {0, 7}}};
   std::vector<cgt::CallKind> kinds;
-  for (const auto& [taken, chosen] : cases) {
-    const auto [value, kind] = run(graphed_pool, graphed, taken, chosen);
+  for (const auto& [taken, chosen] : branch_cases) {
+    const auto [value, kind] = inputs.run(graphed_pool, graphed, taken, chosen);
     const double expected = (taken != 0 ? 10 : 0) + (chosen >= 0 && chosen < 3 ? chosen + 1 : 0);
     CHECK(value == expected);
     kinds.push_back(kind);
@@ -343,21 +352,10 @@ TEST_CASE(
   // The same function in both pools; one records it with the host deciding.
   auto on_host = branching(segmented_pool, true);
   auto conditional = branching(conditional_pool);
-  const Buffer x = scalar(ElementType::f32, 0);
-  const Buffer condition = scalar(ElementType::i32, 0);
-  const Buffer choice = scalar(ElementType::i32, 0);
-  auto run = [&](cgt::host::Pool& pool, cgt::host::Function& fn, int taken, int chosen) {
-    pool.mark_step_begin();
-    x.set(0, 0);
-    condition.set(0, taken);
-    choice.set(0, chosen);
-    auto out = must(fn({x, condition, choice}));
-    return std::pair{output_values(out, 0).at(0), out.kind()};
-  };
-  const std::array<std::pair<int, int>, 8> cases{{{1, 0}, {0, 2}, {1, 1}, {0, -1}, {1, 3}, {0, 0}, {1, 2}, {0, 7}}};
-  for (const auto& [taken, chosen] : cases) {
-    const auto [host_decided, host_kind] = run(segmented_pool, on_host, taken, chosen);
-    const auto [device_decided, device_kind] = run(conditional_pool, conditional, taken, chosen);
+  const BranchInputs inputs;
+  for (const auto& [taken, chosen] : branch_cases) {
+    const auto [host_decided, host_kind] = inputs.run(segmented_pool, on_host, taken, chosen);
+    const auto [device_decided, device_kind] = inputs.run(conditional_pool, conditional, taken, chosen);
     CHECK(host_decided == device_decided);
     CHECK(host_kind == device_kind);
   }
