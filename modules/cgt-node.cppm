@@ -51,6 +51,9 @@ class Node {
   /// between segments of its graph at each replay (`Reason::control_flow_on_host`: they could not
   /// be conditional graph nodes, or `FunctionOptions::control_flow_on_host`), not by the GPU.
   [[nodiscard]] bool control_flow_on_host() const { return detail::node_view::control_flow_on_host(engine_, id_); }
+  /// What its graph's memory is: what the pool predicted its recording would add (from the
+  /// shape's warm-up), what it added, its input slots, its executable.
+  [[nodiscard]] NodeMemory memory() const { return detail::node_view::memory(engine_, id_); }
   /// Inputs copied into pool slots on every replay (neither static nor pool-managed).
   [[nodiscard]] std::vector<std::size_t> copied_inputs() const {
     return detail::node_view::copied_inputs(engine_, id_);

@@ -54,6 +54,9 @@ class PoolBase {
   [[nodiscard]] MemoryInfo memory() const { return detail::pool_view::memory(engine_); }
   /// Allocated blocks of the pool now (PyTorch's tests count these as "live blocks").
   [[nodiscard]] std::vector<Block> live_blocks() const { return detail::pool_view::live_blocks(engine_); }
+  /// The pool's memory by owner: its segments (live, cached), the graphs' input slots, copies kept
+  /// past a step (`copy_out_on_new_step`), the executables; per function. Empty after `shutdown()`.
+  [[nodiscard]] MemoryReport memory_report() const { return detail::pool_view::memory_report(engine_); }
   /// Root recordings, in recording order.
   [[nodiscard]] std::vector<Node> roots() const { return Node::views(engine_, detail::pool_view::roots(engine_)); }
   /// The nodes of the current path, root first (empty when no path is being executed).

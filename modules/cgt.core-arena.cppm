@@ -8,8 +8,11 @@ module;
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
+#include <span>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 export module cgt.core:arena;
@@ -40,6 +43,9 @@ struct ArenaOptions {
 class ArenaCheckpoint {
  public:
   [[nodiscard]] std::size_t segment_count() const noexcept { return segments_.size(); }
+  /// The segments in which a block was allocated at that moment (restoring the checkpoint needs
+  /// them: `Arena::hold` them for as long as it is kept).
+  [[nodiscard]] std::vector<std::size_t> allocated_segments() const;
 
  private:
   friend class Arena;
@@ -52,8 +58,58 @@ class ArenaCheckpoint {
   std::size_t live_blocks_ = 0;
 };
 
+/// What one run asked of an arena, in order (`Arena::start_trace` .. `stop_trace`): the sizes it
+/// allocated and which of them it freed, and the segments its blocks fell in. A recording of the
+/// same work asks the same again, so the trace of a warm-up predicts what the recording will add
+/// to the arena (`Arena::growth_for`), and the trace of a recording says which segments its graph
+/// uses for as long as it lives (its temporaries, not allocated between replays, are there).
+class ArenaTrace {
+ public:
+  /// Allocations and frees it holds.
+  [[nodiscard]] std::size_t requests() const noexcept { return steps_.size(); }
+  /// The segments (by index) its allocations fell in, ascending.
+  [[nodiscard]] const std::vector<std::size_t>& segments() const noexcept { return segments_; }
+  /// The most bytes its own allocations held at once (rounded as the arena rounds them).
+  [[nodiscard]] std::size_t peak_bytes() const noexcept { return peak_bytes_; }
+
+ private:
+  friend class Arena;
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  struct Step {
+    std::size_t bytes = 0;        ///< an allocation of this many bytes (rounded), when `frees == none`
+    std::size_t frees = none;     ///< else: frees the trace's allocation at this step
+    std::size_t segment = none;   ///< or, with `frees == none` and `bytes == 0`: frees a block
+    std::size_t offset = 0;       ///<   allocated before the trace began, here
+  };
+  std::vector<Step> steps_;
+  std::vector<std::size_t> segments_;
+  std::size_t peak_bytes_ = 0;
+};
+
+/// Keeps segments of an arena from being given back (`Arena::release_unused`) while it lives: a
+/// recorded graph holds the segments its trace touched, a kept checkpoint those it allocates in.
+/// Move-only; may outlive its arena.
+class SegmentHold {
+ public:
+  SegmentHold() noexcept = default;
+  SegmentHold(SegmentHold&& other) noexcept = default;
+  SegmentHold& operator=(SegmentHold&& other) noexcept;
+  SegmentHold(const SegmentHold&) = delete;
+  SegmentHold& operator=(const SegmentHold&) = delete;
+  ~SegmentHold();
+  [[nodiscard]] const std::vector<std::size_t>& segments() const noexcept { return segments_; }
+
+ private:
+  friend class Arena;
+  SegmentHold(std::shared_ptr<std::vector<std::uint32_t>> counts, std::vector<std::size_t> segments) noexcept;
+  void drop() noexcept;
+  std::shared_ptr<std::vector<std::uint32_t>> counts_;  ///< the arena's holds per segment
+  std::vector<std::size_t> segments_;
+};
+
 /// Best-fit allocation over segments: a free block is split to fit a request, freed neighbours
-/// merge. Segments are kept until the arena is destroyed, so addresses stay valid for graphs.
+/// merge. Segments are kept until the arena is destroyed, or until `release_unused` gives back one
+/// that is wholly free and held by nothing, so addresses stay valid for the graphs that use them.
 class Arena {
  public:
   explicit Arena(ArenaOptions options = {});
@@ -69,8 +125,23 @@ class Arena {
 
   [[nodiscard]] ArenaCheckpoint checkpoint() const;
   /// Puts the book-keeping back to `checkpoint`: blocks allocated then are allocated, all others
-  /// free (segments made since are wholly free).
+  /// free (segments made since are wholly free). REQUIRES: the segments it allocates in were not
+  /// given back since (hold them: `hold(checkpoint.allocated_segments())`).
   void restore(const ArenaCheckpoint& checkpoint);
+
+  /// Starts noting every allocation and free (one trace at a time: a second start restarts it).
+  void start_trace();
+  /// The trace since `start_trace` (empty without one); noting stops.
+  [[nodiscard]] ArenaTrace stop_trace();
+  /// The bytes of new segments the arena would obtain if, from its state now, it allocated
+  /// `first` (sizes in bytes, never freed) and then did what `trace` did: 0 when it all fits in
+  /// free blocks. Changes nothing. (Past `max_bytes` the allocation would fail instead.)
+  [[nodiscard]] std::size_t growth_for(std::span<const std::size_t> first, const ArenaTrace& trace) const;
+  /// Keeps `segments` (indices) from `release_unused` while the returned hold lives.
+  [[nodiscard]] SegmentHold hold(std::vector<std::size_t> segments);
+  /// Gives back every segment that has no allocated block and no hold; returns their bytes. Their
+  /// addresses may come back in a later segment.
+  std::size_t release_unused();
 
   /// Is `address` inside one of the arena's segments? (A pool asks for each input of every call:
   /// an address outside the span of all segments, a caller's buffer, is answered inline.)
@@ -82,6 +153,10 @@ class Arena {
   [[nodiscard]] MemoryInfo memory() const noexcept;
   /// Blocks (free and allocated) of all segments; for tests of splitting and merging.
   [[nodiscard]] std::size_t block_count() const noexcept;
+  /// Segments held from the system now.
+  [[nodiscard]] std::size_t segment_count() const noexcept;
+  /// Bytes of segments given back by `release_unused` so far.
+  [[nodiscard]] std::size_t released_bytes() const noexcept { return released_bytes_; }
 
  private:
   using BlockState = ArenaCheckpoint::BlockState;
@@ -95,27 +170,49 @@ class Arena {
     std::size_t alignment;
     void operator()(std::byte* memory) const noexcept;
   };
-  struct Segment {
-    std::unique_ptr<std::byte, SegmentRelease> memory;
-    std::size_t size = 0;
-    std::map<std::size_t, BlockState> blocks;  // offset -> block
-  };
+  using Blocks = std::map<std::size_t, BlockState>;  // offset -> block
   // Free blocks ordered by size, for best fit: (size, segment, offset).
   using FreeKey = std::tuple<std::size_t, std::size_t, std::size_t>;
+  /// The book-keeping alone, without memory: the arena's own, and the copy `growth_for` plays a
+  /// trace on. One best fit for both.
+  struct Books {
+    std::vector<std::size_t> sizes;  ///< per segment; 0: given back
+    std::vector<Blocks> blocks;      ///< per segment
+    std::set<FreeKey> free;
+    /// Best fit for `size` (rounded): (segment, offset), or none when no free block is that large.
+    [[nodiscard]] std::optional<std::pair<std::size_t, std::size_t>> take(std::size_t size);
+    /// Frees the allocated block at (`segment`, `offset`), merging it with free neighbours; its size.
+    std::size_t give(std::size_t segment, std::size_t offset);
+    /// A wholly free segment of `size` bytes; its index.
+    std::size_t add(std::size_t size);
+    void rebuild_free_index();
+  };
+  struct Tracing {
+    ArenaTrace trace;
+    std::map<std::uintptr_t, std::size_t> step_of;  ///< address -> the step that allocated it, while allocated
+    std::size_t held_bytes;  // no initializer: std::optional<Tracing> must see it default-constructible
+  };
 
   [[nodiscard]] std::size_t round_up(std::size_t bytes) const noexcept;
+  [[nodiscard]] std::size_t segment_size_for(std::size_t bytes) const noexcept;
   [[nodiscard]] Result<std::size_t> add_segment(std::size_t min_bytes);
-  [[nodiscard]] std::pair<std::size_t, std::map<std::size_t, BlockState>::iterator> find(std::uintptr_t address);
-  void rebuild_free_index();
+  /// The (segment, offset) of `address`, if it is in a segment.
+  [[nodiscard]] std::optional<std::pair<std::size_t, std::size_t>> locate(std::uintptr_t address) const noexcept;
+  [[nodiscard]] std::uintptr_t base_of(std::size_t segment) const noexcept;
   [[nodiscard]] bool in_a_segment(std::uintptr_t address) const noexcept;
+  void note_allocation(std::uintptr_t address, std::size_t segment, std::size_t size);
+  void note_free(std::uintptr_t address, std::size_t segment, std::size_t offset, std::size_t size);
 
   ArenaOptions options_;
-  std::vector<Segment> segments_;
-  std::set<FreeKey> free_;
+  Books books_;
+  std::vector<std::unique_ptr<std::byte, SegmentRelease>> memory_;  ///< per segment; null: given back
+  std::shared_ptr<std::vector<std::uint32_t>> holds_ = std::make_shared<std::vector<std::uint32_t>>();
+  std::optional<Tracing> tracing_;
   std::size_t reserved_bytes_ = 0;
   std::size_t allocated_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
   std::size_t live_blocks_ = 0;
+  std::size_t released_bytes_ = 0;
   std::uintptr_t lowest_ = UINTPTR_MAX;  ///< the lowest address of any segment
   std::uintptr_t highest_ = 0;           ///< one past the highest byte of any segment
 };

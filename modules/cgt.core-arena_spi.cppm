@@ -149,19 +149,55 @@ Result<RunResult> finish_call(Arena& arena, std::vector<std::uintptr_t>& allocat
   return result;
 }
 
-/// An arena's checkpoint, as the engine keeps it.
+/// An arena's checkpoint, as the engine keeps it: it holds the segments it allocates in, which
+/// restoring it needs, for as long as it is kept.
 class ArenaCheckpointOf final : public Checkpoint {
  public:
-  explicit ArenaCheckpointOf(ArenaCheckpoint state) : state_(std::move(state)) {}
+  ArenaCheckpointOf(ArenaCheckpoint state, SegmentHold hold) : state_(std::move(state)), hold_(std::move(hold)) {}
   [[nodiscard]] const ArenaCheckpoint& state() const noexcept { return state_; }
 
  private:
   ArenaCheckpoint state_;
+  SegmentHold hold_;
 };
 
 /// Device::checkpoint for an arena pool.
-inline Result<std::unique_ptr<Checkpoint>> checkpoint_arena(const Arena& arena) {
-  return std::make_unique<ArenaCheckpointOf>(arena.checkpoint());
+inline Result<std::unique_ptr<Checkpoint>> checkpoint_arena(Arena& arena) {
+  ArenaCheckpoint state = arena.checkpoint();
+  SegmentHold hold = arena.hold(state.allocated_segments());
+  return std::make_unique<ArenaCheckpointOf>(std::move(state), std::move(hold));
+}
+
+/// Notes what one warm-up or capture asks of `arena` while it lives (`Arena::start_trace`);
+/// `take` ends the note. One at a time per arena (a pool runs one call at a time).
+class ArenaTraceScope {
+ public:
+  explicit ArenaTraceScope(Arena& arena) : arena_(&arena) { arena.start_trace(); }
+  ArenaTraceScope(const ArenaTraceScope&) = delete;
+  ArenaTraceScope& operator=(const ArenaTraceScope&) = delete;
+  ~ArenaTraceScope() {
+    if (arena_ != nullptr) (void)arena_->stop_trace();
+  }
+  /// The trace so far; noting stops.
+  [[nodiscard]] ArenaTrace take() {
+    Arena* arena = std::exchange(arena_, nullptr);
+    return arena != nullptr ? arena->stop_trace() : ArenaTrace{};
+  }
+
+ private:
+  Arena* arena_;
+};
+
+/// `Device::predict_growth` for an arena pool whose slots take `slot_bytes` per copied input (in
+/// the order `Capture::make_slots` allocates them).
+template <class SlotBytes>
+std::size_t predict_arena_growth(const Arena& arena, const ArenaTrace& warmup, std::span<const ArgSlot> args,
+                                 const RecordPlan& plan, SlotBytes slot_bytes) {
+  std::vector<std::size_t> slots;
+  for (std::size_t i = 0; i < args.size() && i < plan.copy_input.size(); ++i) {
+    if (plan.copy_input[i]) slots.push_back(slot_bytes(args[i]));
+  }
+  return arena.growth_for(slots, warmup);
 }
 
 /// Device::restore for an arena pool: back to `checkpoint` (made by checkpoint_arena), with the

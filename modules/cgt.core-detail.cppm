@@ -234,6 +234,7 @@ void mark_step_begin(const EngineRef& pool) noexcept;
 [[nodiscard]] Stats stats(const EngineRef& pool) noexcept;
 [[nodiscard]] MemoryInfo memory(const EngineRef& pool);
 [[nodiscard]] std::vector<Block> live_blocks(const EngineRef& pool);
+[[nodiscard]] MemoryReport memory_report(const EngineRef& pool);
 [[nodiscard]] Result<void> check_memory(const EngineRef& pool);
 /// The ids of the root recordings, and of the current path's nodes, for `Node` views.
 [[nodiscard]] std::vector<std::int64_t> roots(const EngineRef& pool);
@@ -257,6 +258,7 @@ namespace node_view {
 [[nodiscard]] std::vector<PathIndex> expected_dead_after(const EngineRef& pool, std::int64_t id);
 [[nodiscard]] std::vector<std::size_t> copied_inputs(const EngineRef& pool, std::int64_t id);
 [[nodiscard]] bool control_flow_on_host(const EngineRef& pool, std::int64_t id);
+[[nodiscard]] NodeMemory memory(const EngineRef& pool, std::int64_t id);
 }  // namespace node_view
 
 /// How code outside module cgt makes a handle of an engine and reaches a handle's engine: each

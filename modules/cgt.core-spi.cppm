@@ -17,6 +17,7 @@ module;
 
 export module cgt.core:spi;
 import cgt.vocabulary;
+import :arena;
 
 export namespace cgt::detail {
 struct LeaseCore;  // a lease's state (:detail), for module cgt's handles
@@ -104,6 +105,10 @@ struct RunResult {
   /// copied those outputs out of the pool, so `values` are the call's to hand out as they are; the
   /// engine does, and runs these shapes eagerly from then on, without running the function again.
   std::optional<Error> ungraphable;
+  /// What a warm-up (`RunMode::warmup`) asked of the pool's arena, in order (null: a backend
+  /// without an arena, or another mode): the engine keeps the last one per shape, and the device
+  /// predicts from it what the shape's recording will add to the pool (`Device::predict_growth`).
+  std::shared_ptr<const ArenaTrace> allocations;
 };
 
 /// The user's callable, type-erased by the backend; only the backend that made it calls it.
@@ -138,6 +143,11 @@ class Recording {
   virtual void bind_outputs(std::span<StorageHandle* const> storages) = 0;
   /// The native value of output `i` after a replay; its address is stable while the recording lives.
   [[nodiscard]] virtual const void* output(std::size_t i) const = 0;
+  /// Device memory its executable took when it was instantiated and uploaded (measured; 0 where
+  /// it shares an earlier recording's executable, or the backend cannot tell).
+  [[nodiscard]] virtual std::size_t executable_bytes() const noexcept { return 0; }
+  /// Pool bytes of its input slots (the copied inputs' blocks, allocated while it lives).
+  [[nodiscard]] virtual std::size_t slot_bytes() const noexcept { return 0; }
 };
 
 /// How a recording makes the function's loops and branches (`loop_while`, `if_then`, `switch_on`).
@@ -515,6 +525,18 @@ class Device {
   /// The sizes of a value the pool hands out (empty: none, or not known to the backend): the
   /// engine looks for a bucket's size on the dimensions it does not slice.
   [[nodiscard]] virtual std::vector<std::int64_t> sizes_of(const void* /*value*/) const { return {}; }
+
+  /// What recording `args` as `plan` says will add to the pool's reserved memory, from the pool's
+  /// state now, given what the shape's warm-up asked (`RunResult::allocations`): its input slots
+  /// first, then the function's work as the warm-up did it. Empty where the backend cannot tell.
+  [[nodiscard]] virtual std::optional<std::size_t> predict_growth(const ArenaTrace& /*warmup*/,
+                                                                  std::span<const ArgSlot> /*args*/,
+                                                                  const RecordPlan& /*plan*/) const {
+    return std::nullopt;
+  }
+  /// Gives back to the system the pool memory that no allocated block, kept checkpoint or living
+  /// recording uses (after the engine dropped recordings); returns the bytes. Default: none.
+  virtual std::size_t release_unused() { return 0; }
 
   /// Allocated blocks of the pool.
   [[nodiscard]] virtual std::vector<Block> live_blocks() const = 0;

@@ -5,6 +5,8 @@ module;
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <optional>
+#include <vector>
 
 export module cgt.vocabulary:info;
 import :options;
@@ -74,6 +76,10 @@ struct Stats {
   /// Fallback decisions that were logged as a warning (PyTorch's `cudagraph_skips`): a function
   /// that mutates an input is logged once, however many calls fall back.
   std::uint64_t fallback_warnings = 0;
+  /// Graphs dropped to stay inside `Options::memory_budget_bytes` (`OverBudget::evict_coldest`),
+  /// and the bytes of pool memory and executables that gave back.
+  std::uint64_t evictions = 0;
+  std::uint64_t evicted_bytes = 0;
   /// Reports the log sink threw on (the call went on; the decision is still counted).
   std::uint64_t log_sink_failures = 0;
   /// Calls per reason (`Reason` as index); for warnings, the number of warnings.
@@ -131,6 +137,53 @@ struct MemoryInfo {
   /// Blocks counted in `allocated_bytes`: allocated blocks, plus (cgt.torch) one per replay output
   /// storage still leased. `Pool::live_blocks()` lists the allocator's blocks only.
   std::size_t live_blocks = 0;
+};
+
+/// What one recorded graph's memory is (`Node::memory()`).
+struct NodeMemory {
+  /// What the pool predicted, before recording, the recording would add to its reserved bytes
+  /// (from the shape's warm-up); empty where it could not (no warm-up, or cgt.torch).
+  std::optional<std::size_t> predicted_pool_bytes;
+  /// What the recording did add to the pool's reserved bytes (new segments).
+  std::size_t pool_bytes = 0;
+  /// Pool bytes of its input slots (blocks it keeps allocated while it lives).
+  std::size_t slot_bytes = 0;
+  /// Device memory its executable took (measured at instantiation; cgt.cuda: 0 where it shares an
+  /// earlier recording's executable; cgt.host and cgt.torch: 0).
+  std::size_t executable_bytes = 0;
+};
+
+/// The memory of one function's graphs, summed over its nodes (`MemoryReport::functions`).
+struct FunctionMemory {
+  std::string function;
+  std::size_t graphs = 0;            ///< recorded graphs alive
+  std::size_t pool_bytes = 0;        ///< what their recordings added to the pool
+  std::size_t slot_bytes = 0;        ///< their input slots
+  std::size_t executable_bytes = 0;  ///< their executables
+};
+
+/// The pool's memory by owner (`Pool::memory_report()`).
+struct MemoryReport {
+  /// The pool's segments, held from the system: `live_bytes` + `cached_bytes`.
+  std::size_t reserved_bytes = 0;
+  /// Of them, blocks leases hold now (`MemoryInfo::allocated_bytes`).
+  std::size_t live_bytes = 0;
+  /// Of them, the rest: the graphs' temporaries and input slots between replays, dead outputs'
+  /// blocks, space not used yet. Given back only by eviction (`OverBudget::evict_coldest`) and
+  /// `shutdown()`.
+  std::size_t cached_bytes = 0;
+  /// Of the reserved bytes, the input slots of the recorded graphs.
+  std::size_t slot_bytes = 0;
+  /// Copies of outputs kept for leases past a new step (`Options::copy_out_on_new_step`): memory
+  /// outside the pool, alive while those leases are.
+  std::size_t copied_out_bytes = 0;
+  /// The graphs' executables, outside the pool (what `memory_budget_bytes` counts with the segments).
+  std::size_t executable_bytes = 0;
+  /// Per function with graphs, in registration order.
+  std::vector<FunctionMemory> functions;
+
+  /// What the budget counts: the segments and the executables.
+  [[nodiscard]] std::size_t budgeted_bytes() const noexcept { return reserved_bytes + executable_bytes; }
 };
 
 /// The memory as one line of text, for logs: "1048576 bytes reserved, 0 allocated in 0 blocks,

@@ -57,7 +57,23 @@ enum class Reason : std::uint8_t {
   /// between them (a wait each). Counted for that eager call; warned once per shape key.
   /// (`FunctionOptions::control_flow_on_host` records this way from the start.)
   control_flow_on_host,
+  /// Recording these shapes would take the pool past `Options::memory_budget_bytes` (what the
+  /// recording would add predicted from their warm-up), and evicting graphs (`OverBudget::
+  /// evict_coldest`) was not asked for or not enough: the call runs eagerly; the shapes try again
+  /// at their next call. Warned once per shape key.
+  over_budget,
   count_,  ///< number of reasons (not a reason)
+};
+
+/// What a pool does when a recording would take it past `Options::memory_budget_bytes`.
+enum class OverBudget : std::uint8_t {
+  /// The call runs eagerly (`Reason::over_budget`); nothing recorded is touched.
+  run_eagerly,
+  /// The graphs replayed (or recorded) longest ago are dropped first, each with the graphs
+  /// recorded after it on its path: their executables go, and the pool's segments that only they
+  /// used are given back. Each is recorded again at its next call. Graphs on the current path
+  /// stay. Eagerly (`Reason::over_budget`) only when dropping every other graph is not enough.
+  evict_coldest,
 };
 
 /// The name of a reason, e.g. "mutated_input".
@@ -119,6 +135,14 @@ struct Options {
   /// runs eagerly at those shapes from then on (`Reason::nested_pool`). Raise it if recordings of
   /// a large model take longer, so that an independent thread's call is not mistaken for one.
   std::chrono::milliseconds wait_for_other_captures{1000};
+  /// Most bytes of device memory the pool's graphs may take: the pool's segments (cgt.host and
+  /// cgt.cuda: its arena's reserved bytes) plus the graphs' executables. Before each recording
+  /// the pool predicts what it will add (from the shape's warm-up: `Node::memory()`); one that
+  /// would go past the budget is not made, as `over_budget` says. 0: no budget. Backends that
+  /// cannot predict a recording (cgt.torch) refuse a budget at `make_pool`.
+  std::size_t memory_budget_bytes = 0;
+  /// What a recording that would go past `memory_budget_bytes` does instead.
+  OverBudget over_budget = OverBudget::run_eagerly;
   /// Where decisions go. Empty: stderr, once per function and reason.
   LogSink log_sink;
 };

@@ -32,6 +32,7 @@ import :path;
 import :ledger;
 import :functions;
 import :pool_memory;
+import :budget;
 import :events;
 
 namespace cgt::detail {
@@ -285,6 +286,14 @@ class Engine final {
   /// A recording whose graph ran once but must not be kept (`Recorded::not_kept`): its outputs are
   /// the call's, handed out as a warm-up's, and the variant learns why.
   CallOutputs keep_first_run_only(CallFrame& frame, backend::Recorded& recorded, const Error& why);
+  /// What recording the call as `plan` says would add to the pool, from its shape's warm-up (empty:
+  /// unknown).
+  [[nodiscard]] std::optional<std::size_t> predict_recording(const CallFrame& frame,
+                                                             const backend::RecordPlan& plan) const;
+  /// Before a recording under a budget: makes room as `Options::over_budget` says (`Budget::
+  /// make_room`); where there is none, the call is marked to run eagerly (`Reason::over_budget`,
+  /// warned once per shape) and false returned.
+  [[nodiscard]] bool fits_budget(CallFrame& frame, const backend::RecordPlan& plan);
 
   // --- writes to inputs that the options do not declare (engine_writes.cpp) ---
   /// After a run that wrote `written` (`RunResult::written_inputs`): treats each as mutated from
@@ -333,6 +342,9 @@ class Engine final {
   /// What the path's changes do to the pool's memory, and what a death does (pool_memory.cppm, the
   /// owner): the ledger's effects. Shut down by `shutdown()`.
   PoolMemory memory_{path_, *device_, functions_, options_, stats_, ledger_};
+  /// Whether a recording fits `Options::memory_budget_bytes`, the graphs' use counter, eviction
+  /// (budget.cppm, the owner): asked by `record`, touched by `record` and `replay`.
+  Budget budget_{options_, tree_, path_, *device_, stats_};
 
   /// When a call begins a new generation (generation_rule.hpp, the rule's one owner).
   GenerationRule generation_rule_;

@@ -42,6 +42,8 @@ std::string fallback_message(Reason reason, const std::string& function) {
       return "running " + name +
              " eagerly: its recording ran out of pool memory (the pool is as it was before); it records at a later "
              "call";
+    case Reason::over_budget:
+      return "running " + name + " eagerly: recording it would take the pool past Options::memory_budget_bytes";
     default: return "skipping graphs for " + name + ": " + std::string(to_string(reason));
   }
 }
@@ -51,7 +53,7 @@ std::string fallback_message(Reason reason, const std::string& function) {
 bool logged_when_kept(Reason reason) noexcept {
   return reason == Reason::mutated_input || reason == Reason::rerecord_limit || reason == Reason::capture_failed ||
          reason == Reason::nested_pool || reason == Reason::unsupported_output ||
-         reason == Reason::control_flow_on_host;
+         reason == Reason::control_flow_on_host || reason == Reason::over_budget;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // out how its outputs alias other memory, checkpoint the allocator, and hand out the outputs.
 module;
 #include <expected>
+#include <functional>
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -144,6 +145,28 @@ CallOutputs Engine::keep_first_run_only(CallFrame& frame, backend::Recorded& rec
   return keep_as_warmup(frame, recorded.first_outputs, NodeReason::recording_not_kept);
 }
 
+std::optional<std::size_t> Engine::predict_recording(const CallFrame& frame, const backend::RecordPlan& plan) const {
+  const std::shared_ptr<const ArenaTrace>& warmup = frame.variant->warmup_allocations;
+  if (!warmup) return std::nullopt;
+  return device_->predict_growth(*warmup, frame.args, plan);
+}
+
+bool Engine::fits_budget(CallFrame& frame, const backend::RecordPlan& plan) {
+  if (!budget_.active()) return true;
+  if (budget_.make_room([&] { return predict_recording(frame, plan); }, frame.rerecording_of)) return true;
+  frame.unfit = Reason::over_budget;
+  if (!std::exchange(frame.variant->warned_over_budget, true)) {
+    const std::optional<std::size_t> adds = predict_recording(frame, plan);
+    events_.say(EventKind::warning, Reason::over_budget, *frame.function,
+                "recording " + in_quotes(frame.function->name) + " at these input shapes would add " +
+                    (adds ? std::to_string(*adds) + " bytes" : std::string("an unknown amount")) +
+                    " to a pool that holds " + std::to_string(budget_.budgeted_bytes()) + " of its budget of " +
+                    std::to_string(options_.memory_budget_bytes) +
+                    " bytes (Options::memory_budget_bytes): these calls run eagerly until it fits");
+  }
+  return false;
+}
+
 Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   FunctionRecord& function = *frame.function;
   if (auto held = memory_.hold_ended(); !held) {
@@ -162,6 +185,9 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
       .replaces = frame.rerecording_of != nullptr ? frame.rerecording_of->recording() : nullptr,
       .control_flow =
           host_decides(function, *frame.variant) ? backend::ControlFlow::on_host : backend::ControlFlow::on_device};
+  if (!fits_budget(frame, plan)) return give_back(frame);
+  const std::optional<std::size_t> predicted = predict_recording(frame, plan);
+  const std::size_t reserved_before = device_->memory().reserved_bytes;
   auto recorded = run_in_pool<backend::Recorded>(
       frame, "recording", [&] { return record_graph(*device_, *function.invoker, frame.args, plan, *this, function); },
       [](const backend::Recorded& made) -> const backend::RunResult& { return made.first_outputs; });
@@ -180,6 +206,9 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   auto checkpoint = device_->checkpoint();
   if (!checkpoint) return std::unexpected(in_call(std::move(checkpoint.error()), function, "recording", node->id()));
   node->mark_recorded(std::move(*checkpoint), liveness_before);
+  const std::size_t reserved_after = device_->memory().reserved_bytes;
+  node->note_growth(predicted, reserved_after > reserved_before ? reserved_after - reserved_before : 0);
+  budget_.touch(*node);
   count_recording(reason, function, stats_, events_);
   path_.enter(tree_.add(std::move(node), path_.children(tree_.roots())), PathState::recording, frame.generation);
   return out;

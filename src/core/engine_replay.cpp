@@ -35,6 +35,7 @@ Result<CallOutputs> Engine::replay(TreeNode& node, CallFrame& frame) {
       [&](std::size_t i) { return ran.output_value(i); }, NoOwner{});
   path_.enter(node, PathState::execution, frame.generation);
   ++stats_.replays;
+  budget_.touch(node);
   return out;
 }
 

@@ -38,6 +38,7 @@ Result<CallOutputs> Engine::warm_up(CallFrame& frame) {
   if (const std::optional<Error>& ungraphable = result->ungraphable) {
     run_eagerly_from_now_on(frame, *ungraphable, Reason::unsupported_output, events_);
   }
+  if (result->allocations) frame.variant->warmup_allocations = result->allocations;
   const NodeReason reason = warmup_reason(*frame.variant, path_);
   ++stats_.warmups;
   return keep_as_warmup(frame, *result, reason);

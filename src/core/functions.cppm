@@ -47,6 +47,11 @@ struct Variant {
   /// its later recordings have the host decide them between segments (`ControlFlow::on_host`).
   /// Set by `after_failed_recording`.
   bool control_flow_on_host = false;
+  /// What its last warm-up asked of the pool's arena (`RunResult::allocations`; null: none, or a
+  /// backend without an arena): what its recording will add is predicted from it. Set by `warm_up`.
+  std::shared_ptr<const ArenaTrace> warmup_allocations;
+  /// Told once that its recording would go past the budget (`Reason::over_budget`). Set by `record`.
+  bool warned_over_budget = false;
   /// Re-recorded somewhere in the tree (`ChildFacts::rerecords`): only then does a call look its
   /// count up. Set by `run_tree`.
   bool rerecorded = false;

@@ -53,6 +53,10 @@ NodeKind kind(const EngineRef& pool, std::int64_t id) {
   return read_node(pool, id, NodeKind::graph, [](const Engine&, const TreeNode& node) { return node.kind(); });
 }
 
+NodeMemory memory(const EngineRef& pool, std::int64_t id) {
+  return read_node(pool, id, NodeMemory{}, [](const Engine&, const TreeNode& node) { return node.memory(); });
+}
+
 bool control_flow_on_host(const EngineRef& pool, std::int64_t id) {
   return read_node(pool, id, false, [](const Engine&, const TreeNode& node) {
     return node.control_flow() == backend::ControlFlow::on_host;
@@ -166,6 +170,13 @@ std::string to_dot(const Engine& engine) {
         << name_of(node) << "\\n#" << node->id() << " " << label << "\\n"
         << to_string(node->reason()) << "\\noutputs: " << node->output_count();
     if (node->control_flow() == backend::ControlFlow::on_host) dot << "\\nloops and branches: host-decided";
+    if (node->kind() == NodeKind::graph) {
+      const NodeMemory memory = node->memory();
+      dot << "\\npool +" << memory.pool_bytes << " B";
+      if (memory.predicted_pool_bytes) dot << " (predicted " << *memory.predicted_pool_bytes << ")";
+      if (memory.slot_bytes != 0) dot << ", slots " << memory.slot_bytes << " B";
+      if (memory.executable_bytes != 0) dot << ", executable " << memory.executable_bytes << " B";
+    }
     std::size_t live = 0;
     for (const auto& cell : node->cells()) live += cell && cell->is_live();
     if (live > 0) dot << " (" << live << " live)";
@@ -179,6 +190,7 @@ std::string to_dot(const Engine& engine) {
     return std::string("n") + (node->id() < 0 ? "w" + std::to_string(-node->id()) : std::to_string(node->id()));
   };
   for (const TreeNode* node : tree.nodes()) {
+    if (node == nullptr) continue;  // evicted
     emit(node);
     if (node->parent() != nullptr) dot << "  " << id_of(node->parent()) << " -> " << id_of(node) << ";\n";
   }

@@ -161,6 +161,8 @@ class Path {
   /// Whether a new generation ended a path that the call has not released yet (inline: every
   /// call asks, twice).
   [[nodiscard]] inline bool has_ended() const noexcept { return ended_.has_value(); }
+  /// The node the ended path was at (null: no ended record, or it was at no graph node).
+  [[nodiscard]] inline const TreeNode* ended_node() const noexcept { return ended_ ? ended_->current : nullptr; }
   /// Ended records taken so far (`take_ended`): paths whose outputs' memory a new generation
   /// reclaimed. A call that failed after one was taken cannot give its generation back.
   [[nodiscard]] inline std::uint64_t reclaims() const noexcept { return reclaims_; }

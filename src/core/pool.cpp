@@ -200,6 +200,37 @@ MemoryInfo memory(const EngineRef& pool) {
   });
 }
 
+MemoryReport memory_report(const EngineRef& pool) {
+  return read_engine(pool, MemoryReport{}, [](const Engine& engine) {
+    if (engine.is_shut_down()) return MemoryReport{};
+    const MemoryInfo memory = engine.device().memory();
+    MemoryReport report{.reserved_bytes = memory.reserved_bytes,
+                        .live_bytes = memory.allocated_bytes,
+                        .cached_bytes = memory.reserved_bytes > memory.allocated_bytes
+                                            ? memory.reserved_bytes - memory.allocated_bytes
+                                            : 0,
+                        .copied_out_bytes = engine.pool_memory().copied_out_bytes()};
+    std::vector<FunctionMemory> by_function(engine.functions().size());
+    for (const TreeNode* node : engine.tree().nodes()) {
+      if (node == nullptr) continue;  // evicted
+      const NodeMemory graph = node->memory();
+      FunctionMemory& owner = by_function[function_of(engine, *node)];
+      ++owner.graphs;
+      owner.pool_bytes += graph.pool_bytes;
+      owner.slot_bytes += graph.slot_bytes;
+      owner.executable_bytes += graph.executable_bytes;
+      report.slot_bytes += graph.slot_bytes;
+      report.executable_bytes += graph.executable_bytes;
+    }
+    for (std::uint32_t i = 0; i < by_function.size(); ++i) {
+      if (by_function[i].graphs == 0) continue;
+      by_function[i].function = engine.functions().name(i);
+      report.functions.push_back(std::move(by_function[i]));
+    }
+    return report;
+  });
+}
+
 std::vector<Block> live_blocks(const EngineRef& pool) {
   return read_engine(pool, std::vector<Block>{}, [](const Engine& engine) {
     return engine.is_shut_down() ? std::vector<Block>{} : engine.device().live_blocks();

@@ -31,7 +31,15 @@ void PoolMemory::end_for_new_generation() {
   path_.end_for_new_generation([this](const Cell& cell) -> std::shared_ptr<void> {
     if (!options_.copy_out_on_new_step) return nullptr;
     auto rescued = device_.rescue(cell.storage);
-    return rescued ? std::move(*rescued) : nullptr;
+    if (!rescued || *rescued == nullptr) return nullptr;
+    // The copy is counted while leases read it: its deleter keeps the backend's copy and counts down.
+    const std::size_t bytes = cell.storage.bytes;
+    copied_out_bytes_->fetch_add(bytes, std::memory_order_relaxed);
+    void* copy = rescued->get();
+    return std::shared_ptr<void>(copy, [kept = std::move(*rescued), counter = copied_out_bytes_, bytes](void*) mutable {
+      counter->fetch_sub(bytes, std::memory_order_relaxed);
+      kept.reset();
+    });
   });
 }
 

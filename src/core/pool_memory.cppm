@@ -6,6 +6,7 @@
 // path.cppm's; the cells' counts are the ledger's.
 module;
 #include <expected>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -107,6 +108,10 @@ class PoolMemory final : public LedgerEffects {
   void cell_died(Cell& cell) noexcept override;
   /// The pool is shut down: deaths free nothing from now on.
   inline void shut_down() noexcept { shut_down_ = true; }
+  /// Bytes of the copies `copy_out_on_new_step` made that leases still read (any thread).
+  [[nodiscard]] inline std::size_t copied_out_bytes() const noexcept {
+    return copied_out_bytes_->load(std::memory_order_relaxed);
+  }
 
  private:
   void release_ended_now() noexcept;
@@ -124,6 +129,9 @@ class PoolMemory final : public LedgerEffects {
   Stats& stats_;
   const Ledger& ledger_;    ///< whether the device hears of a death (`Ledger::device_hears_of_death`)
   bool shut_down_ = false;  ///< set by `shut_down`, never cleared
+  /// Counted up when a copy is made, down when the last lease reading it goes (on any thread):
+  /// shared with each copy's deleter, which may outlive the pool.
+  std::shared_ptr<std::atomic<std::size_t>> copied_out_bytes_ = std::make_shared<std::atomic<std::size_t>>(0);
 };
 
 }  // namespace cgt::detail

@@ -59,6 +59,16 @@ TreeNode& Tree::add(std::unique_ptr<TreeNode> node, Children& siblings) {
   return siblings.add(std::move(node));
 }
 
+std::unique_ptr<TreeNode> Tree::evict(TreeNode& node) {
+  auto forget = [this](auto& self, const TreeNode& gone) -> void {
+    nodes_[static_cast<std::size_t>(gone.id())] = nullptr;
+    gone.children().each([&](const TreeNode& child) { self(self, child); });
+  };
+  forget(forget, node);
+  Children& siblings = node.parent() != nullptr ? node.parent()->children() : roots_;
+  return siblings.take(&node);
+}
+
 void Tree::clear() noexcept {
   nodes_.clear();  // views first: the roots own the nodes
   roots_.clear();

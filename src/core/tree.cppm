@@ -169,6 +169,15 @@ class Children {
   /// What is known of `variant` at this place of the tree, whether or not a node of it exists.
   [[nodiscard]] ChildFacts& facts(std::uint32_t variant);
   [[nodiscard]] std::size_t count_descendants() const;
+  /// Calls `visit(node)` for each node here (not their children), variant by variant.
+  template <class Visit>
+  void each(Visit visit) const {
+    for (const Entry& entry : entries_) {
+      for (const auto& node : entry.nodes) visit(*node);
+    }
+  }
+  /// Takes `node` (one of these) out, with its subtree; the variant's facts stay.
+  [[nodiscard]] std::unique_ptr<TreeNode> take(const TreeNode* node);
   void clear() noexcept;
 
  private:
@@ -287,6 +296,19 @@ class TreeNode {
   /// earlier graph's (`Tree::match` takes such a child at once: a root, most often).
   [[nodiscard]] inline bool fits_every_call() const noexcept { return fits_every_call_; }
 
+  // --- memory and eviction (graph nodes) ---
+  /// What the pool predicted the recording would add to its reserved bytes, and what it added.
+  inline void note_growth(std::optional<std::size_t> predicted, std::size_t added) noexcept {
+    predicted_growth_ = predicted;
+    pool_growth_ = added;
+  }
+  /// Its memory: the growth noted, and its recording's slots and executable.
+  [[nodiscard]] NodeMemory memory() const noexcept;
+  /// The engine's use counter at its last replay (or its recording): the coldest go first when
+  /// the pool evicts (`OverBudget::evict_coldest`).
+  inline void touch(std::uint64_t tick) noexcept { last_use_ = tick; }
+  [[nodiscard]] inline std::uint64_t last_use() const noexcept { return last_use_; }
+
   // --- replay (the hot path) ---
   /// Points each output at the storage this replay writes (a new cell of `function`'s where the
   /// last one is still held or was reclaimed, prepared by `device`), and tells the recording if
@@ -321,6 +343,9 @@ class TreeNode {
   Children children_;
 
   std::unique_ptr<backend::Recording> recording_;
+  std::optional<std::size_t> predicted_growth_;  ///< by `note_growth`
+  std::size_t pool_growth_ = 0;                   ///< by `note_growth`
+  std::uint64_t last_use_ = 0;                    ///< by `touch`
   bool checks_arguments_ = false;  ///< `Recording::checks_arguments()`, by `keep_recording`
   backend::ControlFlow control_flow_ = backend::ControlFlow::on_device;  ///< by `keep_recording`
   std::vector<const void*> output_values_;                               ///< `Recording::output(i)`, by `mark_recorded`
@@ -382,14 +407,16 @@ class Tree {
   /// REQUIRES: `node->id() == next_id()`, and `siblings` are those of the node's parent (the
   /// roots for a root). ENSURES: `find(node->id())` is the node, the last of its variant there.
   TreeNode& add(std::unique_ptr<TreeNode> node, Children& siblings);
-  /// The graph node `id`, or null (a warm-up node's negative id, an id not given out, or after
-  /// `clear`).
+  /// The graph node `id`, or null (a warm-up node's negative id, an id not given out, an evicted
+  /// node, or after `clear`).
   [[nodiscard]] inline const TreeNode* find(std::int64_t id) const noexcept {
-    return id >= 0 && static_cast<std::size_t>(id) < nodes_.size() ? nodes_[static_cast<std::size_t>(id)].get()
-                                                                   : nullptr;
+    return id >= 0 && static_cast<std::size_t>(id) < nodes_.size() ? nodes_[static_cast<std::size_t>(id)] : nullptr;
   }
-  /// Every graph node, in recording order.
-  [[nodiscard]] inline std::span<const gsl::not_null<TreeNode*>> nodes() const noexcept { return nodes_; }
+  /// Every graph node ever recorded, by id: null where it was evicted.
+  [[nodiscard]] inline std::span<TreeNode* const> nodes() const noexcept { return nodes_; }
+  /// Takes `node` out of the tree with its subtree (`find` answers null for their ids from now on);
+  /// the caller destroys them. REQUIRES: a graph node of this tree.
+  [[nodiscard]] std::unique_ptr<TreeNode> evict(TreeNode& node);
   /// ENSURES: no node (the roots own them all; a parent owns its children).
   void clear() noexcept;
 
@@ -426,7 +453,7 @@ class Tree {
                                            Match& match) noexcept;
 
   Children roots_;
-  std::vector<gsl::not_null<TreeNode*>> nodes_;  ///< by id: every graph node, owned by roots_ and below
+  std::vector<TreeNode*> nodes_;  ///< by id: every graph node, owned by roots_ and below; null: evicted
 };
 
 }  // namespace cgt::detail

@@ -59,6 +59,25 @@ std::size_t Children::count_descendants() const {
   return count;
 }
 
+std::unique_ptr<TreeNode> Children::take(const TreeNode* node) {
+  for (Entry& entry : entries_) {
+    auto found = std::ranges::find_if(entry.nodes, [node](const auto& child) { return child.get() == node; });
+    if (found == entry.nodes.end()) continue;
+    std::unique_ptr<TreeNode> taken = std::move(*found);
+    entry.nodes.erase(found);
+    if (entry.nodes.empty()) std::erase(order_, entry.variant);
+    return taken;
+  }
+  return nullptr;
+}
+
+NodeMemory TreeNode::memory() const noexcept {
+  return {.predicted_pool_bytes = predicted_growth_,
+          .pool_bytes = pool_growth_,
+          .slot_bytes = recording_ ? recording_->slot_bytes() : 0,
+          .executable_bytes = recording_ ? recording_->executable_bytes() : 0};
+}
+
 void Children::clear() noexcept {
   entries_.clear();
   order_.clear();

@@ -13,6 +13,7 @@ module;
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,6 +44,22 @@ Result<Values> invoke(backend::Invoker& invoker, Context& context, const Inputs&
 // Whether the graph's byte-span copy reproduces `source` (a view inside its storage, which
 // Backend::describe checked): its elements must not overlap (broadcast dimensions aside, copied
 // once) nor run backwards. Other views are gathered element by element into a contiguous slot.
+bool copies_as_span(const Buffer& source);
+
+// Free memory of the current device (0 if CUDA cannot tell).
+std::size_t free_device_bytes() {
+  std::size_t free = 0;
+  std::size_t total = 0;
+  return cudaMemGetInfo(&free, &total) == cudaSuccess ? free : 0;
+}
+
+// The layout of a copied input's slot (`CudaCapture::make_slots`): the source's, or contiguous where
+// it is gathered.
+Layout slot_layout(const Buffer& source) {
+  return copies_as_span(source) ? source.layout().restrided(0, source.sizes(), source.strides())
+                                : Layout::contiguous(source.type(), source.sizes());
+}
+
 bool copies_as_span(const Buffer& source) {
   return std::ranges::none_of(source.strides(), [](std::int64_t stride) { return stride < 0; }) &&
          source.layout().is_injective_apart_from_broadcast();
@@ -110,7 +127,7 @@ class CudaRecording final : public backend::Recording {
   CudaRecording(const std::shared_ptr<SharedExec>& exec, kernels::GraphHandle own_graph,
                 std::vector<kernels::CopyBatch> captured, cudaStream_t stream, int device, const void* context,
                 std::vector<Copy> copies, Values outputs, GraphCounts& counts, std::vector<Instantiated> later,
-                backend::HostDecisions decisions)
+                backend::HostDecisions decisions, SegmentHold uses, std::size_t executable_bytes)
       : later_(std::move(later)),
         decisions_(std::move(decisions)),
         own_graph_(std::move(own_graph)),
@@ -120,7 +137,11 @@ class CudaRecording final : public backend::Recording {
         context_(context),
         copies_(std::move(copies)),
         outputs_(std::move(outputs)),
-        counts_(counts) {}
+        counts_(counts),
+        uses_(std::move(uses)),
+        executable_bytes_(executable_bytes) {
+    for (const Copy& copy : copies_) slot_bytes_ += copy.slot.storage_bytes();
+  }
   CudaRecording(const CudaRecording&) = delete;
   CudaRecording& operator=(const CudaRecording&) = delete;
   ~CudaRecording() override = default;
@@ -182,6 +203,8 @@ class CudaRecording final : public backend::Recording {
   // Outputs are plain device addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
+  [[nodiscard]] std::size_t executable_bytes() const noexcept override { return executable_bytes_; }
+  [[nodiscard]] std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
 
  private:
   // Where the host decides the loops and branches: the segments after the first (graph_), and
@@ -196,6 +219,9 @@ class CudaRecording final : public backend::Recording {
   std::vector<Copy> copies_;
   Values outputs_;
   GraphCounts& counts_;
+  SegmentHold uses_;  // the arena's segments its capture allocated in: its replays use them
+  std::size_t executable_bytes_;
+  std::size_t slot_bytes_ = 0;
 };
 
 }  // namespace
@@ -254,6 +280,10 @@ class CudaDevice final : public backend::Device {
     return "cgt.cuda cannot pad inputs yet (it has no fill kernel for its buffers): use graph_sizes and pad to "
            "those sizes yourself, or cgt.torch, which pads";
   }
+  [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup,
+                                                          std::span<const backend::ArgSlot> args,
+                                                          const backend::RecordPlan& plan) const override;
+  std::size_t release_unused() override;
   [[nodiscard]] std::vector<Block> live_blocks() const override;
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;
@@ -394,14 +424,18 @@ Result<backend::RunResult> CudaDevice::run(backend::Invoker& fn, std::span<const
   CurrentDevice current;
   if (auto set = current.enter(device_, context_); !set) return std::unexpected(set.error());
   const CallInputs inputs(args);
-  Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::device_memory,
-                  false);
+  const bool warmup = mode == backend::RunMode::warmup;
+  Context context(*this, warmup ? Context::Target::pool : Context::Target::device_memory, false);
+  std::optional<backend::ArenaTraceScope> trace;
+  if (warmup) trace.emplace(*arena_);
   auto outputs = invoke(fn, context, inputs.view());
   if (!outputs) {
     backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(outputs.error()));
   }
-  return finish(context, std::move(*outputs));
+  auto finished = finish(context, std::move(*outputs));
+  if (finished && trace) finished->allocations = std::make_shared<const ArenaTrace>(trace->take());
+  return finished;
 }
 
 namespace {
@@ -423,7 +457,12 @@ class CudaCapture final : public backend::Capture {
  public:
   CudaCapture(CudaDevice& device, backend::Invoker& fn, std::span<const backend::ArgSlot> args,
               const backend::RecordPlan& plan)
-      : device_(device), fn_(fn), plan_(plan), inputs_(args), context_(device, Context::Target::pool, true) {}
+      : device_(device),
+        fn_(fn),
+        plan_(plan),
+        inputs_(args),
+        context_(device, Context::Target::pool, true),
+        trace_(*device.arena_) {}
   CudaCapture(const CudaCapture&) = delete;
   CudaCapture& operator=(const CudaCapture&) = delete;
   // Unfinished, it gives back every block it allocated; finished, the outputs hold them.
@@ -440,8 +479,7 @@ class CudaCapture final : public backend::Capture {
       if (!plan_.copy_input[i]) continue;
       const Buffer& source = inputs_.values[i];
       const bool gathered = !copies_as_span(source);
-      const Layout layout = gathered ? Layout::contiguous(source.type(), source.sizes())
-                                     : source.layout().restrided(0, source.sizes(), source.strides());
+      const Layout layout = slot_layout(source);
       const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
       auto memory = arena().allocate(bytes);
       if (!memory) return std::unexpected(std::move(memory.error()));
@@ -555,6 +593,16 @@ class CudaCapture final : public backend::Capture {
   }
 
   [[nodiscard]] Result<void> instantiate() override {
+    // What the executables take is measured: CUDA has no query for it. Another thread's
+    // allocation meanwhile would count too.
+    const std::size_t free_before = free_device_bytes();
+    if (auto made = instantiate_and_upload(); !made) return made;
+    const std::size_t free_after = free_device_bytes();
+    executable_bytes_ = free_before > free_after ? free_before - free_after : 0;
+    return {};
+  }
+
+  [[nodiscard]] Result<void> instantiate_and_upload() {
     cudaGraphExec_t exec = nullptr;
     if (auto ok = checked(cudaGraphInstantiate(&exec, graph_.get(), 0), "instantiating a graph"); !ok) {
       // A body the checks let through but CUDA refuses in a conditional node (NCCL collectives,
@@ -589,7 +637,8 @@ class CudaCapture final : public backend::Capture {
     backend::Recorded recorded;
     recorded.recording = std::make_unique<CudaRecording>(
         shared_, std::move(graph_), std::move(captured_), stream(), device_.device_, device_.context_,
-        std::move(copies_), outputs_, device_.counts_, std::move(later_), std::move(segments_.decisions));
+        std::move(copies_), outputs_, device_.counts_, std::move(later_), std::move(segments_.decisions),
+        arena().hold(trace_.take().segments()), executable_bytes_);
     recorded.first_outputs = backend::describe_outputs(arena(), context_.allocations_, std::move(outputs_));
     context_.allocations_.clear();
     return recorded;
@@ -607,6 +656,8 @@ class CudaCapture final : public backend::Capture {
   backend::RecordPlan plan_;
   CallInputs inputs_;  // the function's inputs: the copied ones replaced by their slots
   Context context_;    // the pool blocks allocated so far, slots first
+  backend::ArenaTraceScope trace_;  // which segments its blocks fall in (its graph uses them)
+  std::size_t executable_bytes_ = 0;
   std::vector<CudaRecording::Copy> copies_;
   std::vector<kernels::CopyJob> jobs_;              // the graph's copy nodes copy the covered spans
   std::vector<kernels::CopyNode> nodes_;            // the copy nodes, as captured
@@ -625,6 +676,20 @@ Result<std::unique_ptr<backend::Capture>> CudaDevice::begin_recording(backend::I
   auto capture = std::make_unique<CudaCapture>(*this, fn, args, plan);
   if (auto entered = capture->enter_device(); !entered) return std::unexpected(entered.error());
   return capture;
+}
+
+std::optional<std::size_t> CudaDevice::predict_growth(const ArenaTrace& warmup, std::span<const backend::ArgSlot> args,
+                                                      const backend::RecordPlan& plan) const {
+  return backend::predict_arena_growth(*arena_, warmup, args, plan, [](const backend::ArgSlot& arg) {
+    return std::max<std::size_t>(slot_layout(*static_cast<const Buffer*>(arg.value)).required_bytes(), 1);
+  });
+}
+
+std::size_t CudaDevice::release_unused() {
+  if (!arena_) return 0;
+  CurrentDevice current;
+  if (!current.enter(device_, context_)) return 0;
+  return arena_->release_unused();  // cudaFree of each segment given back
 }
 
 Result<std::unique_ptr<backend::Checkpoint>> CudaDevice::checkpoint() {

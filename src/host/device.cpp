@@ -8,6 +8,7 @@ module;
 #include <exception>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -90,8 +91,8 @@ class InputSnapshots {
 class HostRecording final : public backend::Recording {
  public:
   HostRecording(Graph graph, HostSegments segments, std::vector<Buffer> slots, const std::vector<bool>& copied,
-                Values outputs)
-      : graph_(std::move(graph)), segments_(std::move(segments)), outputs_(std::move(outputs)) {
+                Values outputs, SegmentHold uses)
+      : graph_(std::move(graph)), segments_(std::move(segments)), outputs_(std::move(outputs)), uses_(std::move(uses)) {
     for (std::size_t i = 0; i < copied.size(); ++i) {
       if (!copied[i]) continue;
       const Buffer& slot = slots[i];
@@ -100,6 +101,7 @@ class HostRecording final : public backend::Recording {
                          .slot_data = slot.data(),
                          .dense = slot.layout().is_dense(),
                          .bytes = slot.numel() * element_size(slot.type())});
+      slot_bytes_ += slot.storage_bytes();
     }
   }
 
@@ -138,6 +140,7 @@ class HostRecording final : public backend::Recording {
   // Host outputs are plain addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
   [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
+  [[nodiscard]] std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
 
   /// Runs `graph` once: whole, or, cut into `segments`, as their decisions say (the host reads
   /// each decider between segments).
@@ -169,7 +172,17 @@ class HostRecording final : public backend::Recording {
   HostSegments segments_;
   std::vector<Copy> copies_;
   Values outputs_;
+  SegmentHold uses_;  // the arena's segments its capture allocated in: its replays use them
+  std::size_t slot_bytes_ = 0;
 };
+
+namespace {
+// The bytes of a copied input's slot (`HostCapture::make_slots`): the source's sizes and broadcast
+// dimensions, dense otherwise.
+std::size_t slot_bytes_for(const Buffer& source) {
+  return std::max<std::size_t>(source.layout().dense_like().required_bytes(), 1);
+}
+}  // namespace
 
 Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) {
   if (target_ == Target::pool) return device_.allocate_in_pool(*this, type, sizes);
@@ -225,15 +238,21 @@ Result<backend::RunResult> HostDevice::finish(Context& context, Values&& outputs
 Result<backend::RunResult> HostDevice::run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                            backend::RunMode mode) {
   const CallInputs inputs(args);
-  Context context(*this, mode == backend::RunMode::warmup ? Context::Target::pool : Context::Target::heap);
+  const bool warmup = mode == backend::RunMode::warmup;
+  Context context(*this, warmup ? Context::Target::pool : Context::Target::heap);
   const InputSnapshots snapshots(inputs.values, [&](std::size_t i) { return !in_pool(inputs.values[i]); });
+  std::optional<backend::ArenaTraceScope> trace;
+  if (warmup) trace.emplace(*arena_);
   auto outputs = backend::call_function(static_cast<HostInvoker&>(fn).fn, context, inputs.view());
   if (!outputs) {
     backend::free_all(*arena_, context.allocations_);
     return std::unexpected(std::move(outputs.error()));
   }
   auto finished = finish(context, std::move(*outputs));
-  if (finished) finished->written_inputs = snapshots.written(inputs.values);
+  if (finished) {
+    finished->written_inputs = snapshots.written(inputs.values);
+    if (trace) finished->allocations = std::make_shared<const ArenaTrace>(trace->take());
+  }
   return finished;
 }
 
@@ -253,6 +272,7 @@ class HostCapture final : public backend::Capture {
         args_(args),
         inputs_(args),
         context_(device, Context::Target::pool),
+        trace_(*device.arena_),
         slots_(args.size()),
         copied_(args.size(), false) {}
   HostCapture(const HostCapture&) = delete;
@@ -270,7 +290,7 @@ class HostCapture final : public backend::Capture {
       const Buffer& source = inputs_.values[i];
       if (!source.fits()) return outside_storage(i);
       const Layout layout = source.layout().dense_like();
-      const std::size_t bytes = std::max<std::size_t>(layout.required_bytes(), 1);
+      const std::size_t bytes = slot_bytes_for(source);
       auto memory = arena().allocate(bytes);
       if (!memory) return std::unexpected(std::move(memory.error()));
       context_.allocations_.push_back(address_of(*memory));
@@ -356,8 +376,8 @@ class HostCapture final : public backend::Capture {
 
   [[nodiscard]] Result<backend::Recorded> finish() override {
     backend::Recorded recorded;
-    recorded.recording =
-        std::make_unique<HostRecording>(std::move(graph_), std::move(segments_), std::move(slots_), copied_, outputs_);
+    recorded.recording = std::make_unique<HostRecording>(std::move(graph_), std::move(segments_), std::move(slots_),
+                                                         copied_, outputs_, arena().hold(trace_.take().segments()));
     recorded.first_outputs = backend::describe_outputs(arena(), context_.allocations_, std::move(outputs_));
     context_.allocations_.clear();
     return recorded;
@@ -372,6 +392,7 @@ class HostCapture final : public backend::Capture {
   std::span<const backend::ArgSlot> args_;  // the caller's arguments
   CallInputs inputs_;                       // the function's inputs: the copied ones replaced by their slots
   Context context_;                         // the pool blocks allocated so far, slots first
+  backend::ArenaTraceScope trace_;          // which segments its blocks fall in (its graph uses them)
   std::vector<Buffer> slots_;               // per input: its slot, or empty when it is not copied
   std::vector<bool> copied_;
   InputSnapshots snapshots_;  // the inputs before the capture (taken by capture)
@@ -385,6 +406,17 @@ Result<std::unique_ptr<backend::Capture>> HostDevice::begin_recording(backend::I
                                                                       const backend::RecordPlan& plan) {
   if (plan.replaces != nullptr) ++redoing_another_;
   return std::make_unique<HostCapture>(*this, fn, args, plan);
+}
+
+std::optional<std::size_t> HostDevice::predict_growth(const ArenaTrace& warmup, std::span<const backend::ArgSlot> args,
+                                                      const backend::RecordPlan& plan) const {
+  return backend::predict_arena_growth(*arena_, warmup, args, plan, [](const backend::ArgSlot& arg) {
+    return slot_bytes_for(*static_cast<const Buffer*>(arg.value));
+  });
+}
+
+std::size_t HostDevice::release_unused() {
+  return arena_ ? arena_->release_unused() : 0;
 }
 
 Result<std::unique_ptr<backend::Checkpoint>> HostDevice::checkpoint() {

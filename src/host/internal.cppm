@@ -7,6 +7,7 @@ module;
 #include <cstdint>
 #include <expected>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -83,6 +84,10 @@ class HostDevice final : public backend::Device {
   [[nodiscard]] std::vector<std::int64_t> sizes_of(const void* value) const override;
   [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
                                         std::int64_t rows) override;
+  [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup,
+                                                          std::span<const backend::ArgSlot> args,
+                                                          const backend::RecordPlan& plan) const override;
+  std::size_t release_unused() override;
   [[nodiscard]] std::vector<Block> live_blocks() const override;
   [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;

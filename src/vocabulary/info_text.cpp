@@ -38,6 +38,8 @@ std::string to_string(const Stats& stats) {
       {"leases copied out", stats.leases_copied_out},
       {"padded calls", stats.padded_calls},
       {"fallback warnings", stats.fallback_warnings},
+      {"evictions", stats.evictions},
+      {"evicted bytes", stats.evicted_bytes},
       {"log sink failures", stats.log_sink_failures},
   };
   for (const auto& [name, value] : others) {

@@ -54,6 +54,7 @@ std::string_view to_string(Reason reason) noexcept {
     case Reason::undeclared_write: return "undeclared_write";
     case Reason::padded_output: return "padded_output";
     case Reason::control_flow_on_host: return "control_flow_on_host";
+    case Reason::over_budget: return "over_budget";
     case Reason::count_: break;
   }
   return "unknown";

@@ -1,0 +1,83 @@
+// The budget: evicting the coldest graphs until a recording fits (budget.cppm has the contract).
+module;
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+
+module cgt.core;
+import :budget;
+
+namespace cgt::detail {
+namespace {
+
+// Whether `node` is `descendant` or one of its ancestors.
+bool is_on_path_to(const TreeNode& node, const TreeNode* descendant) noexcept {
+  if (descendant == nullptr) return false;
+  return std::ranges::find(descendant->path(), &node) != descendant->path().end();
+}
+
+std::size_t executables_under(const TreeNode& node) {
+  std::size_t bytes = node.memory().executable_bytes;
+  node.children().each([&](const TreeNode& child) { bytes += executables_under(child); });
+  return bytes;
+}
+
+std::uint64_t count_under(const TreeNode& node) {
+  std::uint64_t count = 1;
+  node.children().each([&](const TreeNode& child) { count += count_under(child); });
+  return count;
+}
+
+}  // namespace
+
+std::size_t Budget::budgeted_bytes() const {
+  std::size_t executables = 0;
+  for (const TreeNode* node : tree_.nodes()) {
+    if (node != nullptr) executables += node->memory().executable_bytes;
+  }
+  return device_.memory().reserved_bytes + executables;
+}
+
+bool Budget::make_room(const std::function<std::optional<std::size_t>()>& predict, const TreeNode* keep) {
+  if (!active()) return true;
+  const std::size_t budget = options_.memory_budget_bytes;
+  auto fits = [&] {
+    const std::size_t now = budgeted_bytes();
+    const std::size_t adds = predict().value_or(0);
+    return now <= budget && adds <= budget - now;
+  };
+  if (fits()) return true;
+  if (options_.over_budget != OverBudget::evict_coldest) return false;
+  while (TreeNode* node = coldest(keep)) {
+    evict(*node);
+    if (fits()) return true;
+  }
+  return false;
+}
+
+TreeNode* Budget::coldest(const TreeNode* keep) const {
+  TreeNode* found = nullptr;
+  for (TreeNode* node : tree_.nodes()) {
+    if (node == nullptr || is_on_path_to(*node, path_.node()) || is_on_path_to(*node, path_.ended_node()) ||
+        is_on_path_to(*node, keep)) {
+      continue;
+    }
+    if (found == nullptr || node->last_use() < found->last_use()) found = node;
+  }
+  return found;
+}
+
+void Budget::evict(TreeNode& node) {
+  const std::size_t executables = executables_under(node);
+  const std::uint64_t count = count_under(node);
+  std::unique_ptr<TreeNode> gone = tree_.evict(node);
+  gone.reset();  // their recordings (executables, segment holds) and checkpoints go
+  const std::size_t released = device_.release_unused();
+  stats_.evictions += count;
+  stats_.evicted_bytes += released + executables;
+}
+
+}  // namespace cgt::detail

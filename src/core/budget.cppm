@@ -1,0 +1,61 @@
+// cgt.core:budget (internal) — keeping a pool inside `Options::memory_budget_bytes`: whether a
+// recording fits, which graphs go first when it does not (`OverBudget::evict_coldest`), and the
+// use counter that says which graphs are cold.
+module;
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+export module cgt.core:budget;
+import cgt.vocabulary;
+import :spi;
+import :tree;
+import :path;
+
+namespace cgt::detail {
+
+/// Owns the budget's rule and the graphs' use counter. Its state: the counter. It changes the tree
+/// (evicting nodes), the device's segments (`Device::release_unused`) and the eviction counters of
+/// `Stats`.
+///
+/// Contract:
+///  * `touch(node)`: at each replay and recording. ENSURES: `node` is the hottest graph.
+///  * `budgeted_bytes()`: the pool's reserved bytes plus the executables of the graphs in the tree.
+///  * `make_room(predict, keep)`: before a recording, `predict()` giving what it would add from the
+///    pool's state now (empty: unknown, counted as 0). ENSURES: true when budgeted bytes plus the
+///    prediction fit the budget (always, without one); under `evict_coldest`, graphs were evicted
+///    coldest first, each with its subtree, until they fit or no graph is left that may go. A graph
+///    on the current path, on the path a new generation ended in this call, or `keep` and its
+///    ancestors never goes: the call's work or its replay needs them.
+///
+/// Invariant: a node's `last_use` is at most the counter; the tree's nodes after an eviction
+/// reach only segments held by their recordings and checkpoints (the arena's holds).
+class Budget {
+ public:
+  Budget(const Options& options, Tree& tree, const Path& path, backend::Device& device, Stats& stats) noexcept
+      : options_(options), tree_(tree), path_(path), device_(device), stats_(stats) {}
+  Budget(const Budget&) = delete;
+  Budget& operator=(const Budget&) = delete;
+
+  /// Whether the pool has a budget (read on every recording only).
+  [[nodiscard]] inline bool active() const noexcept { return options_.memory_budget_bytes != 0; }
+  inline void touch(TreeNode& node) noexcept { node.touch(++clock_); }
+  [[nodiscard]] std::size_t budgeted_bytes() const;
+  [[nodiscard]] bool make_room(const std::function<std::optional<std::size_t>()>& predict, const TreeNode* keep);
+
+ private:
+  /// The coldest node that may go, or null.
+  [[nodiscard]] TreeNode* coldest(const TreeNode* keep) const;
+  /// Takes `node` and its subtree out of the tree and gives back the memory only they used.
+  void evict(TreeNode& node);
+
+  const Options& options_;
+  Tree& tree_;
+  const Path& path_;
+  backend::Device& device_;
+  Stats& stats_;
+  std::uint64_t clock_ = 0;  ///< counts replays and recordings
+};
+
+}  // namespace cgt::detail
