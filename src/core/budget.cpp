@@ -50,6 +50,9 @@ bool Budget::make_room(const std::function<std::optional<std::size_t>()>& predic
     return now <= budget && adds <= budget - now;
   };
   if (fits()) return true;
+  // Segments no graph or checkpoint holds (a warm-up's temporaries) go first: nothing recorded
+  // needs them.
+  if (device_.release_unused() != 0 && fits()) return true;
   if (options_.over_budget != OverBudget::evict_coldest) return false;
   while (TreeNode* node = coldest(keep)) {
     evict(*node);

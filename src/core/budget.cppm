@@ -24,7 +24,8 @@ namespace cgt::detail {
 ///  * `budgeted_bytes()`: the pool's reserved bytes plus the executables of the graphs in the tree.
 ///  * `make_room(predict, keep)`: before a recording, `predict()` giving what it would add from the
 ///    pool's state now (empty: unknown, counted as 0). ENSURES: true when budgeted bytes plus the
-///    prediction fit the budget (always, without one); under `evict_coldest`, graphs were evicted
+///    prediction fit the budget (always, without one); the segments nothing holds were given back
+///    first (`Device::release_unused`: a warm-up's temporaries); under `evict_coldest`, graphs were evicted
 ///    coldest first, each with its subtree, until they fit or no graph is left that may go. A graph
 ///    on the current path, on the path a new generation ended in this call, or `keep` and its
 ///    ancestors never goes: the call's work or its replay needs them.

@@ -383,6 +383,13 @@ bool Device::contains(std::uintptr_t address) const {
 }
 
 Result<Pool> make_pool(PoolOptions options) {
+  if (options.tree.memory_budget_bytes != 0) {
+    // libtorch's caching allocator serves the pool: cgt cannot replay its decisions ahead of a
+    // recording, so it cannot predict one, and a budget it cannot keep is refused.
+    return fail(Errc::invalid_argument,
+                "Options::memory_budget_bytes: cgt.torch cannot predict what a recording adds to libtorch's private "
+                "pool, so it cannot keep a budget (cgt.host and cgt.cuda can)");
+  }
   if (options.device < 0 || options.device >= device_count()) {
     return fail(Errc::backend_error, "no usable CUDA device " + std::to_string(options.device) + " (this machine has " +
                                          std::to_string(device_count()) + ")");

@@ -126,6 +126,12 @@ class Sequence {
       options.arena.max_bytes = options.arena.segment_bytes * (1 + pick(4));
       limited_arena_ = true;
     }
+    if (chance(0.3)) {
+      // A budget of a few segments: recordings past it run eagerly or evict the coldest graphs.
+      const std::size_t segment = options.arena.segment_bytes;
+      tree.memory_budget_bytes = segment * (1 + pick(3));
+      tree.over_budget = chance(0.5) ? cgt::OverBudget::evict_coldest : cgt::OverBudget::run_eagerly;
+    }
     or_error_ = tree.or_error;
     static_error_ = tree.on_static_input_moved == cgt::OnStaticInputMoved::error;
     copy_out_ = tree.copy_out_on_new_step;
@@ -134,7 +140,8 @@ class Sequence {
          << " static_moved_error=" << static_error_ << " or_error=" << or_error_ << " copy_out=" << copy_out_
          << " shape_key_limit=" << tree.shape_key_limit << " poison=" << options.poison_dead_memory
          << " arena_max=" << options.arena.max_bytes << " segment=" << options.arena.segment_bytes
-         << " throwing_sink=" << throwing_sink_;
+         << " throwing_sink=" << throwing_sink_ << " budget=" << tree.memory_budget_bytes
+         << " evict=" << (tree.over_budget == cgt::OverBudget::evict_coldest);
     options_text_ = text.str();
 
     if (moves_.inconsistent_options && chance(0.2)) {

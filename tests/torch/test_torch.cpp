@@ -314,6 +314,15 @@ TEST_CASE("torch/an input on the CPU runs eagerly", "[gpu]") {
   CHECK(must(out.get(0)).get()[0].item<float>() == 2);
 }
 
+TEST_CASE("torch/make_pool refuses a memory budget it cannot keep, before it looks for a device", "[torch]") {
+  cgt::torch::PoolOptions options;
+  options.tree.memory_budget_bytes = std::size_t{1} << 30;
+  auto pool = cgt::torch::make_pool(std::move(options));
+  REQUIRE(!pool);
+  CHECK(pool.error().code == cgt::Errc::invalid_argument);
+  CHECK(pool.error().message.find("memory_budget_bytes") != std::string::npos);
+}
+
 TEST_CASE("torch/make_pool without a usable device fails cleanly", "[torch]") {
   auto pool = cgt::torch::make_pool({.device = 99});
   REQUIRE(!pool);
