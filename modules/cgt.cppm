@@ -77,8 +77,9 @@ export module cgt;
 
 // The vocabulary (modules/cgt.vocabulary.cppm): errors (`Errc`, `Error`, `Result`, `fail`,
 // `Cause`), the version, options (`Options`, `FunctionOptions`, `Reason`, `Event`, `LogSink`,
-// `Buckets`, `Pad`, ...), what a pool tells (`Stats`, `MemoryInfo`, `Block`, `CallKind`,
-// `NodeKind`, `NodeReason`, `GraphCounts`, `PathIndex`), element types and layouts, `to_string`.
+// `Buckets`, `Pad`, `OverBudget`, ...), what a pool tells (`Stats`, `MemoryInfo`, `MemoryReport`,
+// `NodeMemory`, `Block`, `CallKind`, `NodeKind`, `NodeReason`, `GraphCounts`, `PathIndex`),
+// element types and layouts, `to_string`.
 export import cgt.vocabulary;
 
 export import :lease;     // OutputLease: a claim on one output; Ref: the value it lends (modules/cgt-lease.cppm)

@@ -569,6 +569,8 @@ class Sequence {
     const Runs runs_before = *fn->runs;
     const auto before_calls = pool_stats_calls();
     const std::uint64_t padded_before = pool_ ? pool_->stats().padded_calls : 0;
+    const std::uint64_t evictions_before = pool_ ? pool_->stats().evictions : 0;
+    const std::uint64_t over_budget_before = pool_ ? pool_->stats().count(cgt::Reason::over_budget) : 0;
     cgt::Result<cgt::host::Outputs> result = std::unexpected(cgt::Error{});
     try {
       graveyard_.in_call = true;
@@ -624,6 +626,8 @@ class Sequence {
       // between its buckets always is.
       const std::uint64_t padded = pool_->stats().padded_calls - padded_before;
       figures_.padded_calls += padded;
+      figures_.evictions += pool_->stats().evictions - evictions_before;
+      figures_.over_budget += pool_->stats().count(cgt::Reason::over_budget) - over_budget_before;
       const auto& sizes = def.buckets.sizes;
       const std::int64_t n = model_inputs.empty() || model_inputs[0].sizes.empty() ? 0 : model_inputs[0].sizes[0];
       const bool between =
@@ -1149,6 +1153,8 @@ void report(const char* mode, const Config& config, const Figures& figures) {
   std::cout << "\n  calls of forwards that began a step: " << figures.forward_steps;
   std::cout << "\n  training programs (forwards, backwards in reverse, an update): " << figures.training_programs;
   std::cout << "\n  calls padded up to a bucket: " << figures.padded_calls;
+  std::cout << "\n  graphs evicted for a budget: " << figures.evictions << ", calls run eagerly over budget: "
+            << figures.over_budget;
   if (figures.dropped_elsewhere > 0) {
     std::cout << "\n  handles dropped on the other thread: " << figures.dropped_elsewhere << " ("
               << figures.dropped_during_call << " while the main thread was in a call)";

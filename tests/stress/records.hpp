@@ -28,6 +28,7 @@ struct Figures {
   std::uint64_t forward_steps = 0;                               // calls of forwards that began a step
   std::uint64_t training_programs = 0;                           // sequences whose loop trains
   std::uint64_t padded_calls = 0;                                // calls padded up to a bucket
+  std::uint64_t evictions = 0, over_budget = 0;                  // graphs evicted, calls run eagerly over budget
   std::map<std::string, std::uint64_t> errors;                   // Errc name -> calls that gave it
   std::map<std::string, std::uint64_t> kinds;                    // CallKind name -> successful calls
   std::vector<std::string> failure_reports;
