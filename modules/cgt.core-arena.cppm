@@ -76,10 +76,10 @@ class ArenaTrace {
   friend class Arena;
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
   struct Step {
-    std::size_t bytes = 0;        ///< an allocation of this many bytes (rounded), when `frees == none`
-    std::size_t frees = none;     ///< else: frees the trace's allocation at this step
-    std::size_t segment = none;   ///< or, with `frees == none` and `bytes == 0`: frees a block
-    std::size_t offset = 0;       ///<   allocated before the trace began, here
+    std::size_t bytes = 0;       ///< an allocation of this many bytes (rounded), when `frees == none`
+    std::size_t frees = none;    ///< else: frees the trace's allocation at this step
+    std::size_t segment = none;  ///< or, with `frees == none` and `bytes == 0`: frees a block
+    std::size_t offset = 0;      ///<   allocated before the trace began, here
   };
   std::vector<Step> steps_;
   std::vector<std::size_t> segments_;

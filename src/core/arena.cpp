@@ -92,7 +92,9 @@ SegmentHold& SegmentHold::operator=(SegmentHold&& other) noexcept {
   return *this;
 }
 
-SegmentHold::~SegmentHold() { drop(); }
+SegmentHold::~SegmentHold() {
+  drop();
+}
 
 void SegmentHold::drop() noexcept {
   if (counts_) {
@@ -135,7 +137,8 @@ std::size_t Arena::segment_size_for(std::size_t bytes) const noexcept {
 }
 
 std::uintptr_t Arena::base_of(std::size_t segment) const noexcept {
-  return reinterpret_cast<std::uintptr_t>(memory_[segment].get());  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): an address, compared, never dereferenced
+  return reinterpret_cast<std::uintptr_t>(memory_[segment].get());
 }
 
 Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
@@ -332,7 +335,9 @@ std::size_t Arena::release_unused() {
 
 // --- queries ------------------------------------------------------------------------------------
 
-bool Arena::in_a_segment(std::uintptr_t address) const noexcept { return locate(address).has_value(); }
+bool Arena::in_a_segment(std::uintptr_t address) const noexcept {
+  return locate(address).has_value();
+}
 
 bool Arena::is_allocated(std::uintptr_t address) const noexcept {
   const auto place = locate(address);

@@ -344,9 +344,9 @@ class TreeNode {
 
   std::unique_ptr<backend::Recording> recording_;
   std::optional<std::size_t> predicted_growth_;  ///< by `note_growth`
-  std::size_t pool_growth_ = 0;                   ///< by `note_growth`
-  std::uint64_t last_use_ = 0;                    ///< by `touch`
-  bool checks_arguments_ = false;  ///< `Recording::checks_arguments()`, by `keep_recording`
+  std::size_t pool_growth_ = 0;                  ///< by `note_growth`
+  std::uint64_t last_use_ = 0;                   ///< by `touch`
+  bool checks_arguments_ = false;                ///< `Recording::checks_arguments()`, by `keep_recording`
   backend::ControlFlow control_flow_ = backend::ControlFlow::on_device;  ///< by `keep_recording`
   std::vector<const void*> output_values_;                               ///< `Recording::output(i)`, by `mark_recorded`
   std::unique_ptr<backend::Checkpoint> checkpoint_;

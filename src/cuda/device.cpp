@@ -654,8 +654,8 @@ class CudaCapture final : public backend::Capture {
   CudaDevice& device_;
   backend::Invoker& fn_;
   backend::RecordPlan plan_;
-  CallInputs inputs_;  // the function's inputs: the copied ones replaced by their slots
-  Context context_;    // the pool blocks allocated so far, slots first
+  CallInputs inputs_;               // the function's inputs: the copied ones replaced by their slots
+  Context context_;                 // the pool blocks allocated so far, slots first
   backend::ArenaTraceScope trace_;  // which segments its blocks fall in (its graph uses them)
   std::size_t executable_bytes_ = 0;
   std::vector<CudaRecording::Copy> copies_;

@@ -101,9 +101,10 @@ TEST_CASE("cuda/memory: each recording adds what its warm-up predicted, within 2
   CHECK(report.budgeted_bytes() == report.reserved_bytes + report.executable_bytes);
 }
 
-TEST_CASE("cuda/memory: evict_coldest keeps a budget, gives the coldest graph's segments back to the device, and "
-          "records it again",
-          "[gpu][memory]") {
+TEST_CASE(
+    "cuda/memory: evict_coldest keeps a budget, gives the coldest graph's segments back to the device, and "
+    "records it again",
+    "[gpu][memory]") {
   REQUIRE_GPU();
   constexpr std::size_t kBudget = std::size_t{44} << 20;  // with room for the executables
   cgt::cuda::PoolOptions options;

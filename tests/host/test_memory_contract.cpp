@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-import cgt.core;  // cgt::Arena, ArenaTrace, SegmentHold: the arena on its own
+import cgt.core; // cgt::Arena, ArenaTrace, SegmentHold: the arena on its own
 
 using cgt::Arena;
 
@@ -172,11 +172,10 @@ TEST_CASE("over budget, a recording is not made: the call runs eagerly, warned o
           "[memory][budget][host]") {
   std::vector<cgt::Event> said;
   constexpr std::size_t kBudget = 3 * kSegment;
-  auto pool = must(cgt::host::make_pool(
-      {.tree = {.debug_checks = true,
-                .memory_budget_bytes = kBudget,
-                .log_sink = [&](const cgt::Event& event) { said.push_back(event); }},
-       .arena = {.segment_bytes = kSegment}}));
+  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true,
+                                                  .memory_budget_bytes = kBudget,
+                                                  .log_sink = [&](const cgt::Event& event) { said.push_back(event); }},
+                                         .arena = {.segment_bytes = kSegment}}));
   // Four floats of scratch per element: at 16 elements all of it fits one segment; at 2000 its
   // slot, scratch and output take 48 KiB.
   auto f = must(pool.add_function(scaled_doubler(4), {.name = "f"}));
@@ -201,10 +200,9 @@ TEST_CASE("over budget, a recording is not made: the call runs eagerly, warned o
 TEST_CASE("evict_coldest drops the graph replayed longest ago, gives its memory back, and records it again later",
           "[memory][budget][eviction][host]") {
   constexpr std::size_t kBudget = 400'000;
-  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true,
-                                                  .memory_budget_bytes = kBudget,
-                                                  .over_budget = cgt::OverBudget::evict_coldest},
-                                         .arena = {.segment_bytes = kSegment}}));
+  auto pool = must(cgt::host::make_pool(
+      {.tree = {.debug_checks = true, .memory_budget_bytes = kBudget, .over_budget = cgt::OverBudget::evict_coldest},
+       .arena = {.segment_bytes = kSegment}}));
   // Each call's slot, scratch and output are larger than a segment, so each takes a segment of its
   // own size, which a later call reuses only if its blocks are no larger. Recorded small to large,
   // no graph shares another's segments: b's graph holds about 60 KB, a's 240 KB, c's 300 KB. b
@@ -224,7 +222,7 @@ TEST_CASE("evict_coldest drops the graph replayed longest ago, gives its memory 
   const cgt::Stats stats = pool.stats();
   CHECK(stats.evictions == 1);
   CHECK(stats.evicted_bytes >= 3 * 80'000);  // a's three segments went back to the system
-  CHECK_FALSE(a.exists());                    // the coldest went
+  CHECK_FALSE(a.exists());                   // the coldest went
   CHECK(b.exists());
   CHECK(c.exists());
   CHECK(pool.memory_report().budgeted_bytes() <= kBudget);
@@ -293,7 +291,9 @@ TEST_CASE("the pool's memory by owner: segments, live and cached, slots, copies 
   step(pool, f, 64, 3);
   CHECK(pool.memory_report().copied_out_bytes == 32 * 4);
   CHECK(first_of(kept) == 4);
-  { auto gone = std::move(kept); }
+  {
+    auto gone = std::move(kept);
+  }
   CHECK(pool.memory_report().copied_out_bytes == 0);
   // The DOT shows each graph's memory.
   CHECK(pool.to_dot().find("pool +") != std::string::npos);

@@ -1153,8 +1153,8 @@ void report(const char* mode, const Config& config, const Figures& figures) {
   std::cout << "\n  calls of forwards that began a step: " << figures.forward_steps;
   std::cout << "\n  training programs (forwards, backwards in reverse, an update): " << figures.training_programs;
   std::cout << "\n  calls padded up to a bucket: " << figures.padded_calls;
-  std::cout << "\n  graphs evicted for a budget: " << figures.evictions << ", calls run eagerly over budget: "
-            << figures.over_budget;
+  std::cout << "\n  graphs evicted for a budget: " << figures.evictions
+            << ", calls run eagerly over budget: " << figures.over_budget;
   if (figures.dropped_elsewhere > 0) {
     std::cout << "\n  handles dropped on the other thread: " << figures.dropped_elsewhere << " ("
               << figures.dropped_during_call << " while the main thread was in a call)";
