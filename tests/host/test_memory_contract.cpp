@@ -299,3 +299,28 @@ TEST_CASE("the pool's memory by owner: segments, live and cached, slots, copies 
   CHECK(pool.to_dot().find("pool +") != std::string::npos);
   CHECK(pool.to_dot().find("slots 256 B") != std::string::npos);
 }
+
+TEST_CASE("buckets recorded largest first cost at most 1.1x the largest bucket's memory, not the sum",
+          "[memory][buckets][host]") {
+  // Slot, scratch and output grow with the bucket; the segments are as small as a request allows,
+  // so a smaller bucket's graph fits in a larger one's segments, never the other way round.
+  auto reserved_after = [](std::vector<std::int64_t> order) {
+    auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}, .arena = {.segment_bytes = kSegment}}));
+    cgt::FunctionOptions options{.name = "bucketed"};
+    options.buckets.sizes = {64, 256, 1024, 4096};
+    auto f = must(pool.add_function(scaled_doubler(2), std::move(options)));
+    for (const std::int64_t n : order) {
+      step(pool, f, n, 1);
+      CHECK(step(pool, f, n, 2).kind() == K::recording);
+    }
+    for (const std::int64_t n : order) CHECK(step(pool, f, n, 3).kind() == K::replay);
+    CHECK(pool.memory_report().functions.at(0).graphs == order.size());
+    return pool.memory_report().reserved_bytes;
+  };
+  const std::size_t largest = reserved_after({4096});
+  const std::size_t all = reserved_after({4096, 1024, 256, 64});
+  CHECK(static_cast<double>(all) <= 1.1 * static_cast<double>(largest));
+  // Smallest first, each larger bucket needs segments of its own: the order matters (measured in
+  // docs/memory.md), as it does for libtorch's allocator.
+  CHECK(reserved_after({64, 256, 1024, 4096}) > all);
+}
