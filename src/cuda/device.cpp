@@ -280,13 +280,14 @@ class CudaDevice final : public backend::Device {
     return "cgt.cuda cannot pad inputs yet (it has no fill kernel for its buffers): use graph_sizes and pad to "
            "those sizes yourself, or cgt.torch, which pads";
   }
+  [[nodiscard]] std::vector<Block> live_blocks() const override;
+  [[nodiscard]] MemoryInfo memory() const override;
+  void shutdown() override;
+  // Its arena predicts a recording from the warm-up's trace; segments go back with cudaFree.
   [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup,
                                                           std::span<const backend::ArgSlot> args,
                                                           const backend::RecordPlan& plan) const override;
   std::size_t release_unused() override;
-  [[nodiscard]] std::vector<Block> live_blocks() const override;
-  [[nodiscard]] MemoryInfo memory() const override;
-  void shutdown() override;
 
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);

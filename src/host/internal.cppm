@@ -84,13 +84,14 @@ class HostDevice final : public backend::Device {
   [[nodiscard]] std::vector<std::int64_t> sizes_of(const void* value) const override;
   [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
                                         std::int64_t rows) override;
+  [[nodiscard]] std::vector<Block> live_blocks() const override;
+  [[nodiscard]] MemoryInfo memory() const override;
+  void shutdown() override;
+  // Its arena predicts a recording from the warm-up's trace; host segments go back to the heap.
   [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup,
                                                           std::span<const backend::ArgSlot> args,
                                                           const backend::RecordPlan& plan) const override;
   std::size_t release_unused() override;
-  [[nodiscard]] std::vector<Block> live_blocks() const override;
-  [[nodiscard]] MemoryInfo memory() const override;
-  void shutdown() override;
 
   /// For `Context` and `HostCapture`.
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
