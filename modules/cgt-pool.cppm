@@ -57,6 +57,19 @@ class PoolBase {
   /// The pool's memory by owner: its segments (live, cached), the graphs' input slots, copies kept
   /// past a step (`copy_out_on_new_step`), the executables; per function. Empty after `shutdown()`.
   [[nodiscard]] MemoryReport memory_report() const { return detail::pool_view::memory_report(engine_); }
+  /// Gives the pool's memory back to the system while its graphs stay recorded: the segments'
+  /// addresses stay reserved, their pages go (cgt.host: madvise; cgt.cuda: unmapped, with
+  /// `PoolOptions::sleepable`). Returns the bytes given back. The next call, or `wake()`, takes the
+  /// memory back at the same addresses, with no re-recording. Fails with `invalid_argument` while a
+  /// lease holds pool memory (its contents would be lost) or where the backend cannot (cgt.torch;
+  /// cgt.cuda without `sleepable`), `concurrent_use` during a call, `pool_shut_down` after
+  /// `shutdown()`. A second `sleep()` does nothing.
+  [[nodiscard]] Result<std::size_t> sleep() { return detail::pool_view::sleep(engine_); }
+  /// Takes the memory back now, rather than at the next call; `out_of_memory` where the system
+  /// refuses (the pool stays asleep, and a call tries again). Does nothing while awake.
+  [[nodiscard]] Result<void> wake() { return detail::pool_view::wake(engine_); }
+  /// Whether the pool sleeps (`sleep()` with no `wake()` or call since).
+  [[nodiscard]] bool asleep() const { return detail::pool_view::is_asleep(engine_); }
   /// Root recordings, in recording order.
   [[nodiscard]] std::vector<Node> roots() const { return Node::views(engine_, detail::pool_view::roots(engine_)); }
   /// The nodes of the current path, root first (empty when no path is being executed).

@@ -24,8 +24,16 @@ export namespace cgt {
 struct SegmentSource {
   /// A segment of `bytes`, aligned to `alignment`; null when the system refuses.
   std::function<std::byte*(std::size_t bytes, std::size_t alignment)> obtain;
-  /// Gives a segment back.
+  /// Gives a segment back (whether or not `unback` emptied it).
   std::function<void(std::byte* segment, std::size_t bytes, std::size_t alignment)> give_back;
+  /// Gives a segment's physical memory back to the system while its addresses stay reserved
+  /// (`Arena::sleep`); its contents are lost. Returns the bytes given back; empty: the source
+  /// cannot (with `obtain` set). Empty with host memory: the pages wholly inside the segment go
+  /// back (madvise), and come back zeroed when touched.
+  std::function<std::size_t(std::byte* segment, std::size_t bytes)> unback;
+  /// Backs a segment `unback` emptied again, at the same addresses (`Arena::wake`); false when the
+  /// system refuses (out of memory). Empty with host memory: nothing to do.
+  std::function<bool(std::byte* segment, std::size_t bytes)> reback;
 };
 
 struct ArenaOptions {
@@ -107,6 +115,22 @@ class SegmentHold {
   std::vector<std::size_t> segments_;
 };
 
+}  // namespace cgt
+
+namespace cgt {
+
+/// An arena's trace in progress (`Arena::start_trace`): the trace, and which step allocated each
+/// block still allocated. Not exported.
+struct ArenaTracing {
+  ArenaTrace trace;
+  std::map<std::uintptr_t, std::size_t> step_of;  ///< address -> the step that allocated it
+  std::size_t held_bytes = 0;                     ///< bytes the trace's own blocks hold now
+};
+
+}  // namespace cgt
+
+export namespace cgt {
+
 /// Best-fit allocation over segments: a free block is split to fit a request, freed neighbours
 /// merge. Segments are kept until the arena is destroyed, or until `release_unused` gives back one
 /// that is wholly free and held by nothing, so addresses stay valid for the graphs that use them.
@@ -142,6 +166,19 @@ class Arena {
   /// Gives back every segment that has no allocated block and no hold; returns their bytes. Their
   /// addresses may come back in a later segment.
   std::size_t release_unused();
+
+  /// Gives back the physical memory of every segment while their addresses stay reserved, so that
+  /// graphs recorded over them run again after `wake` (their contents are lost: nothing may be
+  /// allocated). Returns the bytes given back. Fails with `invalid_argument` while a block is
+  /// allocated, and with `invalid_argument` where the source cannot (`SegmentSource::unback`), having
+  /// woken what it put to sleep. A second `sleep` does nothing.
+  [[nodiscard]] Result<std::size_t> sleep();
+  /// Backs every segment again at its addresses. Fails with `out_of_memory` where the system
+  /// refuses, having put back to sleep what it woke. Does nothing when awake.
+  [[nodiscard]] Result<void> wake();
+  [[nodiscard]] bool asleep() const noexcept { return asleep_; }
+  /// Bytes `sleep` gave back (0 while awake).
+  [[nodiscard]] std::size_t asleep_bytes() const noexcept { return asleep_bytes_; }
 
   /// Is `address` inside one of the arena's segments? (A pool asks for each input of every call:
   /// an address outside the span of all segments, a caller's buffer, is answered inline.)
@@ -187,32 +224,35 @@ class Arena {
     std::size_t add(std::size_t size);
     void rebuild_free_index();
   };
-  struct Tracing {
-    ArenaTrace trace;
-    std::map<std::uintptr_t, std::size_t> step_of;  ///< address -> the step that allocated it, while allocated
-    std::size_t held_bytes;  // no initializer: std::optional<Tracing> must see it default-constructible
-  };
 
   [[nodiscard]] std::size_t round_up(std::size_t bytes) const noexcept;
+  [[nodiscard]] std::size_t unback(std::size_t segment);
+  [[nodiscard]] bool reback(std::size_t segment);
   [[nodiscard]] std::size_t segment_size_for(std::size_t bytes) const noexcept;
   [[nodiscard]] Result<std::size_t> add_segment(std::size_t min_bytes);
   /// The (segment, offset) of `address`, if it is in a segment.
   [[nodiscard]] std::optional<std::pair<std::size_t, std::size_t>> locate(std::uintptr_t address) const noexcept;
   [[nodiscard]] std::uintptr_t base_of(std::size_t segment) const noexcept;
   [[nodiscard]] bool in_a_segment(std::uintptr_t address) const noexcept;
-  void note_allocation(std::uintptr_t address, std::size_t segment, std::size_t size);
-  void note_free(std::uintptr_t address, std::size_t segment, std::size_t offset, std::size_t size);
+  static void note_allocation(ArenaTracing& tracing, std::uintptr_t address, std::size_t segment, std::size_t size);
+  static void note_free(ArenaTracing& tracing, std::uintptr_t address, std::size_t segment, std::size_t offset,
+                        std::size_t size);
 
   ArenaOptions options_;
   Books books_;
   std::vector<std::unique_ptr<std::byte, SegmentRelease>> memory_;  ///< per segment; null: given back
   std::shared_ptr<std::vector<std::uint32_t>> holds_ = std::make_shared<std::vector<std::uint32_t>>();
-  std::optional<Tracing> tracing_;
+  std::optional<ArenaTracing> tracing_;
   std::size_t reserved_bytes_ = 0;
   std::size_t allocated_bytes_ = 0;
   std::size_t peak_bytes_ = 0;
   std::size_t live_blocks_ = 0;
   std::size_t released_bytes_ = 0;
+  /// The alignment segments are obtained with: the blocks', or a page's for host memory (so that
+  /// `sleep` can give whole pages back).
+  std::size_t segment_alignment_ = 0;
+  bool asleep_ = false;
+  std::size_t asleep_bytes_ = 0;
   std::uintptr_t lowest_ = UINTPTR_MAX;  ///< the lowest address of any segment
   std::uintptr_t highest_ = 0;           ///< one past the highest byte of any segment
 };

@@ -7,7 +7,9 @@ module;
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -218,5 +220,83 @@ inline Result<void> restore_arena(Arena& arena, const Checkpoint& checkpoint, st
   }
   return {};
 }
+
+/// What a device whose pool is a `cgt::Arena` and whose values are `Buffer`s (cgt.host, cgt.cuda)
+/// does the same way whatever the memory: who owns which address, the checkpoints, the memory
+/// queries, the prediction of a recording, segments given back, sleep and wake. The backend
+/// derives from it, makes `arena_`, says what a copied input's slot takes (`slot_bytes`), and
+/// where its memory must be changed from (`on_pool_device`).
+template <class Buffer>
+class ArenaDevice : public Device {
+ public:
+  /// Null after `shutdown()`.
+  [[nodiscard]] const Arena* arena() const noexcept { return arena_.get(); }
+
+  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
+    return std::string(to_string(static_cast<ElementType>(dtype)));
+  }
+  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
+  /// Whether the arena contains `storage`.
+  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
+    return arena_ != nullptr && arena_->contains(storage);
+  }
+  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
+  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
+  void stamp(const void* value, std::uint64_t life) const noexcept override { stamp_buffer<Buffer>(value, life); }
+  [[nodiscard]] Result<std::unique_ptr<Checkpoint>> checkpoint() override { return checkpoint_arena(*arena_); }
+  [[nodiscard]] Result<void> restore(const Checkpoint& checkpoint, std::span<StorageHandle* const> live,
+                                     std::span<const std::uintptr_t> dead) override {
+    return restore_arena(*arena_, checkpoint, live, dead);
+  }
+  [[nodiscard]] std::vector<Block> live_blocks() const override {
+    return arena_ ? arena_->live_blocks() : std::vector<Block>{};
+  }
+  [[nodiscard]] MemoryInfo memory() const override { return arena_ ? arena_->memory() : MemoryInfo{}; }
+
+  // The memory contract: the arena replays a warm-up's trace to predict a recording, gives back
+  // the segments nothing holds, and sleeps with its addresses kept.
+  [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup, std::span<const ArgSlot> args,
+                                                          const RecordPlan& plan) const override {
+    if (!arena_) return std::nullopt;
+    return predict_arena_growth(*arena_, warmup, args, plan, [this](const ArgSlot& arg) {
+      return slot_bytes(*static_cast<const Buffer*>(arg.value));
+    });
+  }
+  std::size_t release_unused() override {
+    std::size_t released = 0;
+    if (arena_) (void)on_pool_device([&] { released = arena_->release_unused(); });
+    return released;
+  }
+  [[nodiscard]] Result<std::size_t> sleep() override {
+    if (!arena_) return fail(Errc::pool_shut_down, "the pool's memory went with its shutdown");
+    Result<std::size_t> released = std::size_t{0};
+    if (auto entered = on_pool_device([&] { released = arena_->sleep(); }); !entered) {
+      return std::unexpected(std::move(entered.error()));
+    }
+    return released;
+  }
+  [[nodiscard]] Result<void> wake() override {
+    if (!arena_) return {};
+    Result<void> woken;
+    if (auto entered = on_pool_device([&] { woken = arena_->wake(); }); !entered) return entered;
+    return woken;
+  }
+  [[nodiscard]] bool asleep() const noexcept override { return arena_ != nullptr && arena_->asleep(); }
+  [[nodiscard]] std::size_t asleep_bytes() const noexcept override { return arena_ ? arena_->asleep_bytes() : 0; }
+
+ protected:
+  explicit ArenaDevice(bool poison_dead_memory) noexcept : poison_(poison_dead_memory) {}
+  /// The bytes of the slot `Capture::make_slots` allocates for the copied input `source`.
+  [[nodiscard]] virtual std::size_t slot_bytes(const Buffer& source) const = 0;
+  /// Runs `change`, which may give segments back to the system or take them, where the pool's
+  /// memory can be changed (cgt.cuda: its device current). Default: as is.
+  [[nodiscard]] virtual Result<void> on_pool_device(const std::function<void()>& change) {
+    change();
+    return {};
+  }
+
+  std::unique_ptr<Arena> arena_;  ///< made by the backend; reset by its `shutdown()`
+  bool poison_;                   ///< fill memory with 0xFF when it dies or is reclaimed
+};
 
 }  // namespace cgt::backend

@@ -235,6 +235,9 @@ void mark_step_begin(const EngineRef& pool) noexcept;
 [[nodiscard]] MemoryInfo memory(const EngineRef& pool);
 [[nodiscard]] std::vector<Block> live_blocks(const EngineRef& pool);
 [[nodiscard]] MemoryReport memory_report(const EngineRef& pool);
+[[nodiscard]] Result<std::size_t> sleep(const EngineRef& pool);
+[[nodiscard]] Result<void> wake(const EngineRef& pool);
+[[nodiscard]] bool is_asleep(const EngineRef& pool) noexcept;
 [[nodiscard]] Result<void> check_memory(const EngineRef& pool);
 /// The ids of the root recordings, and of the current path's nodes, for `Node` views.
 [[nodiscard]] std::vector<std::int64_t> roots(const EngineRef& pool);

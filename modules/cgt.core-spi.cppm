@@ -538,6 +538,20 @@ class Device {
   /// recording uses (after the engine dropped recordings); returns the bytes. Default: none.
   virtual std::size_t release_unused() { return 0; }
 
+  /// Gives back the physical memory of the pool's segments while its graphs stay recorded over
+  /// their addresses (`Pool::sleep`); returns the bytes given back. REQUIRES (the engine's): no
+  /// lease holds pool memory. Default: `invalid_argument`, the backend cannot.
+  [[nodiscard]] virtual Result<std::size_t> sleep() {
+    return fail(Errc::invalid_argument, "this backend cannot give a pool's memory back while keeping its graphs");
+  }
+  /// Takes the memory `sleep` gave back again, at the same addresses. Fails with `out_of_memory`
+  /// where the system refuses (still asleep then). Default: nothing to do.
+  [[nodiscard]] virtual Result<void> wake() { return {}; }
+  /// Whether `sleep` gave the memory back and no `wake` took it since.
+  [[nodiscard]] virtual bool asleep() const noexcept { return false; }
+  /// The bytes `sleep` gave back (0 while awake).
+  [[nodiscard]] virtual std::size_t asleep_bytes() const noexcept { return 0; }
+
   /// Allocated blocks of the pool.
   [[nodiscard]] virtual std::vector<Block> live_blocks() const = 0;
   [[nodiscard]] virtual MemoryInfo memory() const = 0;

@@ -223,6 +223,12 @@ struct PoolOptions {
   /// Replace one-row device-to-device memcpy nodes by copy kernels too. Off by default: they were
   /// measured no slower to launch than kernels.
   bool rewrite_memcpy_nodes = false;
+  /// The arena's segments are made with CUDA's virtual memory management (addresses reserved,
+  /// pages mapped there; granularity 2 MiB on current GPUs), so that `Pool::sleep()` can give the
+  /// pages back while the graphs stay recorded over the addresses, and `wake()` map new pages
+  /// there. Off: segments come from cudaMalloc, and `sleep()` fails with `invalid_argument`.
+  /// `make_pool` fails with `backend_error` where the driver has no virtual memory management.
+  bool sleepable = false;
 };
 
 /// How a pool's graphs came to be (`cgt::GraphCounts`).

@@ -80,6 +80,10 @@ struct Stats {
   /// and the bytes of pool memory and executables that gave back.
   std::uint64_t evictions = 0;
   std::uint64_t evicted_bytes = 0;
+  /// `Pool::sleep()` calls that gave the memory back, and wakes that took it back (`Pool::wake()`
+  /// or the next call).
+  std::uint64_t sleeps = 0;
+  std::uint64_t wakes = 0;
   /// Reports the log sink threw on (the call went on; the decision is still counted).
   std::uint64_t log_sink_failures = 0;
   /// Calls per reason (`Reason` as index); for warnings, the number of warnings.
@@ -179,6 +183,9 @@ struct MemoryReport {
   std::size_t copied_out_bytes = 0;
   /// The graphs' executables, outside the pool (what `memory_budget_bytes` counts with the segments).
   std::size_t executable_bytes = 0;
+  /// Of the reserved bytes, those given back to the system while the pool sleeps (`Pool::sleep`):
+  /// their addresses stay reserved for the graphs. 0 while awake.
+  std::size_t asleep_bytes = 0;
   /// Per function with graphs, in registration order.
   std::vector<FunctionMemory> functions;
 

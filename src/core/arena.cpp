@@ -17,9 +17,21 @@ module;
 #include <utility>
 #include <vector>
 
+#include <sys/mman.h>
+
 module cgt.core;
 
 namespace cgt {
+namespace {
+
+constexpr std::size_t kHostPageBytes = 4096;
+
+// Gives host pages back to the system; they read as zeros when touched again.
+bool give_pages_back(std::byte* memory, std::size_t bytes) noexcept {
+  return ::madvise(memory, bytes, MADV_DONTNEED) == 0;
+}
+
+}  // namespace
 
 // --- the book-keeping ---------------------------------------------------------------------------
 
@@ -35,7 +47,7 @@ std::optional<std::pair<std::size_t, std::size_t>> Arena::Books::take(std::size_
     free.emplace(block_size - size, segment, offset + size);
   }
   map.at(offset) = BlockState{size, true};
-  return std::pair{segment, offset};
+  return std::make_pair(segment, offset);
 }
 
 std::size_t Arena::Books::give(std::size_t segment, std::size_t offset) {
@@ -125,6 +137,8 @@ void Arena::SegmentRelease::operator()(std::byte* memory) const noexcept {
 Arena::Arena(ArenaOptions options) : options_(std::move(options)) {
   if (options_.alignment == 0 || (options_.alignment & (options_.alignment - 1)) != 0) options_.alignment = 256;
   if (options_.segment_bytes == 0) options_.segment_bytes = options_.alignment;
+  segment_alignment_ =
+      options_.source.obtain ? options_.alignment : std::max<std::size_t>(options_.alignment, kHostPageBytes);
 }
 
 std::size_t Arena::round_up(std::size_t bytes) const noexcept {
@@ -135,7 +149,6 @@ std::size_t Arena::round_up(std::size_t bytes) const noexcept {
 std::size_t Arena::segment_size_for(std::size_t bytes) const noexcept {
   return std::max(round_up(options_.segment_bytes), bytes);
 }
-
 std::uintptr_t Arena::base_of(std::size_t segment) const noexcept {
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): an address, compared, never dereferenced
   return reinterpret_cast<std::uintptr_t>(memory_[segment].get());
@@ -149,12 +162,15 @@ Result<std::size_t> Arena::add_segment(std::size_t min_bytes) {
                                          std::to_string(reserved_bytes_) + " of at most " +
                                          std::to_string(options_.max_bytes) + " (ArenaOptions::max_bytes)");
   }
-  void* memory = options_.source.obtain ? options_.source.obtain(size, options_.alignment)
-                                        : ::operator new[](size, std::align_val_t{options_.alignment}, std::nothrow);
+  if (asleep_) {
+    return fail(Errc::out_of_memory, "the arena is asleep (Arena::sleep): wake it before allocating");
+  }
+  void* memory = options_.source.obtain ? options_.source.obtain(size, segment_alignment_)
+                                        : ::operator new[](size, std::align_val_t{segment_alignment_}, std::nothrow);
   if (memory == nullptr) {
     return fail(Errc::out_of_memory, "the system refused a segment of " + std::to_string(size) + " bytes");
   }
-  memory_.emplace_back(static_cast<std::byte*>(memory), SegmentRelease{&options_.source, size, options_.alignment});
+  memory_.emplace_back(static_cast<std::byte*>(memory), SegmentRelease{&options_.source, size, segment_alignment_});
   holds_->push_back(0);
   const auto base = reinterpret_cast<std::uintptr_t>(memory);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast)
   lowest_ = std::min(lowest_, base);
@@ -174,13 +190,14 @@ Result<std::byte*> Arena::allocate(std::size_t bytes) {
     auto added = add_segment(size);
     if (!added) return std::unexpected(std::move(added.error()));
     taken = books_.take(size);
+    if (!taken) return fail(Errc::invariant_violation, "Arena::allocate: a new segment did not fit its request");
   }
   const auto [segment, offset] = *taken;
   allocated_bytes_ += size;
   peak_bytes_ = std::max(peak_bytes_, allocated_bytes_);
   ++live_blocks_;
   std::byte* address = memory_[segment].get() + offset;
-  if (tracing_) note_allocation(reinterpret_cast<std::uintptr_t>(address), segment, size);  // NOLINT
+  if (tracing_) note_allocation(*tracing_, reinterpret_cast<std::uintptr_t>(address), segment, size);  // NOLINT
   return address;
 }
 
@@ -188,7 +205,7 @@ std::optional<std::pair<std::size_t, std::size_t>> Arena::locate(std::uintptr_t 
   for (std::size_t i = 0; i < memory_.size(); ++i) {
     if (!memory_[i]) continue;
     const std::uintptr_t base = base_of(i);
-    if (address >= base && address < base + books_.sizes[i]) return std::pair{i, address - base};
+    if (address >= base && address < base + books_.sizes[i]) return std::make_pair(i, address - base);
   }
   return std::nullopt;
 }
@@ -201,7 +218,7 @@ Result<void> Arena::free(std::uintptr_t address) {
       const std::size_t size = books_.give(place->first, place->second);
       allocated_bytes_ -= size;
       --live_blocks_;
-      if (tracing_) note_free(address, place->first, place->second, size);
+      if (tracing_) note_free(*tracing_, address, place->first, place->second, size);
       return {};
     }
   }
@@ -234,12 +251,11 @@ void Arena::restore(const ArenaCheckpoint& checkpoint) {
 
 void Arena::start_trace() {
   tracing_.emplace();
-  tracing_->held_bytes = 0;
 }
 
 ArenaTrace Arena::stop_trace() {
   if (!tracing_) return {};
-  ArenaTrace trace = std::move(tracing_->trace);
+  ArenaTrace trace = std::move(tracing_->trace);  // NOLINT(bugprone-unchecked-optional-access): checked above
   tracing_.reset();
   std::ranges::sort(trace.segments_);
   const auto repeated = std::ranges::unique(trace.segments_);
@@ -247,21 +263,22 @@ ArenaTrace Arena::stop_trace() {
   return trace;
 }
 
-void Arena::note_allocation(std::uintptr_t address, std::size_t segment, std::size_t size) {
-  ArenaTrace& trace = tracing_->trace;
-  tracing_->step_of[address] = trace.steps_.size();
+void Arena::note_allocation(ArenaTracing& tracing, std::uintptr_t address, std::size_t segment, std::size_t size) {
+  ArenaTrace& trace = tracing.trace;
+  tracing.step_of[address] = trace.steps_.size();
   trace.steps_.push_back({.bytes = size});
   trace.segments_.push_back(segment);
-  tracing_->held_bytes += size;
-  trace.peak_bytes_ = std::max(trace.peak_bytes_, tracing_->held_bytes);
+  tracing.held_bytes += size;
+  trace.peak_bytes_ = std::max(trace.peak_bytes_, tracing.held_bytes);
 }
 
-void Arena::note_free(std::uintptr_t address, std::size_t segment, std::size_t offset, std::size_t size) {
-  ArenaTrace& trace = tracing_->trace;
-  if (auto step = tracing_->step_of.find(address); step != tracing_->step_of.end()) {
+void Arena::note_free(ArenaTracing& tracing, std::uintptr_t address, std::size_t segment, std::size_t offset,
+                      std::size_t size) {
+  ArenaTrace& trace = tracing.trace;
+  if (auto step = tracing.step_of.find(address); step != tracing.step_of.end()) {
     trace.steps_.push_back({.frees = step->second});
-    tracing_->step_of.erase(step);
-    tracing_->held_bytes -= size;
+    tracing.step_of.erase(step);
+    tracing.held_bytes -= size;
   } else {
     trace.steps_.push_back({.segment = segment, .offset = offset});
   }
@@ -277,9 +294,9 @@ std::size_t Arena::growth_for(std::span<const std::size_t> first, const ArenaTra
       const std::size_t added = segment_size_for(size);
       growth += added;
       books.add(added);
-      taken = books.take(size);
+      taken = books.take(size);  // a wholly free segment of at least `size`: it fits
     }
-    return *taken;
+    return taken.value_or(std::pair<std::size_t, std::size_t>{});
   };
   for (const std::size_t bytes : first) (void)take(bytes);
   std::vector<std::pair<std::size_t, std::size_t>> placed(trace.steps_.size());
@@ -331,6 +348,59 @@ std::size_t Arena::release_unused() {
     highest_ = std::max(highest_, base_of(i) + books_.sizes[i]);
   }
   return released;
+}
+
+// --- sleep and wake -----------------------------------------------------------------------------
+
+std::size_t Arena::unback(std::size_t segment) {
+  std::byte* memory = memory_[segment].get();
+  const std::size_t bytes = books_.sizes[segment];
+  if (options_.source.obtain) return options_.source.unback(memory, bytes);
+  // Host memory: the pages wholly inside the segment (it is page-aligned: segment_alignment_).
+  const std::size_t pages = bytes / kHostPageBytes * kHostPageBytes;
+  if (pages == 0) return 0;
+  return give_pages_back(memory, pages) ? pages : 0;
+}
+
+bool Arena::reback(std::size_t segment) {
+  if (!options_.source.obtain || !options_.source.reback) return true;  // host pages come back when touched
+  return options_.source.reback(memory_[segment].get(), books_.sizes[segment]);
+}
+
+Result<std::size_t> Arena::sleep() {
+  if (asleep_) return std::size_t{0};
+  if (live_blocks_ != 0) {
+    return fail(Errc::invalid_argument, "the arena cannot sleep while " + std::to_string(live_blocks_) +
+                                            " blocks are allocated (" + std::to_string(allocated_bytes_) +
+                                            " bytes): their contents would be lost");
+  }
+  if (options_.source.obtain && (!options_.source.unback || !options_.source.reback)) {
+    return fail(Errc::invalid_argument,
+                "the arena's segment source cannot give memory back while keeping its addresses (cgt.cuda: "
+                "PoolOptions::sleepable)");
+  }
+  std::size_t released = 0;
+  for (std::size_t i = 0; i < memory_.size(); ++i) {
+    if (memory_[i]) released += unback(i);
+  }
+  asleep_ = true;
+  asleep_bytes_ = released;
+  return released;
+}
+
+Result<void> Arena::wake() {
+  if (!asleep_) return {};
+  for (std::size_t i = 0; i < memory_.size(); ++i) {
+    if (!memory_[i] || reback(i)) continue;
+    for (std::size_t j = 0; j < i; ++j) {
+      if (memory_[j]) (void)unback(j);
+    }
+    return fail(Errc::out_of_memory, "the system refused the memory of a segment of " +
+                                         std::to_string(books_.sizes[i]) + " bytes when waking the arena");
+  }
+  asleep_ = false;
+  asleep_bytes_ = 0;
+  return {};
 }
 
 // --- queries ------------------------------------------------------------------------------------

@@ -171,6 +171,15 @@ class Engine final {
   /// Frees the tree and the device's memory; returns the functions' callables, for the caller to
   /// destroy once it let go of the state. REQUIRES: this caller took `caller()`, and holds the state.
   [[nodiscard]] std::vector<std::unique_ptr<backend::Invoker>> shutdown();
+  /// Gives the pool's memory back while its graphs stay recorded (`Pool::sleep`, engine_sleep.cpp):
+  /// fails with `invalid_argument` while a lease holds pool memory, `pool_shut_down` after
+  /// `shutdown()`. ENSURES on success: the path ended; the device asleep; the next call (or `wake`)
+  /// takes the memory back first. REQUIRES: this caller took `caller()` and holds the state.
+  [[nodiscard]] Result<std::size_t> sleep();
+  /// Takes the memory back (`Pool::wake`); `out_of_memory` where the device refuses (still asleep).
+  /// REQUIRES: as `sleep`.
+  [[nodiscard]] Result<void> wake();
+  [[nodiscard]] inline bool is_asleep() const noexcept { return asleep_; }
   /// A new step begins at the next call (`GenerationRule::mark_step_begin`): any thread, no lock.
   inline void mark_step_begin() noexcept { generation_rule_.mark_step_begin(); }
 
@@ -323,6 +332,7 @@ class Engine final {
   /// Taken by a call or a shutdown (`OneCaller`).
   OneCaller caller_;
   bool shut_down_ = false;  ///< set by `shutdown()`, never cleared
+  bool asleep_ = false;     ///< set by `sleep()`, cleared by `wake()` (which a call runs first)
 
   /// The leases on the cells, the lives of their storages, and the state lock (ledger.cppm, the
   /// ledger's one owner).

@@ -146,6 +146,15 @@ Result<CallOutputs> Engine::call_locked(FunctionRecord& function, const ArgSourc
                 "call of " + in_quotes(function.name) + " after the pool was shut down; make a new pool",
                 function.name);
   }
+  if (asleep_) [[unlikely]] {
+    // The pool slept (`Pool::sleep`): its memory comes back at the same addresses before any work.
+    if (auto woken = wake(); !woken) {
+      Error error = std::move(woken.error());
+      error.message = "call of " + in_quotes(function.name) + ": " + error.message;
+      error.function = function.name;
+      return std::unexpected(std::move(error));
+    }
+  }
   if (scopes_calls_) {
     if (auto begun = device_->begin_call(); !begun) {
       Error error = std::move(begun.error());

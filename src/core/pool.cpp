@@ -183,6 +183,38 @@ Result<void> shutdown(const EngineRef& pool) {
   return {};
 }
 
+namespace {
+
+// Runs `change` on the engine as `shutdown` does: no call in flight, the state held.
+template <class R, class Change>
+R with_pool_taken(const EngineRef& pool, const char* what, Change change) {
+  if (!pool) return fail(Errc::invalid_argument, std::string(what) + " of a moved-from pool handle");
+  Engine& engine = *pool;
+  if (!engine.caller().try_take()) {
+    return fail(Errc::concurrent_use, std::string(what) + " while a call of the same pool is in flight");
+  }
+  R result = [&] {
+    const StateLock lock(engine);
+    return change(engine);
+  }();
+  engine.caller().release();
+  return result;
+}
+
+}  // namespace
+
+Result<std::size_t> sleep(const EngineRef& pool) {
+  return with_pool_taken<Result<std::size_t>>(pool, "sleep()", [](Engine& engine) { return engine.sleep(); });
+}
+
+Result<void> wake(const EngineRef& pool) {
+  return with_pool_taken<Result<void>>(pool, "wake()", [](Engine& engine) { return engine.wake(); });
+}
+
+bool is_asleep(const EngineRef& pool) noexcept {
+  return read_engine(pool, false, [](const Engine& engine) { return engine.is_asleep(); });
+}
+
 bool is_shut_down(const EngineRef& pool) noexcept {
   return read_engine(pool, true, [](const Engine& engine) { return engine.is_shut_down(); });
 }
@@ -209,7 +241,8 @@ MemoryReport memory_report(const EngineRef& pool) {
                         .cached_bytes = memory.reserved_bytes > memory.allocated_bytes
                                             ? memory.reserved_bytes - memory.allocated_bytes
                                             : 0,
-                        .copied_out_bytes = engine.pool_memory().copied_out_bytes()};
+                        .copied_out_bytes = engine.pool_memory().copied_out_bytes(),
+                        .asleep_bytes = engine.device().asleep_bytes()};
     std::vector<FunctionMemory> by_function(engine.functions().size());
     for (const TreeNode* node : engine.tree().nodes()) {
       if (node == nullptr) continue;  // evicted

@@ -36,10 +36,10 @@ void PoolMemory::end_for_new_generation() {
     const std::size_t bytes = cell.storage.bytes;
     copied_out_bytes_->fetch_add(bytes, std::memory_order_relaxed);
     void* copy = rescued->get();
-    return std::shared_ptr<void>(copy, [kept = std::move(*rescued), counter = copied_out_bytes_, bytes](void*) mutable {
-      counter->fetch_sub(bytes, std::memory_order_relaxed);
-      kept.reset();
-    });
+    return {copy, [kept = std::move(*rescued), counter = copied_out_bytes_, bytes](void*) mutable {
+              counter->fetch_sub(bytes, std::memory_order_relaxed);
+              kept.reset();
+            }};
   });
 }
 

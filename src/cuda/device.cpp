@@ -7,11 +7,13 @@ module;
 #include "input_copy.hpp"
 #include "node_rewrite.hpp"
 #include "shared_exec.hpp"
+#include "virtual_memory.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -228,10 +230,13 @@ class CudaRecording final : public backend::Recording {
 
 // The engine's side of the CUDA device of one pool: its arena, its stream, its graphs' counts. A
 // program sees it through its view (`cuda::Device`), which it owns.
-class CudaDevice final : public backend::Device {
+class CudaDevice final : public backend::ArenaDevice<Buffer> {
  public:
+  /// `sleepable`: the arena's segments are virtual memory (`kernels::virtual_segments`, which the
+  /// caller found available). REQUIRES: `device` current.
   CudaDevice(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-             bool update_graphs_in_place = true, bool rewrite_memset_nodes = true, bool rewrite_memcpy_nodes = false);
+             bool update_graphs_in_place = true, bool rewrite_memset_nodes = true, bool rewrite_memcpy_nodes = false,
+             std::optional<kernels::VirtualSegments> sleepable = std::nullopt);
   ~CudaDevice() override;
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
@@ -239,36 +244,17 @@ class CudaDevice final : public backend::Device {
   [[nodiscard]] cuda::Device& view() noexcept { return view_; }
 
   [[nodiscard]] cudaStream_t stream() const noexcept { return stream_; }
-  /// Null after `shutdown()`.
-  [[nodiscard]] const Arena* arena() const noexcept { return arena_.get(); }
   /// See `cuda::Device`, the view.
   [[nodiscard]] Result<void> synchronize() const;
   [[nodiscard]] Result<void> wait_for(const CudaDevice& producer) const;
   [[nodiscard]] const GraphCounts& graph_counts() const noexcept { return counts_; }
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return device_; }
-  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
-  /// Whether the arena contains `storage`.
-  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
-    return arena_ != nullptr && arena_->contains(storage);
-  }
-  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
-  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
-    return std::string(to_string(static_cast<ElementType>(dtype)));
-  }
-  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
-  void stamp(const void* value, std::uint64_t life) const noexcept override {
-    backend::stamp_buffer<Buffer>(value, life);
-  }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
                                                                           std::span<const backend::ArgSlot> args,
                                                                           const backend::RecordPlan& plan) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
-  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
-                                     std::span<backend::StorageHandle* const> live,
-                                     std::span<const std::uintptr_t> dead) override;
   void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
   void adopt(backend::StorageHandle& storage) override;
   [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
@@ -280,14 +266,7 @@ class CudaDevice final : public backend::Device {
     return "cgt.cuda cannot pad inputs yet (it has no fill kernel for its buffers): use graph_sizes and pad to "
            "those sizes yourself, or cgt.torch, which pads";
   }
-  [[nodiscard]] std::vector<Block> live_blocks() const override;
-  [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;
-  // Its arena predicts a recording from the warm-up's trace; segments go back with cudaFree.
-  [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup,
-                                                          std::span<const backend::ArgSlot> args,
-                                                          const backend::RecordPlan& plan) const override;
-  std::size_t release_unused() override;
 
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
   [[nodiscard]] Result<backend::RunResult> finish(Context& context, Values&& outputs);
@@ -298,13 +277,15 @@ class CudaDevice final : public backend::Device {
  private:
   friend class Context;
   friend class CudaCapture;
+  [[nodiscard]] std::size_t slot_bytes(const Buffer& source) const override;
+  /// Segments are obtained and given back with the pool's device current.
+  [[nodiscard]] Result<void> on_pool_device(const std::function<void()>& change) override;
+
   cuda::Device view_{*this};
 
   int device_;
   cudaStream_t stream_;
   const void* context_;  // the driver context `stream_` was made in: a replay's test that the device is current
-  std::unique_ptr<Arena> arena_;
-  bool poison_;
   bool update_in_place_;
   bool rewrite_memsets_;
   bool rewrite_memcpys_;
@@ -350,11 +331,12 @@ Buffer Context::allocate(ElementType type, std::span<const std::int64_t> sizes) 
 }
 
 CudaDevice::CudaDevice(int device, cudaStream_t stream, const ArenaOptions& arena, bool poison_dead_memory,
-                       bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes)
-    : device_(device),
+                       bool update_graphs_in_place, bool rewrite_memset_nodes, bool rewrite_memcpy_nodes,
+                       std::optional<kernels::VirtualSegments> sleepable)
+    : ArenaDevice(poison_dead_memory),
+      device_(device),
       stream_(stream),
       context_(current_context()),  // make_pool made the stream with the device current
-      poison_(poison_dead_memory),
       update_in_place_(update_graphs_in_place),
       rewrite_memsets_(rewrite_memset_nodes),
       rewrite_memcpys_(rewrite_memcpy_nodes) {
@@ -379,6 +361,19 @@ CudaDevice::CudaDevice(int device, cudaStream_t stream, const ArenaOptions& aren
   options.source.give_back = [](std::byte* segment, std::size_t /*bytes*/, std::size_t /*alignment*/) {
     (void)cudaFree(segment);
   };
+  if (sleepable) {
+    // Virtual memory: the arena asks with the device current (a call, on_pool_device, shutdown);
+    // obtain enters it too, as above, since a segment may be made from any of those.
+    options.source.obtain = [device, context = context_, obtain = std::move(sleepable->obtain)](
+                                std::size_t bytes, std::size_t alignment) -> std::byte* {
+      CurrentDevice current;
+      if (!current.enter(device, context)) return nullptr;
+      return obtain(bytes, alignment);
+    };
+    options.source.give_back = std::move(sleepable->give_back);
+    options.source.unback = std::move(sleepable->unback);
+    options.source.reback = std::move(sleepable->reback);
+  }
   arena_ = std::make_unique<Arena>(std::move(options));
 }
 
@@ -679,27 +674,18 @@ Result<std::unique_ptr<backend::Capture>> CudaDevice::begin_recording(backend::I
   return capture;
 }
 
-std::optional<std::size_t> CudaDevice::predict_growth(const ArenaTrace& warmup, std::span<const backend::ArgSlot> args,
-                                                      const backend::RecordPlan& plan) const {
-  return backend::predict_arena_growth(*arena_, warmup, args, plan, [](const backend::ArgSlot& arg) {
-    return std::max<std::size_t>(slot_layout(*static_cast<const Buffer*>(arg.value)).required_bytes(), 1);
-  });
+std::size_t CudaDevice::slot_bytes(const Buffer& source) const {
+  return std::max<std::size_t>(slot_layout(source).required_bytes(), 1);
 }
 
-std::size_t CudaDevice::release_unused() {
-  if (!arena_) return 0;
+Result<void> CudaDevice::on_pool_device(const std::function<void()>& change) {
   CurrentDevice current;
-  if (!current.enter(device_, context_)) return 0;
-  return arena_->release_unused();  // cudaFree of each segment given back
-}
-
-Result<std::unique_ptr<backend::Checkpoint>> CudaDevice::checkpoint() {
-  return backend::checkpoint_arena(*arena_);
-}
-
-Result<void> CudaDevice::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
-                                 std::span<const std::uintptr_t> dead) {
-  return backend::restore_arena(*arena_, checkpoint, live, dead);
+  if (auto entered = current.enter(device_, context_); !entered) return entered;
+  // Work on the stream may still use the memory about to go (a replay's kernels): unmapping pages,
+  // unlike cudaFree, does not wait for it.
+  if (auto waited = checked(cudaStreamSynchronize(stream_), "waiting for the pool's stream"); !waited) return waited;
+  change();
+  return {};
 }
 
 void CudaDevice::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
@@ -735,14 +721,6 @@ std::shared_ptr<const void> CudaDevice::rebase(const void* value, const backend:
                                                const std::shared_ptr<void>& rescued) {
   const Buffer& original = *static_cast<const Buffer*>(value);
   return std::make_shared<Buffer>(original.on_storage(static_cast<std::byte*>(rescued.get()), from.bytes, rescued));
-}
-
-std::vector<Block> CudaDevice::live_blocks() const {
-  return arena_ ? arena_->live_blocks() : std::vector<Block>{};
-}
-
-MemoryInfo CudaDevice::memory() const {
-  return arena_ ? arena_->memory() : MemoryInfo{};
 }
 
 void CudaDevice::shutdown() {
@@ -840,9 +818,18 @@ Result<Pool> make_pool(PoolOptions options) {
   if (auto created = checked(cudaStreamCreateWithFlags(&stream, flags), "creating the pool's stream"); !created) {
     return std::unexpected(created.error());
   }
+  std::optional<kernels::VirtualSegments> sleepable;
+  if (options.sleepable) {
+    sleepable = kernels::virtual_segments(options.device);
+    if (!sleepable) {
+      (void)cudaStreamDestroy(stream);
+      return fail(Errc::backend_error,
+                  "PoolOptions::sleepable: the driver offers no virtual memory management (cuMemCreate, cuMemMap)");
+    }
+  }
   auto device = std::make_unique<CudaDevice>(options.device, stream, options.arena, options.poison_dead_memory,
                                              options.update_graphs_in_place, options.rewrite_memset_nodes,
-                                             options.rewrite_memcpy_nodes);
+                                             options.rewrite_memcpy_nodes, std::move(sleepable));
   return backend::make_pool<Pool>(std::move(device), std::move(options.tree));
 }
 

@@ -218,8 +218,9 @@ void Context::synchronize() noexcept {
   device_.stream().synchronize();
 }
 
-HostDevice::HostDevice(ArenaOptions arena, bool poison_dead_memory)
-    : arena_(std::make_unique<Arena>(std::move(arena))), poison_(poison_dead_memory) {}
+HostDevice::HostDevice(ArenaOptions arena, bool poison_dead_memory) : ArenaDevice(poison_dead_memory) {
+  arena_ = std::make_unique<Arena>(std::move(arena));
+}
 
 Buffer HostDevice::allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes) {
   const auto bytes = contiguous_bytes(type, sizes);
@@ -408,24 +409,8 @@ Result<std::unique_ptr<backend::Capture>> HostDevice::begin_recording(backend::I
   return std::make_unique<HostCapture>(*this, fn, args, plan);
 }
 
-std::optional<std::size_t> HostDevice::predict_growth(const ArenaTrace& warmup, std::span<const backend::ArgSlot> args,
-                                                      const backend::RecordPlan& plan) const {
-  return backend::predict_arena_growth(*arena_, warmup, args, plan, [](const backend::ArgSlot& arg) {
-    return slot_bytes_for(*static_cast<const Buffer*>(arg.value));
-  });
-}
-
-std::size_t HostDevice::release_unused() {
-  return arena_ ? arena_->release_unused() : 0;
-}
-
-Result<std::unique_ptr<backend::Checkpoint>> HostDevice::checkpoint() {
-  return backend::checkpoint_arena(*arena_);
-}
-
-Result<void> HostDevice::restore(const backend::Checkpoint& checkpoint, std::span<backend::StorageHandle* const> live,
-                                 std::span<const std::uintptr_t> dead) {
-  return backend::restore_arena(*arena_, checkpoint, live, dead);
+std::size_t HostDevice::slot_bytes(const Buffer& source) const {
+  return slot_bytes_for(source);
 }
 
 void HostDevice::release(backend::StorageHandle& storage, backend::Release /*why*/, std::string_view /*function*/) {
@@ -447,14 +432,6 @@ std::shared_ptr<const void> HostDevice::rebase(const void* value, const backend:
   const Buffer& original = *static_cast<const Buffer*>(value);
   auto* bytes = static_cast<std::byte*>(rescued.get());
   return std::make_shared<Buffer>(original.on_storage(bytes, from.bytes, std::shared_ptr<std::byte[]>(rescued, bytes)));
-}
-
-std::vector<Block> HostDevice::live_blocks() const {
-  return arena_ ? arena_->live_blocks() : std::vector<Block>{};
-}
-
-MemoryInfo HostDevice::memory() const {
-  return arena_ ? arena_->memory() : MemoryInfo{};
 }
 
 void HostDevice::shutdown() {

@@ -6,6 +6,7 @@ module;
 #include <cstddef>
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -36,39 +37,23 @@ struct HostSegments {
   }
 };
 
-class HostDevice final : public backend::Device {
+/// The host pool's device: an arena of host memory (`backend::ArenaDevice`: ownership, checkpoints,
+/// memory, prediction, sleep), a stream that runs kernels at once or records them.
+class HostDevice final : public backend::ArenaDevice<Buffer> {
  public:
   HostDevice(ArenaOptions arena, bool poison_dead_memory);
 
   /// What a program reaches with `pool.device()`.
   [[nodiscard]] host::Device& view() noexcept { return view_; }
-  [[nodiscard]] const Arena* arena() const noexcept { return arena_.get(); }
   [[nodiscard]] Stream& stream() noexcept { return stream_; }
   [[nodiscard]] std::size_t recordings_redoing_another() const noexcept { return redoing_another_; }
 
   [[nodiscard]] std::int32_t device_index() const noexcept override { return 0; }
-  [[nodiscard]] bool releases_unowned_storage() const noexcept override { return poison_; }
-  /// Whether the arena contains `storage`.
-  [[nodiscard]] bool owns(std::uintptr_t storage) const noexcept override {
-    return arena_ != nullptr && arena_->contains(storage);
-  }
-  [[nodiscard]] std::string type_name(std::uint16_t dtype) const override {
-    return std::string(to_string(static_cast<ElementType>(dtype)));
-  }
-  /// Buffers carry their life number: a stale copy of a reclaimed output is told apart.
-  [[nodiscard]] bool stamps_values() const noexcept override { return true; }
-  void stamp(const void* value, std::uint64_t life) const noexcept override {
-    backend::stamp_buffer<Buffer>(value, life);
-  }
   [[nodiscard]] Result<backend::RunResult> run(backend::Invoker& fn, std::span<const backend::ArgSlot> args,
                                                backend::RunMode mode) override;
   [[nodiscard]] Result<std::unique_ptr<backend::Capture>> begin_recording(backend::Invoker& fn,
                                                                           std::span<const backend::ArgSlot> args,
                                                                           const backend::RecordPlan& plan) override;
-  [[nodiscard]] Result<std::unique_ptr<backend::Checkpoint>> checkpoint() override;
-  [[nodiscard]] Result<void> restore(const backend::Checkpoint& checkpoint,
-                                     std::span<backend::StorageHandle* const> live,
-                                     std::span<const std::uintptr_t> dead) override;
   void release(backend::StorageHandle& storage, backend::Release why, std::string_view function) override;
   void adopt(backend::StorageHandle& storage) override;
   [[nodiscard]] Result<std::shared_ptr<void>> rescue(const backend::StorageHandle& storage) override;
@@ -84,14 +69,7 @@ class HostDevice final : public backend::Device {
   [[nodiscard]] std::vector<std::int64_t> sizes_of(const void* value) const override;
   [[nodiscard]] Result<void> write_back(const void* padded, const void* original, std::size_t dim,
                                         std::int64_t rows) override;
-  [[nodiscard]] std::vector<Block> live_blocks() const override;
-  [[nodiscard]] MemoryInfo memory() const override;
   void shutdown() override;
-  // Its arena predicts a recording from the warm-up's trace; host segments go back to the heap.
-  [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup,
-                                                          std::span<const backend::ArgSlot> args,
-                                                          const backend::RecordPlan& plan) const override;
-  std::size_t release_unused() override;
 
   /// For `Context` and `HostCapture`.
   [[nodiscard]] Buffer allocate_in_pool(Context& context, ElementType type, std::span<const std::int64_t> sizes);
@@ -102,10 +80,10 @@ class HostDevice final : public backend::Device {
 
  private:
   friend class HostCapture;
+  [[nodiscard]] std::size_t slot_bytes(const Buffer& source) const override;
+
   host::Device view_{*this};
-  std::unique_ptr<Arena> arena_;
   Stream stream_;
-  bool poison_;
   std::size_t redoing_another_ = 0;
 };
 

@@ -40,6 +40,8 @@ std::string to_string(const Stats& stats) {
       {"fallback warnings", stats.fallback_warnings},
       {"evictions", stats.evictions},
       {"evicted bytes", stats.evicted_bytes},
+      {"sleeps", stats.sleeps},
+      {"wakes", stats.wakes},
       {"log sink failures", stats.log_sink_failures},
   };
   for (const auto& [name, value] : others) {

@@ -127,6 +127,29 @@ TEST_CASE("cuda/control flow: a WHILE node is recorded once and each replay iter
   CHECK(pool.stats().eager_calls == 0);
 }
 
+TEST_CASE(
+    "cuda/control flow: a WHILE node replays right after its pool slept and woke (its counter's memory was "
+    "given back and mapped again)",
+    "[gpu][control_flow][sleep]") {
+  REQUIRE_GPU();
+  cgt::cuda::PoolOptions options;
+  options.tree.debug_checks = true;
+  options.sleepable = true;
+  auto pool = must(cgt::cuda::make_pool(std::move(options)));
+  const Counter counter;
+  auto loop = counting_loop(pool, counter, 100);
+  CHECK(count_to(pool, loop, counter, 5).kind == K::warmup);
+  CHECK(count_to(pool, loop, counter, 3).kind == K::recording);
+  for (const double target : {7.0, 0.0, 42.0}) {
+    CHECK(must(pool.sleep()) >= pool.memory().reserved_bytes);
+    const Reached replay = count_to(pool, loop, counter, target);
+    CHECK(replay.kind == K::replay);
+    CHECK(replay.count == target);
+  }
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().sleeps == 3);
+}
+
 TEST_CASE("cuda/control flow: max_iterations bounds a WHILE node whose condition never turns false",
           "[gpu][control_flow]") {
   REQUIRE_GPU();

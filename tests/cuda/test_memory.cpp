@@ -3,8 +3,11 @@
 // back to the device.
 #include <catch2/catch_test_macros.hpp>
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -138,4 +141,62 @@ TEST_CASE(
   CHECK(step(pool, f, kA, 8) == K::replay);
   CHECK(pool.memory_report().budgeted_bytes() <= kBudget);
   must(pool.check_memory());
+}
+
+TEST_CASE(
+    "cuda/memory: a sleepable pool gives all its segments' memory back to the device while its graphs stay; "
+    "the next call maps it back at the same addresses and replays",
+    "[gpu][memory][sleep]") {
+  REQUIRE_GPU();
+  cgt::cuda::PoolOptions options;
+  options.tree.debug_checks = true;
+  options.sleepable = true;
+  auto pool = must(cgt::cuda::make_pool(std::move(options)));
+  auto f = must(pool.add_function(scaled_copy(4), {.name = "f"}));
+  constexpr std::int64_t kN = std::int64_t{1} << 22;  // 16 MiB per buffer: the pool holds about 100 MiB
+  CHECK(step(pool, f, kN, 1) == K::warmup);
+  CHECK(step(pool, f, kN, 2) == K::recording);
+  std::uintptr_t before = 0;
+  {
+    pool.mark_step_begin();
+    auto out = must(f({filled(kN, 3)}));
+    REQUIRE(out.kind() == K::replay);
+    before = reinterpret_cast<std::uintptr_t>(must(out.get(0)).get().data());  // NOLINT
+  }
+  const std::size_t reserved = pool.memory().reserved_bytes;
+  REQUIRE(reserved >= std::size_t{96} << 20);
+  std::size_t free_asleep = 0;
+  std::size_t free_awake = 0;
+  std::size_t total = 0;
+  REQUIRE(cudaMemGetInfo(&free_awake, &total) == cudaSuccess);
+  const std::size_t released = must(pool.sleep());
+  REQUIRE(cudaMemGetInfo(&free_asleep, &total) == cudaSuccess);
+  CHECK(released >= reserved);  // every segment, rounded up to the driver's granularity
+  CHECK(pool.asleep());
+  // The device has the memory back (other memory of the process may move a little meanwhile).
+  CHECK(free_asleep + (std::size_t{8} << 20) >= free_awake + reserved);
+  // The next call maps it back and replays, at the same addresses, with right values.
+  pool.mark_step_begin();
+  auto out = must(f({filled(kN, 5)}));
+  CHECK(out.kind() == K::replay);
+  CHECK(reinterpret_cast<std::uintptr_t>(must(out.get(0)).get().data()) == before);  // NOLINT
+  CHECK(must(must(out.get(0)).get().read()) == std::vector<double>(static_cast<std::size_t>(kN), 5));
+  CHECK_FALSE(pool.asleep());
+  CHECK(pool.stats().recordings == 1);
+  CHECK(pool.stats().sleeps == 1);
+  CHECK(pool.stats().wakes == 1);
+}
+
+TEST_CASE("cuda/memory: a pool made without sleepable refuses to sleep, and goes on", "[gpu][memory][sleep]") {
+  REQUIRE_GPU();
+  auto pool = must(H::make_pool({.debug_checks = true}));
+  auto f = must(pool.add_function(scaled_copy(1), {.name = "f"}));
+  CHECK(step(pool, f, 1024, 1) == K::warmup);
+  CHECK(step(pool, f, 1024, 2) == K::recording);
+  auto refused = pool.sleep();
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == cgt::Errc::invalid_argument);
+  CHECK(refused.error().message.find("sleepable") != std::string::npos);
+  CHECK_FALSE(pool.asleep());
+  CHECK(step(pool, f, 1024, 3) == K::replay);
 }

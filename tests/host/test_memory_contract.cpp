@@ -324,3 +324,83 @@ TEST_CASE("buckets recorded largest first cost at most 1.1x the largest bucket's
   // docs/memory.md), as it does for libtorch's allocator.
   CHECK(reserved_after({64, 256, 1024, 4096}) > all);
 }
+
+// --- sleep and wake -------------------------------------------------------------------------------
+
+TEST_CASE("sleep gives back the pool's memory with its graphs kept; the next call takes it back and replays",
+          "[memory][sleep][host]") {
+  // Host memory goes back in whole pages: blocks aligned to a page make every segment whole pages.
+  auto pool = must(
+      cgt::host::make_pool({.tree = {.debug_checks = true}, .arena = {.segment_bytes = kSegment, .alignment = 4096}}));
+  auto f = must(pool.add_function(scaled_doubler(2), {.name = "f"}));
+  for (const std::int64_t n : {1000, 3000}) {
+    step(pool, f, n, 1);
+    CHECK(step(pool, f, n, 2).kind() == K::recording);
+  }
+  const std::uint64_t recordings = pool.stats().recordings;
+  const std::size_t reserved = pool.memory().reserved_bytes;
+  REQUIRE(reserved > 0);
+  const std::size_t released = must(pool.sleep());
+  CHECK(pool.asleep());
+  CHECK(released == reserved);  // every page of every segment
+  CHECK(pool.memory_report().asleep_bytes == released);
+  CHECK(must(pool.sleep()) == released);  // asleep already: nothing more
+  // The next call wakes the pool, and its graphs replay over the same addresses.
+  CHECK(step(pool, f, 3000, 5).kind() == K::replay);
+  CHECK_FALSE(pool.asleep());
+  CHECK(pool.memory_report().asleep_bytes == 0);
+  CHECK(step(pool, f, 1000, 6).kind() == K::replay);
+  CHECK(pool.stats().recordings == recordings);
+  CHECK(pool.memory().reserved_bytes == reserved);
+  const cgt::Stats stats = pool.stats();
+  CHECK(stats.sleeps == 1);
+  CHECK(stats.wakes == 1);
+  // An explicit wake does the same, before the call.
+  (void)must(pool.sleep());
+  must(pool.wake());
+  CHECK_FALSE(pool.asleep());
+  must(pool.wake());  // awake: nothing to do
+  CHECK(step(pool, f, 1000, 7).kind() == K::replay);
+  must(pool.check_memory());
+}
+
+TEST_CASE("sleep is refused while a lease holds pool memory, and changes nothing", "[memory][sleep][host]") {
+  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}, .arena = {.segment_bytes = kSegment}}));
+  auto f = must(pool.add_function(scaled_doubler(1), {.name = "f"}));
+  step(pool, f, 100, 1);
+  step(pool, f, 100, 2);
+  pool.mark_step_begin();
+  auto held = must(f({filled({100}, 3)}));  // a replay's output, held
+  REQUIRE(held.kind() == K::replay);
+  auto refused = pool.sleep();
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == cgt::Errc::invalid_argument);
+  CHECK(refused.error().message.find("held by leases") != std::string::npos);
+  CHECK_FALSE(pool.asleep());
+  CHECK(first_of(held) == 6);
+  {
+    auto gone = std::move(held);
+  }
+  CHECK(must(pool.sleep()) > 0);
+  CHECK(step(pool, f, 100, 4).kind() == K::replay);
+}
+
+TEST_CASE("sleep from inside a call, after shutdown or on a moved-from pool fails with its code",
+          "[memory][sleep][host]") {
+  auto pool = must(cgt::host::make_pool({.arena = {.segment_bytes = kSegment}}));
+  cgt::Result<std::size_t> inside = std::size_t{0};
+  auto f = must(pool.add_function(
+      [&pool, &inside](Context& ctx, Inputs in) {
+        inside = pool.sleep();
+        Buffer y = ctx.allocate_like(in[0]);
+        return Values{y};
+      },
+      {.name = "sleeper"}));
+  (void)must(f({filled({4}, 1)}));
+  REQUIRE_FALSE(inside);
+  CHECK(inside.error().code == cgt::Errc::concurrent_use);
+  cgt::host::Pool moved = std::move(pool);
+  CHECK(pool.sleep().error().code == cgt::Errc::invalid_argument);  // NOLINT(bugprone-use-after-move): on purpose
+  must(moved.shutdown());
+  CHECK(moved.sleep().error().code == cgt::Errc::pool_shut_down);
+}

@@ -323,6 +323,20 @@ TEST_CASE("torch/make_pool refuses a memory budget it cannot keep, before it loo
   CHECK(pool.error().message.find("memory_budget_bytes") != std::string::npos);
 }
 
+TEST_CASE("torch/a pool refuses to sleep (libtorch's allocator keeps its memory) and goes on", "[gpu][torch]") {
+  REQUIRE_GPU();
+  auto pool = must(cgt::torch::make_pool({}));
+  auto f = must(pool.add_function([](cgt::torch::Inputs in) { return cgt::torch::Values{in[0] * 2}; }, {.name = "f"}));
+  for (int i = 0; i < 2; ++i) (void)must(f({at::ones({4}, at::kCUDA)}));
+  auto refused = pool.sleep();
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().code == cgt::Errc::invalid_argument);
+  CHECK_FALSE(pool.asleep());
+  auto out = must(f({at::ones({4}, at::kCUDA)}));
+  CHECK(out.kind() == cgt::CallKind::replay);
+  CHECK(must(out.get(0)).get().sum().item<float>() == 8);
+}
+
 TEST_CASE("torch/make_pool without a usable device fails cleanly", "[torch]") {
   auto pool = cgt::torch::make_pool({.device = 99});
   REQUIRE(!pool);
