@@ -347,6 +347,7 @@ class Sequence {
     if (action < 942) return drop_pool_handle();
     if (action < 950 && moves_.stale_value_passed) return pass_stale_value();
     if (action < 955 && moves_.moved_from_handles) return moved_from_call();
+    if (action < 962) return sleep_pool();
     if (action < 975) return discard_owned();
   }
 
@@ -978,6 +979,36 @@ class Sequence {
     verify_all("after shutdown()");
   }
 
+  // Sleep gives the pool's memory back (host pages read zeros after): it must refuse while a held
+  // lease reads pool memory, which every later check of the held values would catch.
+  void sleep_pool() {
+    if (!pool_) return;
+    log("sleep()");
+    auto slept = pool_->sleep();
+    if (shut_down_) {
+      expect(!slept && slept.error().code == cgt::Errc::pool_shut_down,
+             "sleep() after shutdown(): expected pool_shut_down");
+      return;
+    }
+    if (!slept) {
+      expect(slept.error().code == cgt::Errc::invalid_argument,
+             "sleep() failed with " + slept.error().describe() + " (only held leases may refuse it)");
+      expect(!pool_->asleep(), "asleep() after a refused sleep()");
+      ++figures_.sleeps_refused;
+      verify_all("after a refused sleep()");
+      return;
+    }
+    expect(pool_->asleep(), "asleep() is false after sleep()");
+    ++figures_.sleeps;
+    if (chance(0.5)) {
+      log("wake()");
+      auto woken = pool_->wake();
+      expect(woken.has_value(), "wake() failed: " + (woken ? std::string() : woken.error().describe()));
+      expect(!pool_->asleep(), "asleep() after wake()");
+    }
+    verify_all("after sleep()");
+  }
+
   void drop_pool_handle() {
     if (!pool_ || chance(0.5)) return;
     log("drop the Pool handle (functions and leases keep it alive)");
@@ -1155,6 +1186,7 @@ void report(const char* mode, const Config& config, const Figures& figures) {
   std::cout << "\n  calls padded up to a bucket: " << figures.padded_calls;
   std::cout << "\n  graphs evicted for a budget: " << figures.evictions
             << ", calls run eagerly over budget: " << figures.over_budget;
+  std::cout << "\n  sleeps: " << figures.sleeps << " (" << figures.sleeps_refused << " refused: leases held)";
   if (figures.dropped_elsewhere > 0) {
     std::cout << "\n  handles dropped on the other thread: " << figures.dropped_elsewhere << " ("
               << figures.dropped_during_call << " while the main thread was in a call)";

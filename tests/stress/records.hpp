@@ -29,6 +29,7 @@ struct Figures {
   std::uint64_t training_programs = 0;                           // sequences whose loop trains
   std::uint64_t padded_calls = 0;                                // calls padded up to a bucket
   std::uint64_t evictions = 0, over_budget = 0;                  // graphs evicted, calls run eagerly over budget
+  std::uint64_t sleeps = 0, sleeps_refused = 0;                  // Pool::sleep() that gave memory back, or refused
   std::map<std::string, std::uint64_t> errors;                   // Errc name -> calls that gave it
   std::map<std::string, std::uint64_t> kinds;                    // CallKind name -> successful calls
   std::vector<std::string> failure_reports;
