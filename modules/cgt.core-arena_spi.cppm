@@ -264,7 +264,8 @@ class ArenaDevice : public Device {
   }
   std::size_t release_unused() override {
     std::size_t released = 0;
-    if (arena_) (void)on_pool_device([&] { released = arena_->release_unused(); });
+    // Where the memory cannot be changed (cgt.cuda: its device not current), nothing is given back.
+    if (arena_ && !on_pool_device([&] { released = arena_->release_unused(); })) return 0;
     return released;
   }
   [[nodiscard]] Result<std::size_t> sleep() override {

@@ -41,6 +41,9 @@ usage: scripts/gpu.sh <subcommand> [arguments]
                           then where a replay's time over a raw launch goes (gpu_bench diagnose)
   bench-loop [GENERATIONS] greedy decoding per token: eager, a replay per token, the device loop (1, 4, 8
                           tokens per iteration), one unrolled graph; a WHILE, IF and SWITCH node's GPU time
+  bench-memory [CALLS]    the memory contract on cgt.cuda: predicted against recorded growth at six sizes,
+                          one pool against one per graph, a budget serving a mix (CALLS, default 300),
+                          sleep and wake; writes memory-contract.md and its plot
   bench-models [CALLS] [MODEL...]
                           BERT-base and ResNet-18 (bert resnet) served from C++ against PyTorch
                           (default 150 calls per cell; PHASES picks phases)
@@ -69,7 +72,7 @@ case "$subcommand" in
     for binary in "${@:2}"; do
       [[ $binary =~ ^[A-Za-z0-9_]+$ ]] || bad_usage "'$binary' is not a test binary's name (e.g. cgt_cuda_tests)"
     done ;;
-  training | bench | bench-training | overhead | bench-loop)
+  training | bench | bench-training | overhead | bench-loop | bench-memory)
     if [ $# -gt 1 ] || { [ $# -eq 1 ] && ! is_count "$1"; }; then bad_usage "$subcommand takes one count at most"; fi ;;
   bench-models)
     [ $# -eq 0 ] || is_count "$1" || bad_usage "bench-models: the first argument is the calls per cell (a count)"

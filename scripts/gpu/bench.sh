@@ -114,6 +114,25 @@ cmd_bench_loop() {
   cat "$logs/loop.md"
 }
 
+# bench-memory [calls]: the memory contract on cgt.cuda (bench/memory_bench: predicted against
+# recorded growth, one pool against one per graph, a budget serving a mix of sizes with `calls`
+# calls, default 300; sleep and wake); writes memory-contract.md and memory-contract.png.
+cmd_bench_memory() {
+  local calls="${1:-300}"
+  keep+=(memory-contract.md memory-contract.png)
+  configure
+  build memory_bench
+  step "memory_bench" memory.log 0 "$build/bench/memory_bench" "$calls" || exit 1
+  step "plot" plot.log 0 python3 bench/plot_memory.py "$logs/memory-contract.png" "$logs/memory.log"
+  {
+    echo "# The memory contract (cgt.cuda): $gpu, commit $commit"
+    echo
+    grep -vE '^memory,' "$logs/memory.log"
+    [ ! -f "$logs/memory-contract.png" ] || printf '\n![Predicted against recorded growth; pool layouts](memory-contract.png)\n'
+  } >"$logs/memory-contract.md"
+  cat "$logs/memory-contract.md"
+}
+
 # bench-models [calls] [model...]: BERT-base and ResNet-18 (bert, resnet; default both) with random
 # weights, exported here from the machine's transformers / torchvision (nothing downloaded), served
 # by eager PyTorch, reduce-overhead, eager libtorch and cgt.torch (TorchScript and AOTInductor);

@@ -321,7 +321,7 @@ std::size_t Arena::growth_for(std::span<const std::size_t> first, const ArenaTra
 
 SegmentHold Arena::hold(std::vector<std::size_t> segments) {
   for (const std::size_t segment : segments) ++(*holds_)[segment];
-  return SegmentHold(holds_, std::move(segments));
+  return {holds_, std::move(segments)};
 }
 
 std::size_t Arena::release_unused() {

@@ -130,8 +130,8 @@ std::optional<VirtualSegments> virtual_segments(int device) {
         return nullptr;
       }
       state->segments.emplace(base, segment);
-      return reinterpret_cast<std::byte*>(
-          base);  // NOLINT(cppcoreguidelines-pro-type-reinterpret-cast,performance-no-int-to-ptr)
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast,performance-no-int-to-ptr): the driver's address
+      return reinterpret_cast<std::byte*>(base);
     });
   };
   segments.give_back = [state](std::byte* memory, std::size_t /*bytes*/, std::size_t /*alignment*/) {
