@@ -161,6 +161,9 @@ class Arena {
   /// `first` (sizes in bytes, never freed) and then did what `trace` did: 0 when it all fits in
   /// free blocks. Changes nothing. (Past `max_bytes` the allocation would fail instead.)
   [[nodiscard]] std::size_t growth_for(std::span<const std::size_t> first, const ArenaTrace& trace) const;
+  /// What the same requests need from an arena with no segment: the least a recording can take,
+  /// whatever else the arena gave back first. Changes nothing.
+  [[nodiscard]] std::size_t footprint_of(std::span<const std::size_t> first, const ArenaTrace& trace) const;
   /// Keeps `segments` (indices) from `release_unused` while the returned hold lives.
   [[nodiscard]] SegmentHold hold(std::vector<std::size_t> segments);
   /// Gives back every segment that has no allocated block and no hold; returns their bytes. Their
@@ -226,6 +229,8 @@ class Arena {
   };
 
   [[nodiscard]] std::size_t round_up(std::size_t bytes) const noexcept;
+  /// `growth_for` played on `books` (a copy).
+  [[nodiscard]] std::size_t play(Books books, std::span<const std::size_t> first, const ArenaTrace& trace) const;
   [[nodiscard]] std::size_t unback(std::size_t segment);
   [[nodiscard]] bool reback(std::size_t segment);
   [[nodiscard]] std::size_t segment_size_for(std::size_t bytes) const noexcept;

@@ -194,12 +194,12 @@ class ArenaTraceScope {
 /// the order `Capture::make_slots` allocates them).
 template <class SlotBytes>
 std::size_t predict_arena_growth(const Arena& arena, const ArenaTrace& warmup, std::span<const ArgSlot> args,
-                                 const RecordPlan& plan, SlotBytes slot_bytes) {
+                                 const RecordPlan& plan, GrowthFrom from, SlotBytes slot_bytes) {
   std::vector<std::size_t> slots;
   for (std::size_t i = 0; i < args.size() && i < plan.copy_input.size(); ++i) {
     if (plan.copy_input[i]) slots.push_back(slot_bytes(args[i]));
   }
-  return arena.growth_for(slots, warmup);
+  return from == GrowthFrom::now ? arena.growth_for(slots, warmup) : arena.footprint_of(slots, warmup);
 }
 
 /// Device::restore for an arena pool: back to `checkpoint` (made by checkpoint_arena), with the
@@ -256,9 +256,9 @@ class ArenaDevice : public Device {
   // The memory contract: the arena replays a warm-up's trace to predict a recording, gives back
   // the segments nothing holds, and sleeps with its addresses kept.
   [[nodiscard]] std::optional<std::size_t> predict_growth(const ArenaTrace& warmup, std::span<const ArgSlot> args,
-                                                          const RecordPlan& plan) const override {
+                                                          const RecordPlan& plan, GrowthFrom from) const override {
     if (!arena_) return std::nullopt;
-    return predict_arena_growth(*arena_, warmup, args, plan, [this](const ArgSlot& arg) {
+    return predict_arena_growth(*arena_, warmup, args, plan, from, [this](const ArgSlot& arg) {
       return slot_bytes(*static_cast<const Buffer*>(arg.value));
     });
   }

@@ -160,6 +160,12 @@ enum class ControlFlow : std::uint8_t {
   on_host,
 };
 
+/// Where `Device::predict_growth` starts from.
+enum class GrowthFrom : std::uint8_t {
+  now,         ///< the pool as it is: what the recording would add
+  empty_pool,  ///< a pool with no memory: the least the recording takes
+};
+
 /// What a recording needs to know besides the function and its arguments.
 struct RecordPlan {
   std::span<const bool> copy_input;  ///< per input: copy into a pool slot (else pass as is)
@@ -526,12 +532,15 @@ class Device {
   /// engine looks for a bucket's size on the dimensions it does not slice.
   [[nodiscard]] virtual std::vector<std::int64_t> sizes_of(const void* /*value*/) const { return {}; }
 
-  /// What recording `args` as `plan` says will add to the pool's reserved memory, from the pool's
-  /// state now, given what the shape's warm-up asked (`RunResult::allocations`): its input slots
-  /// first, then the function's work as the warm-up did it. Empty where the backend cannot tell.
+  /// What recording `args` as `plan` says will add to the pool's reserved memory, given what the
+  /// shape's warm-up asked (`RunResult::allocations`): its input slots first, then the function's
+  /// work as the warm-up did it; from the pool's state now (`GrowthFrom::now`), or from a pool with
+  /// no memory (`GrowthFrom::empty_pool`: the least the recording takes). Empty where the backend
+  /// cannot tell.
   [[nodiscard]] virtual std::optional<std::size_t> predict_growth(const ArenaTrace& /*warmup*/,
                                                                   std::span<const ArgSlot> /*args*/,
-                                                                  const RecordPlan& /*plan*/) const {
+                                                                  const RecordPlan& /*plan*/,
+                                                                  GrowthFrom /*from*/) const {
     return std::nullopt;
   }
   /// Gives back to the system the pool memory that no allocated block, kept checkpoint or living

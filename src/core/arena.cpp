@@ -285,7 +285,14 @@ void Arena::note_free(ArenaTracing& tracing, std::uintptr_t address, std::size_t
 }
 
 std::size_t Arena::growth_for(std::span<const std::size_t> first, const ArenaTrace& trace) const {
-  Books books = books_;
+  return play(books_, first, trace);
+}
+
+std::size_t Arena::footprint_of(std::span<const std::size_t> first, const ArenaTrace& trace) const {
+  return play(Books{}, first, trace);
+}
+
+std::size_t Arena::play(Books books, std::span<const std::size_t> first, const ArenaTrace& trace) const {
   std::size_t growth = 0;
   auto take = [&](std::size_t bytes) {
     const std::size_t size = round_up(bytes);

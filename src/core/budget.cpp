@@ -41,7 +41,8 @@ std::size_t Budget::budgeted_bytes() const {
   return device_.memory().reserved_bytes + executables;
 }
 
-bool Budget::make_room(const std::function<std::optional<std::size_t>()>& predict, const TreeNode* keep) {
+bool Budget::make_room(const std::function<std::optional<std::size_t>()>& predict, std::optional<std::size_t> least,
+                       const TreeNode* keep) {
   if (!active()) return true;
   const std::size_t budget = options_.memory_budget_bytes;
   auto fits = [&] {
@@ -54,6 +55,7 @@ bool Budget::make_room(const std::function<std::optional<std::size_t>()>& predic
   // needs them.
   if (device_.release_unused() != 0 && fits()) return true;
   if (options_.over_budget != OverBudget::evict_coldest) return false;
+  if (least.value_or(0) > budget) return false;  // futile: even alone it would not fit
   while (TreeNode* node = coldest(keep)) {
     evict(*node);
     if (fits()) return true;

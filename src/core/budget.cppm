@@ -28,7 +28,9 @@ namespace cgt::detail {
 ///    first (`Device::release_unused`: a warm-up's temporaries); under `evict_coldest`, graphs were evicted
 ///    coldest first, each with its subtree, until they fit or no graph is left that may go. A graph
 ///    on the current path, on the path a new generation ended in this call, or `keep` and its
-///    ancestors never goes: the call's work or its replay needs them.
+///    ancestors never goes: the call's work or its replay needs them. Nothing is evicted when
+///    `least` (what the recording takes from an empty pool) is past the budget: no eviction could
+///    make room, and dropping graphs would only cost re-recordings.
 ///
 /// Invariant: a node's `last_use` is at most the counter; the tree's nodes after an eviction
 /// reach only segments held by their recordings and checkpoints (the arena's holds).
@@ -43,7 +45,8 @@ class Budget {
   [[nodiscard]] inline bool active() const noexcept { return options_.memory_budget_bytes != 0; }
   inline void touch(TreeNode& node) noexcept { node.touch(++clock_); }
   [[nodiscard]] std::size_t budgeted_bytes() const;
-  [[nodiscard]] bool make_room(const std::function<std::optional<std::size_t>()>& predict, const TreeNode* keep);
+  [[nodiscard]] bool make_room(const std::function<std::optional<std::size_t>()>& predict,
+                               std::optional<std::size_t> least, const TreeNode* keep);
 
  private:
   /// The coldest node that may go, or null.

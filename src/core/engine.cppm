@@ -297,8 +297,8 @@ class Engine final {
   CallOutputs keep_first_run_only(CallFrame& frame, backend::Recorded& recorded, const Error& why);
   /// What recording the call as `plan` says would add to the pool, from its shape's warm-up (empty:
   /// unknown).
-  [[nodiscard]] std::optional<std::size_t> predict_recording(const CallFrame& frame,
-                                                             const backend::RecordPlan& plan) const;
+  [[nodiscard]] std::optional<std::size_t> predict_recording(const CallFrame& frame, const backend::RecordPlan& plan,
+                                                             backend::GrowthFrom from) const;
   /// Before a recording under a budget: makes room as `Options::over_budget` says (`Budget::
   /// make_room`); where there is none, the call is marked to run eagerly (`Reason::over_budget`,
   /// warned once per shape) and false returned.

@@ -145,18 +145,21 @@ CallOutputs Engine::keep_first_run_only(CallFrame& frame, backend::Recorded& rec
   return keep_as_warmup(frame, recorded.first_outputs, NodeReason::recording_not_kept);
 }
 
-std::optional<std::size_t> Engine::predict_recording(const CallFrame& frame, const backend::RecordPlan& plan) const {
+std::optional<std::size_t> Engine::predict_recording(const CallFrame& frame, const backend::RecordPlan& plan,
+                                                     backend::GrowthFrom from) const {
   const std::shared_ptr<const ArenaTrace>& warmup = frame.variant->warmup_allocations;
   if (!warmup) return std::nullopt;
-  return device_->predict_growth(*warmup, frame.args, plan);
+  return device_->predict_growth(*warmup, frame.args, plan, from);
 }
 
 bool Engine::fits_budget(CallFrame& frame, const backend::RecordPlan& plan) {
   if (!budget_.active()) return true;
-  if (budget_.make_room([&] { return predict_recording(frame, plan); }, frame.rerecording_of)) return true;
+  const auto predict = [&] { return predict_recording(frame, plan, backend::GrowthFrom::now); };
+  const std::optional<std::size_t> least = predict_recording(frame, plan, backend::GrowthFrom::empty_pool);
+  if (budget_.make_room(predict, least, frame.rerecording_of)) return true;
   frame.unfit = Reason::over_budget;
   if (!std::exchange(frame.variant->warned_over_budget, true)) {
-    const std::optional<std::size_t> adds = predict_recording(frame, plan);
+    const std::optional<std::size_t> adds = predict_recording(frame, plan, backend::GrowthFrom::now);
     events_.say(EventKind::warning, Reason::over_budget, *frame.function,
                 "recording " + in_quotes(frame.function->name) + " at these input shapes would add " +
                     (adds ? std::to_string(*adds) + " bytes" : std::string("an unknown amount")) +
@@ -186,7 +189,7 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
       .control_flow =
           host_decides(function, *frame.variant) ? backend::ControlFlow::on_host : backend::ControlFlow::on_device};
   if (!fits_budget(frame, plan)) return give_back(frame);
-  const std::optional<std::size_t> predicted = predict_recording(frame, plan);
+  const std::optional<std::size_t> predicted = predict_recording(frame, plan, backend::GrowthFrom::now);
   const std::size_t reserved_before = device_->memory().reserved_bytes;
   auto recorded = run_in_pool<backend::Recorded>(
       frame, "recording", [&] { return record_graph(*device_, *function.invoker, frame.args, plan, *this, function); },

@@ -404,3 +404,25 @@ TEST_CASE("sleep from inside a call, after shutdown or on a moved-from pool fail
   must(moved.shutdown());
   CHECK(moved.sleep().error().code == cgt::Errc::pool_shut_down);
 }
+
+TEST_CASE("evict_coldest evicts nothing for a recording that would not fit even alone: the call runs eagerly",
+          "[memory][budget][eviction][host]") {
+  constexpr std::size_t kBudget = 100'000;
+  auto pool = must(cgt::host::make_pool(
+      {.tree = {.debug_checks = true, .memory_budget_bytes = kBudget, .over_budget = cgt::OverBudget::evict_coldest},
+       .arena = {.segment_bytes = kSegment}}));
+  auto f = must(pool.add_function(scaled_doubler(1), {.name = "f"}));
+  step(pool, f, 1'000, 1);
+  CHECK(step(pool, f, 1'000, 2).kind() == K::recording);
+  std::vector<cgt::Node> path = pool.current_path();
+  const cgt::Node small = std::move(path.back());
+  // 30,000 elements: slot, scratch and output of 120 KB each, 360 KB in all, past the budget alone.
+  for (int call = 0; call < 3; ++call) {
+    auto out = step(pool, f, 30'000, 3);
+    CHECK(out.kind() == (call == 0 ? K::warmup : K::eager));
+  }
+  CHECK(pool.stats().evictions == 0);
+  CHECK(small.exists());
+  CHECK(step(pool, f, 1'000, 4).kind() == K::replay);
+  CHECK(pool.memory_report().budgeted_bytes() <= kBudget);
+}
