@@ -63,6 +63,19 @@ bool Budget::make_room(const std::function<std::optional<std::size_t>()>& predic
   return false;
 }
 
+bool Budget::settle() {
+  if (!active()) return true;
+  const std::size_t budget = options_.memory_budget_bytes;
+  if (budgeted_bytes() <= budget) return true;
+  if (device_.release_unused() != 0 && budgeted_bytes() <= budget) return true;
+  if (options_.over_budget != OverBudget::evict_coldest) return false;
+  while (TreeNode* node = coldest(nullptr)) {
+    evict(*node);
+    if (budgeted_bytes() <= budget) return true;
+  }
+  return false;
+}
+
 TreeNode* Budget::coldest(const TreeNode* keep) const {
   TreeNode* found = nullptr;
   for (TreeNode* node : tree_.nodes()) {

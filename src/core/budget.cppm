@@ -22,6 +22,8 @@ namespace cgt::detail {
 /// Contract:
 ///  * `touch(node)`: at each replay and recording. ENSURES: `node` is the hottest graph.
 ///  * `budgeted_bytes()`: the pool's reserved bytes plus the executables of the graphs in the tree.
+///  * `settle()`: after a recording, which may have taken more than predicted. ENSURES: as
+///    `make_room` with nothing to add, the new graph (on the path) kept.
 ///  * `make_room(predict, keep)`: before a recording, `predict()` giving what it would add from the
 ///    pool's state now (empty: unknown, counted as 0). ENSURES: true when budgeted bytes plus the
 ///    prediction fit the budget (always, without one); the segments nothing holds were given back
@@ -47,6 +49,10 @@ class Budget {
   [[nodiscard]] std::size_t budgeted_bytes() const;
   [[nodiscard]] bool make_room(const std::function<std::optional<std::size_t>()>& predict,
                                std::optional<std::size_t> least, const TreeNode* keep);
+  /// After a recording (the path at its node): past the budget, the segments nothing holds go
+  /// back and, under `evict_coldest`, the coldest graphs off the path, until the pool fits or
+  /// none is left. Returns whether it fits.
+  bool settle();
 
  private:
   /// The coldest node that may go, or null.

@@ -214,6 +214,9 @@ Result<CallOutputs> Engine::record(CallFrame& frame, NodeReason reason) {
   budget_.touch(*node);
   count_recording(reason, function, stats_, events_);
   path_.enter(tree_.add(std::move(node), path_.children(tree_.roots())), PathState::recording, frame.generation);
+  // A capture that took more than its warm-up did (memory it allocates only while capturing) may
+  // have taken the pool past the budget: other graphs make room now, as the policy allows.
+  budget_.settle();
   return out;
 }
 

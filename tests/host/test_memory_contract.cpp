@@ -426,3 +426,65 @@ TEST_CASE("evict_coldest evicts nothing for a recording that would not fit even 
   CHECK(step(pool, f, 1'000, 4).kind() == K::replay);
   CHECK(pool.memory_report().budgeted_bytes() <= kBudget);
 }
+
+TEST_CASE("the prediction counts what the program keeps resident in the pool: a held block splits the free space",
+          "[memory][prediction][host]") {
+  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true}, .arena = {.segment_bytes = 64 * 1024}}));
+  // A "KV cache" the program keeps through each step: the output of a graph whose lease it holds
+  // while f runs after it, at a new size each time (warm-up in one step, recording in the next).
+  auto cache = must(pool.add_function(scaled_doubler(0), {.name = "cache"}));
+  auto f = must(pool.add_function(scaled_doubler(3), {.name = "f"}));
+  std::size_t checked = 0;
+  for (const std::int64_t n : {1000, 2500, 4000, 9000}) {
+    for (const K expected : {K::warmup, K::recording}) {
+      pool.mark_step_begin();
+      auto kept = must(cache({filled({6000}, 1)}));
+      auto out = must(f({filled({n}, 2)}));
+      CHECK(first_of(out) == 4);
+      if (out.kind() != K::recording || expected != K::recording) continue;
+      std::vector<cgt::Node> path = pool.current_path();
+      REQUIRE(path.size() == 2);  // under the cache's graph, whose output is live
+      const cgt::NodeMemory memory = path.back().memory();
+      REQUIRE(memory.predicted_pool_bytes.has_value());
+      CHECK(*memory.predicted_pool_bytes == memory.pool_bytes);
+      ++checked;
+      CHECK(first_of(kept) == 2);
+    }
+  }
+  CHECK(checked == 4);
+  must(pool.check_memory());
+}
+
+TEST_CASE("a capture that takes more than its warm-up did is brought back under the budget by evicting others",
+          "[memory][budget][eviction][host]") {
+  constexpr std::size_t kBudget = 200'000;
+  auto pool = must(cgt::host::make_pool(
+      {.tree = {.debug_checks = true, .memory_budget_bytes = kBudget, .over_budget = cgt::OverBudget::evict_coldest},
+       .arena = {.segment_bytes = kSegment}}));
+  auto plain = must(pool.add_function(scaled_doubler(1), {.name = "plain"}));
+  // Allocates 120 KB more while it is captured than when it runs: its prediction is short by that.
+  auto sly = must(pool.add_function(
+      [](Context& ctx, Inputs in) {
+        if (ctx.is_capturing()) (void)ctx.allocate(cgt::ElementType::f32, {30'000});
+        Buffer y = ctx.allocate_like(in[0]);
+        ctx.launch([x = in[0], y] {
+          for (std::size_t i = 0; i < x.numel(); ++i) y.set(i, 2 * x.get(i));
+        });
+        return Values{y};
+      },
+      {.name = "sly"}));
+  step(pool, plain, 10'000, 1);
+  CHECK(step(pool, plain, 10'000, 2).kind() == K::recording);  // about 120 KB of its own segments
+  std::vector<cgt::Node> path = pool.current_path();
+  const cgt::Node cold = std::move(path.back());
+  step(pool, sly, 1'000, 1);
+  CHECK(step(pool, sly, 1'000, 2).kind() == K::recording);
+  path = pool.current_path();
+  const cgt::NodeMemory memory = path.back().memory();
+  REQUIRE(memory.predicted_pool_bytes.has_value());
+  CHECK(memory.pool_bytes > *memory.predicted_pool_bytes);  // the capture's extra block
+  CHECK_FALSE(cold.exists());                               // evicted after the recording
+  CHECK(pool.memory_report().budgeted_bytes() <= kBudget);
+  CHECK(step(pool, sly, 1'000, 3).kind() == K::replay);
+  must(pool.check_memory());
+}
