@@ -148,6 +148,11 @@ class Recording {
   [[nodiscard]] virtual std::size_t executable_bytes() const noexcept { return 0; }
   /// Pool bytes of its input slots (the copied inputs' blocks, allocated while it lives).
   [[nodiscard]] virtual std::size_t slot_bytes() const noexcept { return 0; }
+  /// What owns the values `output(i)` points to, where that is not the recording itself: the
+  /// leases of its past replays read them (they do not own them), so an evicted recording
+  /// (`OverBudget::evict_coldest`) is destroyed, its executable and memory given back, while this
+  /// is kept. Null (the default): the recording owns them, and an evicted one is kept whole.
+  [[nodiscard]] virtual std::shared_ptr<const void> outputs_owner() const { return nullptr; }
 };
 
 /// How a recording makes the function's loops and branches (`loop_while`, `if_then`, `switch_on`).

@@ -76,6 +76,14 @@ bool Budget::settle() {
   return false;
 }
 
+void Budget::keep_husks(TreeNode& node) {
+  if (std::unique_ptr<backend::Recording> recording = node.take_recording()) {
+    std::shared_ptr<const void> outputs = recording->outputs_owner();
+    evicted_.push_back(outputs ? std::move(outputs) : std::shared_ptr<const void>(std::move(recording)));
+  }
+  node.children().each([&](TreeNode& child) { keep_husks(child); });
+}
+
 TreeNode* Budget::coldest(const TreeNode* keep) const {
   TreeNode* found = nullptr;
   for (TreeNode* node : tree_.nodes()) {
@@ -92,7 +100,8 @@ void Budget::evict(TreeNode& node) {
   const std::size_t executables = executables_under(node);
   const std::uint64_t count = count_under(node);
   std::unique_ptr<TreeNode> gone = tree_.evict(node);
-  gone.reset();  // their recordings (executables, segment holds) and checkpoints go
+  keep_husks(*gone);
+  gone.reset();  // their checkpoints (and their segment holds) go
   const std::size_t released = device_.release_unused();
   stats_.evictions += count;
   stats_.evicted_bytes += released + executables;

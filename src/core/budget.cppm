@@ -5,7 +5,9 @@ module;
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
+#include <vector>
 
 export module cgt.core:budget;
 import cgt.vocabulary;
@@ -59,6 +61,9 @@ class Budget {
   [[nodiscard]] TreeNode* coldest(const TreeNode* keep) const;
   /// Takes `node` and its subtree out of the tree and gives back the memory only they used.
   void evict(TreeNode& node);
+  /// Destroys the recordings of `node` and its subtree, keeping what their outputs need
+  /// (`Recording::outputs_owner`, or the recording whole where it owns them) in `evicted_`.
+  void keep_husks(TreeNode& node);
 
   const Options& options_;
   Tree& tree_;
@@ -66,6 +71,10 @@ class Budget {
   backend::Device& device_;
   Stats& stats_;
   std::uint64_t clock_ = 0;  ///< counts replays and recordings
+  /// Evicted recordings, their executables and memory given back: leases of their past replays
+  /// may still read the output values they handed out (a replay's leases do not own them). Kept
+  /// until the engine goes.
+  std::vector<std::shared_ptr<const void>> evicted_;
 };
 
 }  // namespace cgt::detail

@@ -273,6 +273,8 @@ class TreeNode {
   void mark_recorded(std::unique_ptr<backend::Checkpoint> checkpoint,
                      const std::vector<std::vector<bool>>& liveness_before);
   [[nodiscard]] inline backend::Recording* recording() const noexcept { return recording_.get(); }
+  /// Takes the recording out (an evicted node's: its output values must outlive the node).
+  [[nodiscard]] inline std::unique_ptr<backend::Recording> take_recording() noexcept { return std::move(recording_); }
   /// The native value of output `i` that a replay hands out (`Recording::output`, whose address is
   /// stable while the recording lives), asked once when the node is marked recorded.
   [[nodiscard]] inline const void* output_value(std::size_t i) const noexcept { return output_values_[i]; }

@@ -138,7 +138,7 @@ class CudaRecording final : public backend::Recording {
         device_(device),
         context_(context),
         copies_(std::move(copies)),
-        outputs_(std::move(outputs)),
+        outputs_(std::make_shared<Values>(std::move(outputs))),
         counts_(counts),
         uses_(std::move(uses)),
         executable_bytes_(executable_bytes) {
@@ -204,7 +204,9 @@ class CudaRecording final : public backend::Recording {
   }
   // Outputs are plain device addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
-  [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
+  [[nodiscard]] const void* output(std::size_t i) const override { return &(*outputs_)[i]; }
+  /// Held apart: an evicted recording goes, its outputs stay for the leases of its past replays.
+  [[nodiscard]] std::shared_ptr<const void> outputs_owner() const override { return outputs_; }
   [[nodiscard]] std::size_t executable_bytes() const noexcept override { return executable_bytes_; }
   [[nodiscard]] std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
 
@@ -219,7 +221,7 @@ class CudaRecording final : public backend::Recording {
   int device_;
   const void* context_;  // the pool's (CudaDevice::context_)
   std::vector<Copy> copies_;
-  Values outputs_;
+  std::shared_ptr<Values> outputs_;  // shared: see outputs_owner (stamped through `output`: not const)
   GraphCounts& counts_;
   SegmentHold uses_;  // the arena's segments its capture allocated in: its replays use them
   std::size_t executable_bytes_;

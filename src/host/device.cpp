@@ -92,7 +92,10 @@ class HostRecording final : public backend::Recording {
  public:
   HostRecording(Graph graph, HostSegments segments, std::vector<Buffer> slots, const std::vector<bool>& copied,
                 Values outputs, SegmentHold uses)
-      : graph_(std::move(graph)), segments_(std::move(segments)), outputs_(std::move(outputs)), uses_(std::move(uses)) {
+      : graph_(std::move(graph)),
+        segments_(std::move(segments)),
+        outputs_(std::make_shared<Values>(std::move(outputs))),
+        uses_(std::move(uses)) {
     for (std::size_t i = 0; i < copied.size(); ++i) {
       if (!copied[i]) continue;
       const Buffer& slot = slots[i];
@@ -139,7 +142,9 @@ class HostRecording final : public backend::Recording {
   }
   // Host outputs are plain addresses: they never need rebinding.
   void bind_outputs(std::span<backend::StorageHandle* const> /*storages*/) override {}
-  [[nodiscard]] const void* output(std::size_t i) const override { return &outputs_[i]; }
+  [[nodiscard]] const void* output(std::size_t i) const override { return &(*outputs_)[i]; }
+  /// Held apart: an evicted recording goes, its outputs stay for the leases of its past replays.
+  [[nodiscard]] std::shared_ptr<const void> outputs_owner() const override { return outputs_; }
   [[nodiscard]] std::size_t slot_bytes() const noexcept override { return slot_bytes_; }
 
   /// Runs `graph` once: whole, or, cut into `segments`, as their decisions say (the host reads
@@ -171,8 +176,8 @@ class HostRecording final : public backend::Recording {
   Graph graph_;
   HostSegments segments_;
   std::vector<Copy> copies_;
-  Values outputs_;
-  SegmentHold uses_;  // the arena's segments its capture allocated in: its replays use them
+  std::shared_ptr<Values> outputs_;  // shared: see outputs_owner (stamped through `output`: not const)
+  SegmentHold uses_;                 // the arena's segments its capture allocated in: its replays use them
   std::size_t slot_bytes_ = 0;
 };
 

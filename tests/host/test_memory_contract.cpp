@@ -488,3 +488,30 @@ TEST_CASE("a capture that takes more than its warm-up did is brought back under 
   CHECK(step(pool, sly, 1'000, 3).kind() == K::replay);
   must(pool.check_memory());
 }
+
+TEST_CASE("a lease of an evicted graph's past replay, copied out at a new step, still reads its copy",
+          "[memory][budget][eviction][host]") {
+  constexpr std::size_t kBudget = 400'000;
+  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true,
+                                                  .copy_out_on_new_step = true,
+                                                  .memory_budget_bytes = kBudget,
+                                                  .over_budget = cgt::OverBudget::evict_coldest},
+                                         .arena = {.segment_bytes = kSegment}}));
+  auto f = must(pool.add_function(scaled_doubler(1), {.name = "f"}));
+  auto record = [&](std::int64_t n) {
+    step(pool, f, n, 1);
+    CHECK(step(pool, f, n, 2).kind() == K::recording);
+    std::vector<cgt::Node> path = pool.current_path();
+    return std::move(path.back());
+  };
+  (void)record(5'000);
+  const cgt::Node a = record(20'000);
+  pool.mark_step_begin();
+  auto held = must(f({filled({20'000}, 7)}));  // a replay of a: its lease reads a's output value
+  REQUIRE(held.kind() == K::replay);
+  for (int i = 0; i < 3; ++i) step(pool, f, 5'000, 5);  // a new step: held is copied out; b is hot
+  (void)record(25'000);                                 // evicts a, the coldest
+  REQUIRE_FALSE(a.exists());
+  CHECK(first_of(held) == 14);  // the copy, through the value a's recording handed out
+  CHECK(must(held.get(0)).get().numel() == 20'000);
+}
