@@ -58,6 +58,23 @@ cgt::host::Outputs step(cgt::host::Pool& pool, cgt::host::Function& f, std::int6
   return out;
 }
 
+// A pool of 4 KiB segments that keeps `budget` by evicting the coldest graphs.
+cgt::host::Pool evicting_pool(std::size_t budget, bool copy_out = false) {
+  return must(cgt::host::make_pool({.tree = {.debug_checks = true,
+                                             .copy_out_on_new_step = copy_out,
+                                             .memory_budget_bytes = budget,
+                                             .over_budget = cgt::OverBudget::evict_coldest},
+                                    .arena = {.segment_bytes = kSegment}}));
+}
+
+// Warms `f` up at `n` elements, then records it: the recording's node.
+cgt::Node record_at(cgt::host::Pool& pool, cgt::host::Function& f, std::int64_t n) {
+  step(pool, f, n, 1);
+  CHECK(step(pool, f, n, 2).kind() == K::recording);
+  std::vector<cgt::Node> path = pool.current_path();
+  return std::move(path.back());
+}
+
 }  // namespace
 
 // --- the arena ------------------------------------------------------------------------------------
@@ -200,20 +217,13 @@ TEST_CASE("over budget, a recording is not made: the call runs eagerly, warned o
 TEST_CASE("evict_coldest drops the graph replayed longest ago, gives its memory back, and records it again later",
           "[memory][budget][eviction][host]") {
   constexpr std::size_t kBudget = 400'000;
-  auto pool = must(cgt::host::make_pool(
-      {.tree = {.debug_checks = true, .memory_budget_bytes = kBudget, .over_budget = cgt::OverBudget::evict_coldest},
-       .arena = {.segment_bytes = kSegment}}));
+  auto pool = evicting_pool(kBudget);
   // Each call's slot, scratch and output are larger than a segment, so each takes a segment of its
   // own size, which a later call reuses only if its blocks are no larger. Recorded small to large,
   // no graph shares another's segments: b's graph holds about 60 KB, a's 240 KB, c's 300 KB. b
   // and a fit the budget together; c does only once a goes.
   auto f = must(pool.add_function(scaled_doubler(1), {.name = "f"}));
-  auto record = [&](std::int64_t n) {
-    step(pool, f, n, 1);
-    CHECK(step(pool, f, n, 2).kind() == K::recording);
-    std::vector<cgt::Node> path = pool.current_path();
-    return std::move(path.back());
-  };
+  auto record = [&](std::int64_t n) { return record_at(pool, f, n); };
   const cgt::Node b = record(5'000);
   const cgt::Node a = record(20'000);
   for (int i = 0; i < 3; ++i) CHECK(step(pool, f, 5'000, 5).kind() == K::replay);  // b is hot, a cold
@@ -241,10 +251,7 @@ TEST_CASE("evict_coldest drops the graph replayed longest ago, gives its memory 
 
 TEST_CASE("eviction never drops a graph of the current path: with nothing else to drop the call runs eagerly",
           "[memory][budget][eviction][host]") {
-  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true,
-                                                  .memory_budget_bytes = 3 * kSegment,
-                                                  .over_budget = cgt::OverBudget::evict_coldest},
-                                         .arena = {.segment_bytes = kSegment}}));
+  auto pool = evicting_pool(3 * kSegment);
   auto first = must(pool.add_function(doubler({100}), {.name = "first"}));
   auto second = must(pool.add_function(doubler({3000}), {.name = "second"}));
   // second warmed up on a path of its own; then first's graph, with its output held: second's
@@ -408,14 +415,9 @@ TEST_CASE("sleep from inside a call, after shutdown or on a moved-from pool fail
 TEST_CASE("evict_coldest evicts nothing for a recording that would not fit even alone: the call runs eagerly",
           "[memory][budget][eviction][host]") {
   constexpr std::size_t kBudget = 100'000;
-  auto pool = must(cgt::host::make_pool(
-      {.tree = {.debug_checks = true, .memory_budget_bytes = kBudget, .over_budget = cgt::OverBudget::evict_coldest},
-       .arena = {.segment_bytes = kSegment}}));
+  auto pool = evicting_pool(kBudget);
   auto f = must(pool.add_function(scaled_doubler(1), {.name = "f"}));
-  step(pool, f, 1'000, 1);
-  CHECK(step(pool, f, 1'000, 2).kind() == K::recording);
-  std::vector<cgt::Node> path = pool.current_path();
-  const cgt::Node small = std::move(path.back());
+  const cgt::Node small = record_at(pool, f, 1'000);
   // 30,000 elements: slot, scratch and output of 120 KB each, 360 KB in all, past the budget alone.
   for (int call = 0; call < 3; ++call) {
     auto out = step(pool, f, 30'000, 3);
@@ -458,9 +460,7 @@ TEST_CASE("the prediction counts what the program keeps resident in the pool: a 
 TEST_CASE("a capture that takes more than its warm-up did is brought back under the budget by evicting others",
           "[memory][budget][eviction][host]") {
   constexpr std::size_t kBudget = 200'000;
-  auto pool = must(cgt::host::make_pool(
-      {.tree = {.debug_checks = true, .memory_budget_bytes = kBudget, .over_budget = cgt::OverBudget::evict_coldest},
-       .arena = {.segment_bytes = kSegment}}));
+  auto pool = evicting_pool(kBudget);
   auto plain = must(pool.add_function(scaled_doubler(1), {.name = "plain"}));
   // Allocates 120 KB more while it is captured than when it runs: its prediction is short by that.
   auto sly = must(pool.add_function(
@@ -473,13 +473,9 @@ TEST_CASE("a capture that takes more than its warm-up did is brought back under 
         return Values{y};
       },
       {.name = "sly"}));
-  step(pool, plain, 10'000, 1);
-  CHECK(step(pool, plain, 10'000, 2).kind() == K::recording);  // about 120 KB of its own segments
+  const cgt::Node cold = record_at(pool, plain, 10'000);  // about 120 KB of its own segments
+  (void)record_at(pool, sly, 1'000);
   std::vector<cgt::Node> path = pool.current_path();
-  const cgt::Node cold = std::move(path.back());
-  step(pool, sly, 1'000, 1);
-  CHECK(step(pool, sly, 1'000, 2).kind() == K::recording);
-  path = pool.current_path();
   const cgt::NodeMemory memory = path.back().memory();
   REQUIRE(memory.predicted_pool_bytes.has_value());
   CHECK(memory.pool_bytes > *memory.predicted_pool_bytes);  // the capture's extra block
@@ -492,18 +488,9 @@ TEST_CASE("a capture that takes more than its warm-up did is brought back under 
 TEST_CASE("a lease of an evicted graph's past replay, copied out at a new step, still reads its copy",
           "[memory][budget][eviction][host]") {
   constexpr std::size_t kBudget = 400'000;
-  auto pool = must(cgt::host::make_pool({.tree = {.debug_checks = true,
-                                                  .copy_out_on_new_step = true,
-                                                  .memory_budget_bytes = kBudget,
-                                                  .over_budget = cgt::OverBudget::evict_coldest},
-                                         .arena = {.segment_bytes = kSegment}}));
+  auto pool = evicting_pool(kBudget, true);
   auto f = must(pool.add_function(scaled_doubler(1), {.name = "f"}));
-  auto record = [&](std::int64_t n) {
-    step(pool, f, n, 1);
-    CHECK(step(pool, f, n, 2).kind() == K::recording);
-    std::vector<cgt::Node> path = pool.current_path();
-    return std::move(path.back());
-  };
+  auto record = [&](std::int64_t n) { return record_at(pool, f, n); };
   (void)record(5'000);
   const cgt::Node a = record(20'000);
   pool.mark_step_begin();
