@@ -19,18 +19,6 @@ bool is_on_path_to(const TreeNode& node, const TreeNode* descendant) noexcept {
   return std::ranges::find(descendant->path(), &node) != descendant->path().end();
 }
 
-std::size_t executables_under(const TreeNode& node) {
-  std::size_t bytes = node.memory().executable_bytes;
-  node.children().each([&](const TreeNode& child) { bytes += executables_under(child); });
-  return bytes;
-}
-
-std::uint64_t count_under(const TreeNode& node) {
-  std::uint64_t count = 1;
-  node.children().each([&](const TreeNode& child) { count += count_under(child); });
-  return count;
-}
-
 }  // namespace
 
 std::size_t Budget::budgeted_bytes() const {
@@ -64,20 +52,14 @@ bool Budget::make_room(const std::function<std::optional<std::size_t>()>& predic
 }
 
 bool Budget::settle() {
-  if (!active()) return true;
-  const std::size_t budget = options_.memory_budget_bytes;
-  if (budgeted_bytes() <= budget) return true;
-  if (device_.release_unused() != 0 && budgeted_bytes() <= budget) return true;
-  if (options_.over_budget != OverBudget::evict_coldest) return false;
-  while (TreeNode* node = coldest(nullptr)) {
-    evict(*node);
-    if (budgeted_bytes() <= budget) return true;
-  }
-  return false;
+  // Room for nothing more: what is held now must fit.
+  return make_room([] { return std::optional<std::size_t>{0}; }, std::nullopt, nullptr);
 }
 
 void Budget::keep_husks(TreeNode& node) {
+  ++stats_.evictions;
   if (std::unique_ptr<backend::Recording> recording = node.take_recording()) {
+    stats_.evicted_bytes += recording->executable_bytes();
     std::shared_ptr<const void> outputs = recording->outputs_owner();
     evicted_.push_back(outputs ? std::move(outputs) : std::shared_ptr<const void>(std::move(recording)));
   }
@@ -97,14 +79,10 @@ TreeNode* Budget::coldest(const TreeNode* keep) const {
 }
 
 void Budget::evict(TreeNode& node) {
-  const std::size_t executables = executables_under(node);
-  const std::uint64_t count = count_under(node);
   std::unique_ptr<TreeNode> gone = tree_.evict(node);
-  keep_husks(*gone);
-  gone.reset();  // their checkpoints (and their segment holds) go
-  const std::size_t released = device_.release_unused();
-  stats_.evictions += count;
-  stats_.evicted_bytes += released + executables;
+  keep_husks(*gone);  // counts the graphs and their executables
+  gone.reset();       // their checkpoints (and their segment holds) go
+  stats_.evicted_bytes += device_.release_unused();
 }
 
 }  // namespace cgt::detail

@@ -62,7 +62,8 @@ class Budget {
   /// Takes `node` and its subtree out of the tree and gives back the memory only they used.
   void evict(TreeNode& node);
   /// Destroys the recordings of `node` and its subtree, keeping what their outputs need
-  /// (`Recording::outputs_owner`, or the recording whole where it owns them) in `evicted_`.
+  /// (`Recording::outputs_owner`, or the recording whole where it owns them) in `evicted_`;
+  /// counts each graph and its executable in `Stats`.
   void keep_husks(TreeNode& node);
 
   const Options& options_;

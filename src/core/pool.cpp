@@ -164,28 +164,10 @@ bool has_pending_backward(const EngineRef& pool) noexcept {
   return read_engine(pool, false, [](const Engine& engine) { return engine.generation_rule().pending_backward(); });
 }
 
-Result<void> shutdown(const EngineRef& pool) {
-  if (!pool) return fail(Errc::invalid_argument, "shutdown() of a moved-from pool handle");
-  Engine& engine = *pool;
-  if (!engine.caller().try_take()) {
-    return fail(Errc::concurrent_use, "shutdown() while a call of the same pool is in flight");
-  }
-  // The callables released below may hold the pool's last handles, even the one whose `pool`
-  // this is (a pool kept by its own function): the engine must outlive them, and `pool` may not.
-  const EngineRef keep = pool;  // NOLINT(performance-unnecessary-copy-initialization)
-  std::vector<std::unique_ptr<backend::Invoker>> callables;
-  {
-    const StateLock lock(engine);
-    callables = engine.shutdown();
-  }
-  engine.caller().release();
-  callables.clear();
-  return {};
-}
-
 namespace {
 
-// Runs `change` on the engine as `shutdown` does: no call in flight, the state held.
+// Runs `change` on the engine with no call in flight and the state held (`shutdown`, `sleep`,
+// `wake`): `invalid_argument` for a moved-from handle, `concurrent_use` during a call.
 template <class R, class Change>
 R with_pool_taken(const EngineRef& pool, const char* what, Change change) {
   if (!pool) return fail(Errc::invalid_argument, std::string(what) + " of a moved-from pool handle");
@@ -202,6 +184,17 @@ R with_pool_taken(const EngineRef& pool, const char* what, Change change) {
 }
 
 }  // namespace
+
+Result<void> shutdown(const EngineRef& pool) {
+  // The callables released below may hold the pool's last handles, even the one whose `pool`
+  // this is (a pool kept by its own function): the engine must outlive them, and `pool` may not.
+  const EngineRef keep = pool;  // NOLINT(performance-unnecessary-copy-initialization)
+  auto callables = with_pool_taken<Result<std::vector<std::unique_ptr<backend::Invoker>>>>(
+      pool, "shutdown()", [](Engine& engine) { return engine.shutdown(); });
+  if (!callables) return std::unexpected(std::move(callables.error()));
+  callables->clear();  // outside the state and the caller: their destructors may drop handles of this pool
+  return {};
+}
 
 Result<std::size_t> sleep(const EngineRef& pool) {
   return with_pool_taken<Result<std::size_t>>(pool, "sleep()", [](Engine& engine) { return engine.sleep(); });
